@@ -133,9 +133,19 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_context_teardown_leaks_nothing(vulkan_caps):
-    from devices.vulkan.dispatch import dispatch  # noqa: F401  (imported for the pipeline path)
+FILL = """#version 450
+layout (binding = 0) writeonly buffer out_blob { float data[]; };
+layout (push_constant) uniform parameter { float value; } p;
+void main() { data[gl_GlobalInvocationID.x] = p.value; }
+"""
 
+
+def test_context_teardown_leaks_nothing(vulkan_caps):
+    from devices.capabilities import Precision
+    from devices.vulkan.compiler import compile_glsl
+    from devices.vulkan.dispatch import dispatch
+
+    spirv = compile_glsl(FILL, caps=vulkan_caps, precision=Precision.FP32, name="fill")
     baseline = dict(LIVE_OBJECTS)
     rss = []
     for i in range(100):
@@ -144,13 +154,17 @@ def test_context_teardown_leaks_nothing(vulkan_caps):
         ctx.upload(buf, np.full(256, i, dtype=np.float32))
         assert ctx.download(buf, np.float32, 1)[0] == i
         buf.destroy()
+        (out,) = dispatch(ctx, spirv, [np.zeros(64, np.float32)], global_size=64,
+                          push_constants=[float(i)])
+        assert np.all(out == i)
         ctx.destroy()
         assert {k: v for k, v in LIVE_OBJECTS.items() if v != baseline.get(k, 0)} == {}
         if i in (10, 99):
             rss.append(_rss_bytes())
     # every object type we create was exercised and came back to the baseline
     for kind in ("VkDevice", "VkCommandPool", "VkBuffer", "VkDeviceMemory", "VkCommandBuffer",
-                 "VkFence"):
+                 "VkFence", "VkShaderModule", "VkPipeline", "VkPipelineLayout",
+                 "VkDescriptorSetLayout", "VkDescriptorPool"):
         assert kind in LIVE_OBJECTS
         assert LIVE_OBJECTS[kind] == baseline.get(kind, 0)
     # and the process did not grow with the iterations (allocator noise is well below this)
