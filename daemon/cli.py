@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ["devices"]
+COMMANDS = ["devices", "cache"]
 
 
 def build_parser() -> argparse.ArgumentParser:
