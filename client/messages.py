@@ -1,0 +1,427 @@
+"""Message schema (DESIGN §8): typed requests and responses, validated from decoded maps.
+
+Requests are ``{"v": 1, "id": int, "op": str, ...op fields}``; responses are
+``{"v": 1, "id": int, "ok": bool, "result": any}`` or ``{..., "ok": false, "error": {"code",
+"message"}}``. Unknown fields are ignored; a field of the wrong type is a :class:`BadRequest`
+that names it, e.g. ``field 'inputs.x.shape': expected list of ...``.
+
+Request ids are chosen by the client, unique among its requests in flight on one connection,
+in ``1 .. 2**64-1``. Id 0 (:data:`CONNECTION_ERROR_ID`) is reserved for error responses that
+belong to no request (e.g. the error frame sent before closing a connection with broken framing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .framing import ProtocolError
+from .tensors import TensorError, decode_tensors, encode_tensors
+
+__all__ = [
+    "CONNECTION_ERROR_ID",
+    "MAX_REQUEST_ID",
+    "PROTOCOL_VERSION",
+    "AuthRequest",
+    "BadRequest",
+    "BadResponse",
+    "CancelRequest",
+    "ErrorCode",
+    "ErrorInfo",
+    "InferRequest",
+    "ListModelsRequest",
+    "LoadModelRequest",
+    "Op",
+    "PingRequest",
+    "Request",
+    "Response",
+    "SchemaError",
+    "StatusRequest",
+    "UnloadModelRequest",
+    "decode_infer_result",
+    "encode_infer_result",
+    "parse_request",
+    "parse_response",
+]
+
+PROTOCOL_VERSION = 1
+CONNECTION_ERROR_ID = 0
+MAX_REQUEST_ID = 2**64 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "BAD_REQUEST"
+    NOT_FOUND = "NOT_FOUND"
+    OVERLOADED = "OVERLOADED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+    DEVICE_ERROR = "DEVICE_ERROR"
+    UNAVAILABLE = "UNAVAILABLE"
+    INTERNAL = "INTERNAL"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+
+
+class Op(StrEnum):
+    INFER = "infer"
+    LOAD_MODEL = "load_model"
+    UNLOAD_MODEL = "unload_model"
+    LIST_MODELS = "list_models"
+    STATUS = "status"
+    CANCEL = "cancel"
+    PING = "ping"
+    AUTH = "auth"
+
+
+class SchemaError(ProtocolError):
+    """A decoded map does not match the schema. ``field`` is a dotted path (``inputs.x.shape``)."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.BAD_REQUEST
+
+    def __init__(self, field: str, message: str, request_id: int | None = None) -> None:
+        super().__init__(f"field {field!r}: {message}")
+        self.field = field
+        self.detail = message
+        #: The request's id when it could be read, so the error can be answered to that request.
+        self.request_id = request_id
+
+
+class BadRequest(SchemaError):
+    """A request failed validation; answer it with ``BAD_REQUEST`` and ``str(exc)``."""
+
+
+class BadResponse(SchemaError):
+    """A response from the server failed validation (a server bug or a foreign peer)."""
+
+
+# --------------------------------------------------------------------------- field helpers
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is an int subclass and is not accepted as one
+
+
+def _req_int(msg: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    value = msg.get(key)
+    if not _is_int(value) or not lo <= value <= hi:
+        raise SchemaError(key, f"expected int in {lo}..{hi}")
+    return value
+
+
+def _opt_int(msg: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    return default if msg.get(key) is None else _req_int(msg, key, lo, hi)
+
+
+def _req_str(msg: Mapping[str, Any], key: str) -> str:
+    value = msg.get(key)
+    if not isinstance(value, str) or not value:
+        raise SchemaError(key, "expected non-empty str")
+    return value
+
+
+def _opt_number(msg: Mapping[str, Any], key: str, *, nonnegative: bool = False) -> float | None:
+    value = msg.get(key)
+    if value is None:
+        return None
+    if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+        raise SchemaError(key, "expected finite number")
+    if nonnegative and value < 0:
+        raise SchemaError(key, "expected number >= 0")
+    return float(value)
+
+
+def _opt_str_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
+    value = msg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SchemaError(key, "expected list of str")
+    return list(value)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InferRequest:
+    """Run ``model`` on ``inputs``. Higher ``priority`` runs first.
+
+    ``deadline`` is an absolute unix time (``time.time()`` clock); ``timeout`` is seconds from
+    when the server receives the request. Both may be given: the earlier one applies.
+    ``outputs`` selects output names (``None`` = all). Decoded ``inputs`` are read-only arrays.
+    """
+
+    id: int
+    model: str
+    inputs: dict[str, npt.NDArray[Any]]
+    priority: int = 0
+    deadline: float | None = None
+    timeout: float | None = None
+    outputs: list[str] | None = None
+    op: ClassVar[Op] = Op.INFER
+
+    def effective_deadline(self, received_at: float) -> float | None:
+        """The absolute unix time by which the answer is due, or ``None`` for no deadline."""
+        by_timeout = None if self.timeout is None else received_at + self.timeout
+        candidates = [d for d in (self.deadline, by_timeout) if d is not None]
+        return min(candidates) if candidates else None
+
+    def to_message(self) -> dict[str, Any]:
+        msg = _header(self.id, self.op)
+        msg["model"] = self.model
+        msg["inputs"] = encode_tensors(self.inputs)
+        msg["priority"] = self.priority
+        for key in ("deadline", "timeout", "outputs"):
+            value = getattr(self, key)
+            if value is not None:
+                msg[key] = value
+        return msg
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModelRequest:
+    """Load a model from the repository by name; ``devices`` restricts where (``None`` = config)."""
+
+    id: int
+    name: str
+    devices: list[str] | None = None
+    op: ClassVar[Op] = Op.LOAD_MODEL
+
+    def to_message(self) -> dict[str, Any]:
+        msg = _header(self.id, self.op)
+        msg["name"] = self.name
+        if self.devices is not None:
+            msg["devices"] = self.devices
+        return msg
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadModelRequest:
+    id: int
+    name: str
+    op: ClassVar[Op] = Op.UNLOAD_MODEL
+
+    def to_message(self) -> dict[str, Any]:
+        return {**_header(self.id, self.op), "name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class ListModelsRequest:
+    id: int
+    op: ClassVar[Op] = Op.LIST_MODELS
+
+    def to_message(self) -> dict[str, Any]:
+        return _header(self.id, self.op)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest:
+    id: int
+    op: ClassVar[Op] = Op.STATUS
+
+    def to_message(self) -> dict[str, Any]:
+        return _header(self.id, self.op)
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    id: int
+    op: ClassVar[Op] = Op.PING
+
+    def to_message(self) -> dict[str, Any]:
+        return _header(self.id, self.op)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """Cancel request ``target`` of the same connection. The target still gets exactly one
+    answer (``CANCELLED``, or its result if it had already finished)."""
+
+    id: int
+    target: int
+    op: ClassVar[Op] = Op.CANCEL
+
+    def to_message(self) -> dict[str, Any]:
+        return {**_header(self.id, self.op), "target": self.target}
+
+
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """First request on a token-protected (TCP) connection."""
+
+    id: int
+    token: str
+    op: ClassVar[Op] = Op.AUTH
+
+    def to_message(self) -> dict[str, Any]:
+        return {**_header(self.id, self.op), "token": self.token}
+
+
+Request = (
+    InferRequest
+    | LoadModelRequest
+    | UnloadModelRequest
+    | ListModelsRequest
+    | StatusRequest
+    | PingRequest
+    | CancelRequest
+    | AuthRequest
+)
+
+
+def _header(request_id: int, op: Op) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "id": request_id, "op": op.value}
+
+
+def _parse_infer(rid: int, msg: Mapping[str, Any]) -> InferRequest:
+    model = _req_str(msg, "model")
+    try:
+        inputs = decode_tensors(msg.get("inputs"))
+    except TensorError as exc:
+        raise SchemaError(_join("inputs", exc.field), exc.detail) from None
+    return InferRequest(
+        id=rid,
+        model=model,
+        inputs=inputs,
+        priority=_opt_int(msg, "priority", 0, _INT64_MIN, _INT64_MAX),
+        deadline=_opt_number(msg, "deadline"),
+        timeout=_opt_number(msg, "timeout", nonnegative=True),
+        outputs=_opt_str_list(msg, "outputs"),
+    )
+
+
+_PARSERS: dict[str, Callable[[int, Mapping[str, Any]], Request]] = {
+    Op.INFER: _parse_infer,
+    Op.LOAD_MODEL: lambda rid, m: LoadModelRequest(rid, _req_str(m, "name"), _opt_str_list(m, "devices")),
+    Op.UNLOAD_MODEL: lambda rid, m: UnloadModelRequest(rid, _req_str(m, "name")),
+    Op.LIST_MODELS: lambda rid, m: ListModelsRequest(rid),
+    Op.STATUS: lambda rid, m: StatusRequest(rid),
+    Op.PING: lambda rid, m: PingRequest(rid),
+    Op.CANCEL: lambda rid, m: CancelRequest(rid, _req_int(m, "target", 1, MAX_REQUEST_ID)),
+    Op.AUTH: lambda rid, m: AuthRequest(rid, _req_str(m, "token")),
+}
+
+
+def _check_version(msg: Mapping[str, Any]) -> None:
+    v = msg.get("v")
+    if not _is_int(v):
+        raise SchemaError("v", "expected int")
+    if v != PROTOCOL_VERSION:
+        raise SchemaError("v", f"unsupported protocol version {v}; this peer speaks {PROTOCOL_VERSION}")
+
+
+def parse_request(msg: Mapping[str, Any]) -> Request:
+    """Validate a decoded request map into a typed request, or raise :class:`BadRequest`.
+
+    ``BadRequest.request_id`` carries the id whenever it was valid, so the caller can answer
+    that request; otherwise answer with :data:`CONNECTION_ERROR_ID`.
+    """
+    raw_id = msg.get("id")
+    rid = raw_id if _is_int(raw_id) and 1 <= raw_id <= MAX_REQUEST_ID else None
+    try:
+        _check_version(msg)
+        if rid is None:
+            raise SchemaError("id", f"expected int in 1..{MAX_REQUEST_ID}")
+        op = msg.get("op")
+        if not isinstance(op, str):
+            raise SchemaError("op", "expected str")
+        parser = _PARSERS.get(op)
+        if parser is None:
+            raise SchemaError("op", f"unknown op {op!r}; expected one of {', '.join(o.value for o in Op)}")
+        return parser(rid, msg)
+    except SchemaError as exc:
+        raise BadRequest(exc.field, exc.detail, rid) from None
+
+
+# --------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """``code`` is an :class:`ErrorCode`, or the raw string when a newer peer sent an unknown one."""
+
+    code: ErrorCode | str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Response:
+    id: int
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    @classmethod
+    def success(cls, request_id: int, result: Any = None) -> Response:
+        """``result`` must be msgpack-serialisable (maps with str keys, lists, scalars, bin)."""
+        return cls(request_id, True, {} if result is None else result)
+
+    @classmethod
+    def failure(cls, request_id: int, code: ErrorCode, message: str) -> Response:
+        return cls(request_id, False, error=ErrorInfo(code, message))
+
+    def to_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": self.id, "ok": self.ok}
+        if self.ok:
+            msg["result"] = self.result
+        elif self.error is None:
+            raise ValueError("a failed Response needs an error")
+        else:
+            msg["error"] = {"code": str(self.error.code), "message": self.error.message}
+        return msg
+
+
+def parse_response(msg: Mapping[str, Any]) -> Response:
+    """Validate a decoded response map, or raise :class:`BadResponse`."""
+    raw_id = msg.get("id")
+    rid = raw_id if _is_int(raw_id) and 0 <= raw_id <= MAX_REQUEST_ID else None
+    try:
+        _check_version(msg)
+        if rid is None:
+            raise SchemaError("id", f"expected int in 0..{MAX_REQUEST_ID}")
+        ok = msg.get("ok")
+        if not isinstance(ok, bool):
+            raise SchemaError("ok", "expected bool")
+        if ok:
+            return Response(rid, True, msg.get("result"))
+        error = msg.get("error")
+        if not isinstance(error, dict):
+            raise SchemaError("error", "expected map")
+        code, message = error.get("code"), error.get("message")
+        if not isinstance(code, str):
+            raise SchemaError("error.code", "expected str")
+        if not isinstance(message, str):
+            raise SchemaError("error.message", "expected str")
+        known = code in ErrorCode.__members__
+        return Response(rid, False, error=ErrorInfo(ErrorCode(code) if known else code, message))
+    except SchemaError as exc:
+        raise BadResponse(exc.field, exc.detail, rid) from None
+
+
+def encode_infer_result(outputs: Mapping[str, npt.ArrayLike], **extra: Any) -> dict[str, Any]:
+    """The ``result`` of an infer response: ``{"outputs": {name: tensor}, **extra}``.
+
+    ``extra`` carries optional metadata (e.g. ``device``, timings); clients ignore what they
+    do not know.
+    """
+    return {"outputs": encode_tensors(outputs), **extra}
+
+
+def decode_infer_result(result: Any) -> dict[str, np.ndarray]:
+    """Decode the outputs of an infer result, or raise :class:`BadResponse` naming the field."""
+    if not isinstance(result, dict):
+        raise BadResponse("result", "expected map")
+    try:
+        return decode_tensors(result.get("outputs"))
+    except TensorError as exc:
+        raise BadResponse(_join("result.outputs", exc.field), exc.detail) from None
