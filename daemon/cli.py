@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ["devices", "cache"]
+COMMANDS = ["devices", "cache", "run", "verify"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,48 @@
+"""`vkserve verify`: run the same input through vkserve and through the ``ncnn`` package
+(CPU, fp32) and compare every output (tolerances in ``devices.cpu.reference``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from daemon.commands.run import UsageError, add_common_arguments, prepare
+from devices.cpu.executor import PlanError
+from devices.cpu.reference import verify_graph
+from models.errors import ModelFormatError
+
+NAME = "verify"
+HELP = "compare a model's outputs on vkserve with the ncnn package (CPU fp32); non-zero exit if off"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(args: argparse.Namespace) -> int:
+    args.random_input = True
+    try:
+        files, graph, inputs = prepare(args)
+        report = verify_graph(graph, files.param, files.bin, inputs, seed=args.seed)
+    except (UsageError, ModelFormatError, PlanError) as e:
+        print(f"vkserve verify: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(f"{report.model}: device {report.device}, precision {report.precision}")
+        print(f"  {'output':<24} {'shape':<18} {'max_abs_err':>12} {'ref_max_abs':>12} {'cosine':>10}  ok")
+        for o in report.outputs:
+            print(f"  {o.name:<24} {str(tuple(o.shape)):<18} {_fmt(o.max_abs_err, '12.3e')} "
+                  f"{_fmt(o.ref_max_abs, '12.3e')} {_fmt(o.cosine, '10.6f')}  {'yes' if o.ok else 'NO'}")
+            if o.detections is not None:
+                d = o.detections
+                print(f"  {'':<24} detections: {d['matched']} matched of {d['reference']} (ncnn) "
+                      f"/ {d['ours']} (vkserve)")
+        print("OK" if report.ok else "MISMATCH")
+    return 0 if report.ok else 1
