@@ -95,7 +95,9 @@ def run_ncnn(
     if net.load_param(os.fspath(param_path)) != 0 or net.load_model(os.fspath(bin_path)) != 0:
         raise RuntimeError(f"ncnn could not load {param_path} / {bin_path}")
     ex = net.create_extractor()
-    mats = [ncnn.Mat(np.ascontiguousarray(arr, dtype=np.float32)) for arr in inputs.values()]
+    # clone(): a Mat wrapping numpy memory has an unaligned channel step (w*h), which some
+    # ncnn layers (Crop, Slice, Interp ...) mis-read; a clone gets ncnn's own aligned layout
+    mats = [ncnn.Mat(np.ascontiguousarray(arr, dtype=np.float32)).clone() for arr in inputs.values()]
     for name, mat in zip(inputs, mats):
         ex.input(name, mat)
     result: dict[str, np.ndarray] = {}

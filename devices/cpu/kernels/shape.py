@@ -270,13 +270,20 @@ class Padding(Kernel):
         return [y]
 
 
-def linear_taps(size: int, out: int, align_corner: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Source index and weight of the first of two taps, as ncnn's linear_coeffs."""
+def linear_taps(
+    size: int, out: int, align_corner: bool, scale: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Source index and weight of the first of two taps, as ncnn's linear_coeffs.
+
+    ``scale`` is the source step per output pixel: 1 / scale_factor when the output size came
+    from a scale factor (what ncnn does), else None for size / out.
+    """
     if align_corner:
-        scale = (size - 1) / (out - 1) if out > 1 else 0.0
-        f = (np.arange(out, dtype=np.float64) * scale).astype(np.float32)
+        step = (size - 1) / (out - 1) if out > 1 else 0.0
+        f = (np.arange(out, dtype=np.float64) * step).astype(np.float32)
     else:
-        f = ((np.arange(out, dtype=np.float64) + 0.5) * (size / out) - 0.5).astype(np.float32)
+        step = size / out if scale is None else scale
+        f = ((np.arange(out, dtype=np.float64) + 0.5) * step - 0.5).astype(np.float32)
     idx = np.floor(f).astype(np.int64)
     frac = f - idx
     low = idx < 0
@@ -312,8 +319,11 @@ class Interp(Kernel):
             self.ys = np.minimum((np.arange(oh, dtype=np.float32) * hs).astype(np.int64), h - 1)
             self.xs = np.minimum((np.arange(ow, dtype=np.float32) * ws).astype(np.int64), w - 1)
         else:
-            self.ys, self.fy = linear_taps(h, oh, bool(p.align_corner))
-            self.xs, self.fx = linear_taps(w, ow, bool(p.align_corner))
+            explicit = p.dynamic_target_size or p.output_height or p.output_width
+            hs = None if explicit else 1.0 / float(np.float32(p.height_scale))
+            ws = None if explicit else 1.0 / float(np.float32(p.width_scale))
+            self.ys, self.fy = linear_taps(h, oh, bool(p.align_corner), hs)
+            self.xs, self.fx = linear_taps(w, ow, bool(p.align_corner), ws)
         return [(c, oh, ow)]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
