@@ -74,8 +74,6 @@ def p_floats(pid: int) -> Any:
 def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"array of {len(value)}"
-    if isinstance(value, bool):
-        return f"bool {value}"
     if isinstance(value, int):
         return f"int '{value}'"
     if isinstance(value, float):
@@ -120,9 +118,15 @@ def c_mod(a: int, b: int) -> int:
 
 def mat_whdc(shape: Shape) -> tuple[int, int, int, int]:
     """ncnn's (w, h, d, c) of a numpy-order shape; absent axes are 1."""
-    padded = (1,) * (4 - len(shape)) + tuple(shape)
-    c, d, h, w = padded
-    return w, h, d, c
+    if len(shape) == 4:
+        c, d, h, w = shape
+        return w, h, d, c
+    if len(shape) == 3:
+        c, h, w = shape
+        return w, h, 1, c
+    if len(shape) == 2:
+        return shape[1], shape[0], 1, 1
+    return shape[0], 1, 1, 1
 
 
 def volume(shape: Shape) -> int:
@@ -161,11 +165,6 @@ class LayerParams:
             fallback = f.metadata.get("fallback")
             if fallback and getattr(self, f.name) is None:
                 object.__setattr__(self, f.name, getattr(self, fallback))
-
-    @classmethod
-    def param_ids(cls) -> dict[int, str]:
-        """Param id -> field name."""
-        return {f.metadata["pid"]: f.name for f in dataclasses.fields(cls) if f.metadata}
 
     @classmethod
     def from_paramdict(cls, pd: ParamDict, where: Where) -> Self:
@@ -972,8 +971,12 @@ class InterpParams(LayerParams):
             w = h = 1
         outw, outh = self.output_width, self.output_height
         if outw == 0 or outh == 0:
-            outw = int(np.float32(w) * np.float32(self.width_scale))
-            outh = int(np.float32(h) * np.float32(self.height_scale))
+            with np.errstate(over="ignore"):
+                scaled_w = np.float32(w) * np.float32(self.width_scale)
+                scaled_h = np.float32(h) * np.float32(self.height_scale)
+            if not (np.isfinite(scaled_w) and np.isfinite(scaled_h)):
+                raise ShapeError(f"scales {self.height_scale}, {self.width_scale} overflow")
+            outw, outh = int(scaled_w), int(scaled_h)
         return outh, outw
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:

@@ -26,8 +26,6 @@ from models.errors import ModelFormatError, Where
 
 MAX_PARAM_COUNT = 32
 ARRAY_KEY_BASE = -23300
-SHAPE_HINT_ID = 30
-FEATMASK_ID = 31
 
 Scalar = int | float
 Value = int | float | str | list[Scalar]
@@ -35,6 +33,7 @@ Value = int | float | str | list[Scalar]
 _INT_RE = re.compile(r"[+-]?\d+")
 _FLOAT_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def is_float_token(token: str) -> bool:
@@ -65,7 +64,7 @@ def _parse_scalar(token: str, where: Where, key: str) -> Scalar:
         if not _FLOAT_RE.fullmatch(token):
             raise ModelFormatError.at(where, f"param {key}: malformed float {token!r}")
         value = float(token)
-        if not np.isfinite(np.float32(value)):
+        if abs(value) > _FLT_MAX:
             raise ModelFormatError.at(where, f"param {key}: float {token!r} out of float32 range")
         return to_float32(value)
     if not _INT_RE.fullmatch(token):
