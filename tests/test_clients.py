@@ -53,7 +53,8 @@ class FakeServer:
     """A scripted server. Infer semantics by model name:
 
     ``double``: y = 2*x, held until ``hold`` such requests arrived, then all answered in
-    reverse order (proves clients match responses by id); ``hang``: never answered until
+    descending id order (proves clients match responses by id; threads may send their
+    requests in any order, so arrival order is not id order); ``hang``: never answered until
     cancelled; ``error:CODE``: fails with CODE.
     """
 
@@ -99,7 +100,7 @@ class FakeServer:
                 self.held.append(req)
                 if len(self.held) < self.hold:
                     return []
-                answers, self.held = self.held[::-1], []
+                answers, self.held = sorted(self.held, key=lambda r: r.id, reverse=True), []
                 self.answer_order += [r.id for r in answers]
                 return [
                     Response.success(r.id, encode_infer_result({"y": r.inputs["x"] * 2}, device="fake"))
