@@ -1,0 +1,139 @@
+"""Compute-heavy Vulkan layers (conv, pooling, innerproduct, padding, interp, crop, softmax,
+LRN) against the ncnn package in fp32, on small awkward shapes.
+
+Each case is a one-layer .param with the models package's seeded random weights; the layer's
+`VulkanLayer` is built for the graph's shapes, its dispatches run in order through the one-shot
+`dispatch` helper on the Vulkan device (lavapipe in CI), and the output is compared with ncnn
+on the CPU in plain fp32: within 1e-4 of the reference's max abs in fp32, 2e-2 in the fp16
+modes. Outputs start as NaN so an element no invocation writes fails the comparison.
+Shaders compile once per (shader, precision) per session: lavapipe compiles slowly.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import devices.vulkan.layers.conv  # noqa: F401  (registers the layer classes)
+from devices.capabilities import DeviceCaps, Precision
+from devices.cpu.reference import run_ncnn, write_bin
+from devices.vulkan.compiler import compile_glsl
+from devices.vulkan.dispatch import dispatch
+from devices.vulkan.layers.base import VULKAN_LAYERS, Shape
+from devices.vulkan.shader_registry import builtin_shader
+from models.graph import Graph, load_model
+
+MODES = [Precision.FP32, Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
+TOLERANCE = {Precision.FP32: 1e-4, Precision.FP16_STORAGE: 2e-2, Precision.FP16_ARITHMETIC: 2e-2}
+
+SpirvFor = Callable[[str, Precision], bytes]
+
+
+@pytest.fixture(scope="session")
+def spirv_for(vulkan_caps: DeviceCaps) -> SpirvFor:
+    @functools.cache
+    def get(shader: str, precision: Precision) -> bytes:
+        return compile_glsl(builtin_shader(shader).source, caps=vulkan_caps, precision=precision,
+                            name=f"{shader}.comp")
+
+    return get
+
+
+def write_param(path: Path, inputs: dict[str, Shape], line: str) -> None:
+    body = [f"Input {name} 0 1 {name}" for name in inputs] + [line]
+    blobs: set[str] = set()
+    for text in body:
+        tok = text.split()
+        nin, nout = int(tok[2]), int(tok[3])
+        blobs.update(tok[4: 4 + nin + nout])
+    path.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
+
+
+def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str, np.ndarray],
+               precision: Precision, push_only: bool = False) -> dict[str, np.ndarray]:
+    """Run the graph's last layer on the device; `push_only` zeroes the specialization
+    constants that shadow push constants, so every psc() takes the push-constant path."""
+    layer = graph.layers[-1]
+    in_shapes = [graph.blob_shapes[n] for n in layer.inputs]
+    out_shapes = [graph.blob_shapes[n] for n in layer.outputs]
+    vl = VULKAN_LAYERS[layer.type](layer, in_shapes, out_shapes, precision)
+    dt = np.float32 if precision is Precision.FP32 else np.float16
+    blobs = {name: inputs[name].astype(dt).ravel() for name in layer.inputs}
+    for name, shape in zip(layer.outputs, out_shapes):
+        blobs[name] = np.full(math.prod(shape), np.nan, dt)
+    blobs.update({f"w:{k}": np.asarray(v, np.float32).astype(dt).ravel() for k, v in vl.weights().items()})
+    blobs.update({f"s:{k}": np.zeros(n, dt) for k, n in vl.scratch().items()})
+    for d in vl.dispatches():
+        spec = d.spec_constants
+        if push_only:
+            spec = tuple(0 for _ in d.push_constants) + spec[len(d.push_constants):]
+        results = dispatch(ctx, spirv_for(d.shader, precision), [blobs[b] for b in d.bindings],
+                           global_size=d.global_size, local_size=d.local_size,
+                           push_constants=d.push_constants, spec_constants=spec)
+        blobs.update(zip(d.bindings, results))
+    return {name: blobs[name].astype(np.float32).reshape(shape)
+            for name, shape in zip(layer.outputs, out_shapes)}
+
+
+def check_layer(tmp_path: Path, ctx: object, spirv_for: SpirvFor, line: str,
+                shapes: dict[str, Shape], precision: Precision, push_only: bool = False) -> None:
+    param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
+    write_param(param, shapes, line)
+    graph = load_model(param, None, shapes, seed=7)
+    write_bin(graph, bin_path)
+    rng = np.random.default_rng(11)
+    inputs = {name: rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+              for name, shape in shapes.items()}
+    outputs = graph.layers[-1].outputs
+    ref = run_ncnn(param, bin_path, inputs, outputs)
+    got = run_vulkan(ctx, spirv_for, graph, inputs, precision, push_only)
+    for name in outputs:
+        want = ref[name].reshape(got[name].shape)
+        scale = float(np.max(np.abs(want)))
+        err = float(np.max(np.abs(got[name] - want)))  # NaN (unwritten) fails too
+        assert err <= TOLERANCE[precision] * scale + 1e-6, (name, err, scale)
+
+
+def conv_line(kind: str, c: int, out: int, params: str, k: tuple[int, int] = (3, 3), group: int = 1) -> str:
+    size = out * (c // group) * k[0] * k[1]
+    g = f" 7={group}" if kind == "ConvolutionDepthWise" else ""
+    return f"{kind} op 1 1 data out 0={out} 1={k[1]} 11={k[0]} 6={size}{g} {params}"
+
+
+CONV = {
+    # id: (kind, input shape, num_output, params, kernel (kh, kw), group)
+    "pad1-relu": ("Convolution", (3, 9, 11), 5, "4=1 5=1 9=1", (3, 3), 1),
+    "dil-stride-asym-leaky": ("Convolution", (4, 10, 7), 6,
+                              "2=2 12=1 3=2 13=1 4=1 15=2 14=0 16=1 5=1 9=2 -23310=1,0.1", (3, 2), 1),
+    "same-upper-clip": ("Convolution", (3, 11, 10), 4, "3=2 4=-233 5=1 9=3 -23310=2,-0.3,0.4", (3, 3), 1),
+    "same-lower-even-sigmoid": ("Convolution", (3, 11, 10), 4, "3=2 4=-234 5=1 9=4", (4, 4), 1),
+    "pad-value-mish": ("Convolution", (2, 6, 5), 3, "4=2 18=0.5 5=1 9=5", (3, 3), 1),
+    "large-pad-nobias": ("Convolution", (1, 3, 4), 2, "4=3", (3, 3), 1),
+    "1x1-hardswish": ("Convolution", (7, 5, 9), 7, "5=1 9=6 -23310=2,0.2,0.5", (1, 1), 1),
+    "1x1-wide": ("Convolution", (33, 7, 7), 13, "5=1", (1, 1), 1),
+    "1x1-stride2": ("Convolution", (5, 7, 9), 6, "3=2 5=1 9=1", (1, 1), 1),
+    "dw-stride2-relu": ("ConvolutionDepthWise", (5, 9, 7), 5, "3=2 4=1 5=1 9=1", (3, 3), 5),
+    "dw-dil2-same": ("ConvolutionDepthWise", (6, 8, 8), 6, "2=2 4=-233 5=1 9=2 -23310=1,0.2", (5, 5), 6),
+    "grouped-hardswish": ("ConvolutionDepthWise", (6, 7, 9), 10, "4=1 5=1 9=6 -23310=2,0.25,0.4", (3, 3), 2),
+    "dw-multiplier": ("ConvolutionDepthWise", (3, 5, 5), 6, "4=1 5=1", (3, 3), 3),
+}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+@pytest.mark.parametrize("case", list(CONV))
+def test_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision):
+    kind, shape, out, params, k, group = CONV[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
+                {"data": shape}, precision)
+
+
+@pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu"])
+def test_convolution_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
+    kind, shape, out, params, k, group = CONV[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
+                {"data": shape}, Precision.FP32, push_only=True)
