@@ -66,9 +66,10 @@ import hashlib
 import importlib.metadata
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from devices.capabilities import DeviceCaps
+if TYPE_CHECKING:  # devices depends on cache, not the reverse: caps are duck-typed here
+    from devices.capabilities import DeviceCaps
 
 MAGIC = b"VKSVPC\r\n"  # \r\n catches files mangled by text-mode transfers
 FORMAT_VERSION = 1

@@ -133,6 +133,8 @@ class PipelineCache:
                 blob = contents.driver_blob
                 log.info("pipeline cache %s: loaded %d SPIR-V modules and %d bytes of driver "
                          "cache", self.path, len(contents.spirv), len(blob))
+            elif self.path.exists():  # rejected: replace it at the next save
+                self._dirty = True
         try:
             backend.open_driver_cache(blob)
             self.stats.driver_blob_loaded_bytes = len(blob)
@@ -182,6 +184,10 @@ class PipelineCache:
             with self._lock:
                 self.stats.glsl_compiles += 1
                 self.stats.compile_seconds += time.perf_counter() - t0
+                # The shader's source changed: its entries for the old source are dead.
+                for stale in [k for k in self._spirv if k.shader_id == key.shader_id
+                              and k.source_hash != key.source_hash]:
+                    del self._spirv[stale]
             return code
 
         code, built = self._once(self._spirv, key, build)
