@@ -135,6 +135,7 @@ class PipelineCache:
                          "cache", self.path, len(contents.spirv), len(blob))
             elif self.path.exists():  # rejected: replace it at the next save
                 self._dirty = True
+        self._saved_blob = blob  # what the file holds; a save is due when the driver's differs
         try:
             backend.open_driver_cache(blob)
             self.stats.driver_blob_loaded_bytes = len(blob)
@@ -171,7 +172,8 @@ class PipelineCache:
         with self._lock:
             table[key] = value
             del self._inflight[key]
-            self._dirty = True
+            if table is self._spirv:
+                self._dirty = True
         future.set_result(value)
         return value, True
 
@@ -221,16 +223,20 @@ class PipelineCache:
         return len(self._pipelines)
 
     def save(self) -> bool:
-        """Write the file if something changed and this process is the writer."""
-        if self.path is None or not self._dirty:
+        """Write the file if its contents changed and this process is the writer."""
+        if self.path is None:
             return False
-        if not self.writable:
-            log.debug("pipeline cache %s changed but another process is its writer", self.path)
-            return False
+        blob = self.backend.driver_cache_data()
         with self._lock:
+            if not self._dirty and blob == self._saved_blob:
+                return False
+            if not self.writable:
+                log.debug("pipeline cache %s changed but another process is its writer",
+                          self.path)
+                return False
             entries = dict(self._spirv)
             self._dirty = False
-        blob = self.backend.driver_cache_data()
+            self._saved_blob = blob
         data = encode_cache_file(self.backend.identity, entries, blob)
         atomic_write(self.path, data)
         self.stats.driver_blob_saved_bytes = len(blob)
