@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import devices.vulkan.layers.conv  # noqa: F401  (registers the layer classes)
+import devices.vulkan.layers.conv  # noqa: F401  (the imports register the layer classes)
+import devices.vulkan.layers.innerproduct  # noqa: F401
+import devices.vulkan.layers.pooling  # noqa: F401
 from devices.capabilities import DeviceCaps, Precision
 from devices.cpu.reference import run_ncnn, write_bin
 from devices.vulkan.compiler import compile_glsl
@@ -137,3 +139,60 @@ def test_convolution_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
     kind, shape, out, params, k, group = CONV[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
                 {"data": shape}, Precision.FP32, push_only=True)
+
+
+POOLING = {
+    # id: (input shape, params)
+    "max-k3s2-full": ((3, 13, 11), "0=0 1=3 2=2"),
+    "max-k2s2-pads": ((2, 7, 9), "0=0 1=2 2=2 3=1 14=0 13=0 15=1"),
+    "max-valid": ((4, 10, 9), "0=0 1=3 2=2 5=1"),
+    "max-same-upper": ((3, 9, 10), "0=0 1=3 2=2 5=2"),
+    "avg-full-tail": ((3, 13, 11), "0=1 1=3 2=2 3=1"),
+    "avg-include-pad": ((2, 9, 7), "0=1 1=3 2=2 3=1 6=1"),
+    "avg-same-lower": ((5, 8, 11), "0=1 1=2 11=3 2=2 12=1 5=3"),
+    "avg-valid-rect": ((3, 10, 9), "0=1 1=2 11=4 2=3 12=2 5=1"),
+    "global-max": ((7, 13, 9), "0=0 4=1"),
+    "global-avg": ((5, 3, 5), "0=1 4=1"),
+    "global-avg-large": ((3, 29, 31), "0=1 4=1"),
+}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+@pytest.mark.parametrize("case", list(POOLING))
+def test_pooling(tmp_path, vulkan_ctx, spirv_for, case, precision):
+    shape, params = POOLING[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, f"Pooling op 1 1 data out {params}",
+                {"data": shape}, precision)
+
+
+@pytest.mark.parametrize("case", ["avg-full-tail", "global-avg"])
+def test_pooling_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
+    shape, params = POOLING[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, f"Pooling op 1 1 data out {params}",
+                {"data": shape}, Precision.FP32, push_only=True)
+
+
+INNERPRODUCT = {
+    # id: (input shape, num_output, params)
+    "1d-bias": ((37,), 5, "1=1"),
+    "3d-flat-relu": ((3, 5, 7), 13, "1=1 9=1"),
+    "2d-flat-sigmoid": ((1, 9), 3, "1=1 9=4"),
+    "long-hardswish": ((300,), 7, "1=1 9=6 -23310=2,0.2,0.5"),
+    "rows-nobias-leaky": ((3, 10), 6, "9=2 -23310=1,0.1"),
+    "3d-mish": ((2, 3, 3), 4, "1=1 9=5"),
+}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+@pytest.mark.parametrize("case", list(INNERPRODUCT))
+def test_innerproduct(tmp_path, vulkan_ctx, spirv_for, case, precision):
+    shape, out, params = INNERPRODUCT[case]
+    num_input = shape[-1] if len(shape) == 2 and shape[0] > 1 else math.prod(shape)
+    check_layer(tmp_path, vulkan_ctx, spirv_for,
+                f"InnerProduct op 1 1 data out 0={out} 2={out * num_input} {params}",
+                {"data": shape}, precision)
+
+
+def test_innerproduct_push_constants(tmp_path, vulkan_ctx, spirv_for):
+    check_layer(tmp_path, vulkan_ctx, spirv_for, "InnerProduct op 1 1 data out 0=5 2=185 1=1 9=1",
+                {"data": (37,)}, Precision.FP32, push_only=True)
