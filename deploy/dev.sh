@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_missing=()
-for pkg in libvulkan1 mesa-vulkan-drivers python3-venv; do
+for pkg in libvulkan1 mesa-vulkan-drivers python3-venv systemd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || apt_missing+=("$pkg")
 done
 if [ ${#apt_missing[@]} -gt 0 ]; then
