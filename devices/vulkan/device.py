@@ -8,13 +8,15 @@ from cache.pipeline_cache import PipelineCache, PipelineRequest
 from devices.capabilities import DeviceCaps, Precision
 from devices.vulkan.compiler import check_precision
 from devices.vulkan.context import VulkanContext
+from devices.vulkan.engine.pool import MemoryPool
 from devices.vulkan.pipeline import ComputePipeline, SpecValue
 from devices.vulkan.pipeline_backend import OPTION_BITS, VulkanPipelineBackend
 from devices.vulkan.shader_registry import builtin_shader
 
 
 class VulkanDevice:
-    def __init__(self, caps: DeviceCaps, cache_dir: Path | None) -> None:
+    def __init__(self, caps: DeviceCaps, cache_dir: Path | None,
+                 pool_budget_bytes: int | None = None) -> None:
         self.caps = caps
         self.ctx = VulkanContext(caps)
         try:
@@ -22,6 +24,8 @@ class VulkanDevice:
         except BaseException:
             self.ctx.destroy()
             raise
+        # Weights, arenas and staging buffers of the Plans on this device (engine.plan).
+        self.pool = MemoryPool(self.ctx, pool_budget_bytes)
 
     def pipeline(self, shader_id: str, precision: Precision,
                  local_size: tuple[int, int, int] = (64, 1, 1),
@@ -37,6 +41,7 @@ class VulkanDevice:
             if save:
                 self.pipelines.save()
         finally:
+            self.pool.close()
             self.pipelines.close()
             self.ctx.destroy()
 

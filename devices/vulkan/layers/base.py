@@ -59,6 +59,12 @@ class VulkanLayer:
     def dispatches(self) -> list[Dispatch]:
         raise NotImplementedError
 
+    #: Inputs whose bytes the output may take over when this layer is their last reader
+    #: (only inputs with the output's element count are taken). Safe only when every dispatch
+    #: reads element i of such an input solely to write element i of the output, and no
+    #: dispatch reads the input after another dispatch of the layer wrote the output.
+    inplace_inputs: tuple[int, ...] = ()
+
     @property
     def aliases_input(self) -> bool:
         """True when the output is the input's bytes unchanged (Reshape, Flatten, Dropout,
