@@ -21,6 +21,7 @@ import pytest
 
 import devices.vulkan.layers.conv  # noqa: F401  (the imports register the layer classes)
 import devices.vulkan.layers.innerproduct  # noqa: F401
+import devices.vulkan.layers.misc  # noqa: F401
 import devices.vulkan.layers.pooling  # noqa: F401
 from devices.capabilities import DeviceCaps, Precision
 from devices.cpu.reference import run_ncnn, write_bin
@@ -196,3 +197,49 @@ def test_innerproduct(tmp_path, vulkan_ctx, spirv_for, case, precision):
 def test_innerproduct_push_constants(tmp_path, vulkan_ctx, spirv_for):
     check_layer(tmp_path, vulkan_ctx, spirv_for, "InnerProduct op 1 1 data out 0=5 2=185 1=1 9=1",
                 {"data": (37,)}, Precision.FP32, push_only=True)
+
+
+MISC = {
+    # id: (layer line, input shapes)
+    "pad-const-front-behind": ("Padding op 1 1 data out 0=2 1=1 2=3 3=0 5=0.5 7=1 8=2", {"data": (3, 5, 6)}),
+    "pad-replicate": ("Padding op 1 1 data out 0=1 1=2 2=2 3=1 4=1", {"data": (2, 5, 7)}),
+    "pad-reflect": ("Padding op 1 1 data out 0=2 1=1 2=1 3=3 4=2", {"data": (2, 5, 7)}),
+    "pad-2d": ("Padding op 1 1 data out 0=1 1=1 2=2 3=2 5=-1.5", {"data": (4, 5)}),
+    "pad-1d": ("Padding op 1 1 data out 2=3 3=1 5=2.0", {"data": (9,)}),
+    "pad-per-channel": ("Padding op 1 1 data out 0=1 1=1 2=1 3=1 6=3", {"data": (3, 4, 5)}),
+    "crop-channels": ("Crop op 1 1 data out -23309=1,2 -23310=1,5 -23311=1,0", {"data": (7, 4, 5)}),
+    "crop-offsets-sizes": ("Crop op 1 1 data out 0=1 1=2 2=1 3=3 4=4 5=2", {"data": (4, 8, 7)}),
+    "crop-negative-hw": ("Crop op 1 1 data out -23309=2,1,-5 -23310=2,-1,-233 -23311=2,1,2",
+                         {"data": (2, 6, 9)}),
+    "crop-2d": ("Crop op 1 1 data out 0=2 1=1 3=4 4=3", {"data": (6, 9)}),
+    "crop-reference": ("Crop op 2 1 data ref out 0=1 1=2", {"data": (3, 7, 8), "ref": (3, 4, 5)}),
+    "interp-bilinear-up": ("Interp op 1 1 data out 0=2 1=2.0 2=2.0", {"data": (3, 5, 7)}),
+    "interp-bilinear-down": ("Interp op 1 1 data out 0=2 1=0.5 2=0.5", {"data": (3, 10, 9)}),
+    "interp-bilinear-align": ("Interp op 1 1 data out 0=2 3=7 4=11 6=1", {"data": (2, 4, 5)}),
+    "interp-nearest-up": ("Interp op 1 1 data out 0=1 1=2.0 2=2.0", {"data": (3, 5, 6)}),
+    "interp-nearest-size": ("Interp op 1 1 data out 0=1 3=9 4=5", {"data": (2, 4, 7)}),
+    "softmax-1d-long": ("Softmax op 1 1 data out", {"data": (1000,)}),
+    "softmax-1d-short": ("Softmax op 1 1 data out", {"data": (10,)}),
+    "softmax-2d-rows": ("Softmax op 1 1 data out 0=1 1=1", {"data": (5, 37)}),
+    "softmax-2d-cols": ("Softmax op 1 1 data out 0=0 1=1", {"data": (37, 5)}),
+    "softmax-3d-channels": ("Softmax op 1 1 data out 0=0 1=1", {"data": (3, 6, 7)}),
+    "softmax-3d-h": ("Softmax op 1 1 data out 0=1 1=1", {"data": (4, 40, 3)}),
+    "softmax-3d-last": ("Softmax op 1 1 data out 0=-1 1=1", {"data": (3, 5, 70)}),
+    "lrn-across-3": ("LRN op 1 1 data out 0=0 1=3", {"data": (7, 5, 6)}),
+    "lrn-across-wide": ("LRN op 1 1 data out 0=0 1=5 2=2.0 3=0.6 4=2.0", {"data": (3, 4, 9)}),
+    "lrn-within": ("LRN op 1 1 data out 0=1 1=3 2=1.5", {"data": (2, 7, 6)}),
+}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+@pytest.mark.parametrize("case", list(MISC))
+def test_misc_layers(tmp_path, vulkan_ctx, spirv_for, case, precision):
+    line, shapes = MISC[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, line, shapes, precision)
+
+
+@pytest.mark.parametrize("case", ["pad-const-front-behind", "crop-offsets-sizes", "interp-bilinear-down",
+                                  "softmax-3d-h", "softmax-3d-channels", "lrn-within"])
+def test_misc_layers_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
+    line, shapes = MISC[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, line, shapes, Precision.FP32, push_only=True)
