@@ -1,0 +1,43 @@
+"""Scheduler settings (the daemon fills them from its TOML config; every field has a default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SchedulerConfig:
+    """Knobs of the scheduler.
+
+    ``instances_per_device`` is how many jobs one device runs at once: that many Plan
+    instances are compiled per (model, device), and the device's CapacityLimiter has that many
+    tokens. Overlapping jobs hides copy-in/copy-out and fence latency on a GPU; on the CPU the
+    numpy kernels release the GIL, so two in flight also help.
+    """
+
+    queue_limit_per_model: int = 64  # queued (not yet running) jobs per model; more -> OVERLOADED
+    instances_per_device: int = 2  # concurrent jobs (Plan instances) per device
+    cpu_instances: int | None = None  # override of instances_per_device for the CPU device
+    default_priority: int = 0  # priority of requests that give none; higher runs first
+    load_threads: int = 4  # parallel model loads (compile + weight upload), like Triton's default
+    default_warmup: int = 1  # warm-up runs per Plan instance when config.toml gives none
+    latency_ewma_alpha: float = 0.2  # weight of the newest run in the per-(model, device) EWMA
+    default_latency_s: float = 0.01  # latency prior for a (model, device) never measured
+    use_vulkan: bool = True  # False: serve on the CPU only even when GPUs and the engine exist
+    cache_dir: str | None = None  # pipeline caches of Vulkan devices (None: no persistence)
+
+    def __post_init__(self) -> None:
+        if self.queue_limit_per_model < 1:
+            raise ValueError(f"queue_limit_per_model must be >= 1, got {self.queue_limit_per_model}")
+        if self.instances_per_device < 1:
+            raise ValueError(f"instances_per_device must be >= 1, got {self.instances_per_device}")
+        if self.cpu_instances is not None and self.cpu_instances < 1:
+            raise ValueError(f"cpu_instances must be >= 1, got {self.cpu_instances}")
+        if self.load_threads < 1:
+            raise ValueError(f"load_threads must be >= 1, got {self.load_threads}")
+        if self.default_warmup < 0:
+            raise ValueError(f"default_warmup must be >= 0, got {self.default_warmup}")
+        if not 0.0 < self.latency_ewma_alpha <= 1.0:
+            raise ValueError(f"latency_ewma_alpha must be in (0, 1], got {self.latency_ewma_alpha}")
+        if self.default_latency_s <= 0:
+            raise ValueError(f"default_latency_s must be > 0, got {self.default_latency_s}")
