@@ -47,7 +47,7 @@ from models.graph import Graph
 
 from scheduler.config import SchedulerConfig
 from scheduler.devices import DeviceHandle, discover_handles
-from scheduler.engine import (Executor, close_executor, is_device_fault, load_executor,
+from scheduler.engine import (Executor, close_executor, is_device_fault, load_executors,
                               vulkan_engine_available)
 from scheduler.errors import (BadInput, Cancelled, DeadlineExceeded, DeviceFailure,
                               InternalError, ModelNotFound, Overloaded, SchedulerError,
@@ -132,8 +132,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     rng = np.random.default_rng(spec.seed)
     inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in spec.inputs.items()}
     try:
-        for _ in range(instances):
-            executors.append(load_executor(handle, graph, spec))
+        executors = load_executors(handle, graph, spec, instances)
         for executor in executors:
             for _ in range(warmup):
                 timings.append(_run_blocking(handle, executor, inputs)[1])

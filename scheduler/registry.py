@@ -4,7 +4,7 @@
     <repo>/<name>/model.bin      weights (required unless config.toml says random_weights)
     <repo>/<name>/config.toml    optional:
 
-        precision = "auto"        # auto | fp32 | fp16p | fp16s | fp16sa (Vulkan; the CPU is bf16)
+        precision = "auto"        # auto | fp32 | fp16 | fp16s | fp16sa (Vulkan; the CPU is bf16)
         devices = "auto"          # auto | all | gpu | cpu | [0, 1, "cpu"]
         cpu_fallback = true       # may be loaded on the CPU on demand when its devices fail
         warmup = 1                # warm-up runs per Plan instance before the model is ready
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ModelRepository", "ModelSpec", "PRECISIONS", "DeviceLike"]
 
 Shape = tuple[int, ...]
-PRECISIONS = ("auto", "fp32", "fp16p", "fp16s", "fp16sa")
+PRECISIONS = ("auto", "fp32", "fp16", "fp16s", "fp16sa")
 DEVICE_MODES = ("auto", "all", "gpu", "cpu")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CONFIG_KEYS = ("inputs", "precision", "devices", "cpu_fallback", "warmup", "queue_limit",
