@@ -31,8 +31,8 @@ from devices.vulkan.layers.base import VULKAN_LAYERS, Shape
 from devices.vulkan.shader_registry import builtin_shader
 from models.graph import Graph, load_model
 
-MODES = [Precision.FP32, Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
-TOLERANCE = {Precision.FP32: 1e-4, Precision.FP16_STORAGE: 2e-2, Precision.FP16_ARITHMETIC: 2e-2}
+MODES = [Precision.FP32, Precision.FP16_PACKED, Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
+TOLERANCE = {Precision.FP32: 1e-4, Precision.FP16_PACKED: 2e-2, Precision.FP16_STORAGE: 2e-2, Precision.FP16_ARITHMETIC: 2e-2}
 
 SpirvFor = Callable[[str, Precision], bytes]
 
@@ -66,11 +66,17 @@ def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str,
     out_shapes = [graph.blob_shapes[n] for n in layer.outputs]
     vl = VULKAN_LAYERS[layer.type](layer, in_shapes, out_shapes, precision)
     dt = np.float32 if precision is Precision.FP32 else np.float16
-    blobs = {name: inputs[name].astype(dt).ravel() for name in layer.inputs}
+
+    def buffer(values: np.ndarray) -> np.ndarray:
+        # an even element count: fp16 packed storage addresses whole uints (two halves)
+        flat = np.asarray(values, np.float32).ravel()
+        return np.concatenate([flat, np.zeros(flat.size % 2, np.float32)]).astype(dt)
+
+    blobs = {name: buffer(inputs[name]) for name in layer.inputs}
     for name, shape in zip(layer.outputs, out_shapes):
-        blobs[name] = np.full(math.prod(shape), np.nan, dt)
-    blobs.update({f"w:{k}": np.asarray(v, np.float32).astype(dt).ravel() for k, v in vl.weights().items()})
-    blobs.update({f"s:{k}": np.zeros(n, dt) for k, n in vl.scratch().items()})
+        blobs[name] = buffer(np.full(math.prod(shape), np.nan))
+    blobs.update({f"w:{k}": buffer(v) for k, v in vl.weights().items()})
+    blobs.update({f"s:{k}": buffer(np.zeros(n)) for k, n in vl.scratch().items()})
     for d in vl.dispatches():
         spec = d.spec_constants
         if push_only:
@@ -79,7 +85,7 @@ def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str,
                            global_size=d.global_size, local_size=d.local_size,
                            push_constants=d.push_constants, spec_constants=spec)
         blobs.update(zip(d.bindings, results))
-    return {name: blobs[name].astype(np.float32).reshape(shape)
+    return {name: blobs[name][:math.prod(shape)].astype(np.float32).reshape(shape)
             for name, shape in zip(layer.outputs, out_shapes)}
 
 
