@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ["devices", "cache", "run", "verify"]
+COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,360 @@
+"""The daemon process: listeners, connections, scheduler, signals, shutdown.
+
+Start: bind the sockets (a live socket is an error before anything slow happens), discover
+devices, start the scheduler (models load and warm up), accept connections, print where it
+listens, notify systemd. SIGINT/SIGTERM: stop accepting (the socket file goes away), let the
+requests in flight finish for up to ``server.drain_timeout`` (new ones get ``UNAVAILABLE``),
+cancel what is left, close the scheduler, exit 0. A second signal skips the drain.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from client.protocol import CONNECTION_ERROR_ID, ErrorCode, Response, encode_frame
+from daemon import systemd
+from daemon.config import Config, ConfigError, resolve_token, scheduler_config
+from daemon.connection import Backend, Connection
+from daemon.listeners import UnixSocket, bind_unix_socket, open_tcp_listeners, tcp_listen_address
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Server", "run_daemon", "serve"]
+
+
+def vkserve_version() -> str:
+    try:
+        return metadata.version("vkserve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Server:
+    """Connections and their bookkeeping; the accept loops hand streams to :meth:`handle_unix`
+    and :meth:`handle_tcp`."""
+
+    def __init__(self, config: Config, backend: Backend, token: str | None) -> None:
+        self.config = config
+        self.backend = backend
+        self.token = token
+        self.version = vkserve_version()
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self.infer_in_flight = 0
+        self.requests_done = 0
+        self.connections_total = 0
+        self.started_at = time.time()
+        self.listening: list[str] = []
+        self.repository: Path | None = None
+        self._all_closed = trio.Event()
+
+    async def handle_unix(self, stream: trio.SocketStream) -> None:
+        await self._handle(stream, "unix", needs_auth=False)
+
+    async def handle_tcp(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"tcp {host}:{port}"
+        except OSError:
+            peer = "tcp ?"
+        await self._handle(stream, peer, needs_auth=True)
+
+    async def _handle(self, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+        self.connections_total += 1
+        peer = f"{peer}#{self.connections_total}"
+        if self.draining or len(self.connections) >= self.config.server.max_connections:
+            why = "the daemon is shutting down" if self.draining else (
+                f"too many connections (limit {self.config.server.max_connections})")
+            log.warning("refusing connection %s: %s", peer, why)
+            frame = encode_frame(Response.failure(CONNECTION_ERROR_ID, ErrorCode.UNAVAILABLE, why).to_message())
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(frame)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            return
+        conn = Connection(self, stream, peer, needs_auth=needs_auth)
+        self.connections.add(conn)
+        log.debug("connection %s opened", peer)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            if self.draining and not self.connections:
+                self._all_closed.set()
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        for conn in list(self.connections):
+            conn.begin_drain()
+        if not self.connections:
+            self._all_closed.set()
+
+    async def wait_all_closed(self) -> None:
+        await self._all_closed.wait()
+
+    def server_status(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "pid": os.getpid(),
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "listening": list(self.listening),
+            "connections": len(self.connections),
+            "connections_total": self.connections_total,
+            "requests_in_flight": sum(len(c.tasks) for c in self.connections),
+            "infer_in_flight": self.infer_in_flight,
+            "requests_done": self.requests_done,
+            "draining": self.draining,
+        }
+
+
+def _example_command(
+    models: list[dict[str, Any]], repository: Path | None, socket_path: Path, default_socket: Path
+) -> str:
+    """``vkserve infer ...`` for the first model, with a sample input when the folder has one."""
+    if not models:
+        return "vkserve models"
+    first = models[0]
+    name = str(first.get("name", "MODEL"))
+    args = f"vkserve infer {name}"
+    sample = None
+    folder = first.get("path")
+    if not isinstance(folder, str) and repository is not None:
+        folder = str(repository / name)
+    if isinstance(folder, str):
+        samples = sorted(Path(folder, "samples").glob("*.npy"))
+        sample = next((s for s in samples if s.stem == "3"), samples[0] if samples else None)
+    inputs = _input_names(first)
+    if sample is not None and len(inputs) == 1:
+        try:
+            shown = os.path.relpath(sample)
+        except ValueError:
+            shown = str(sample)
+        args += f" --input {inputs[0]}={shown}"
+    else:
+        args += " --random-input"
+    if socket_path != default_socket:
+        args += f" --socket {socket_path}"
+    return args
+
+
+def _input_names(model: dict[str, Any]) -> list[str]:
+    inputs = model.get("inputs")
+    if isinstance(inputs, dict):
+        return [str(k) for k in inputs]
+    if isinstance(inputs, list):
+        return [str(i.get("name")) if isinstance(i, dict) else str(i) for i in inputs]
+    return []
+
+
+async def _watch_signals(
+    signals: Any, stop: trio.Event, startup: trio.CancelScope, hard: trio.CancelScope
+) -> None:
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            log.warning("SIGHUP: model repository rescan is not supported yet; ignored")
+            continue
+        if not stop.is_set():
+            log.info("%s: shutting down (draining requests in flight)", signal.Signals(signum).name)
+            stop.set()
+            startup.cancel()
+        else:
+            log.warning("%s again: stopping now", signal.Signals(signum).name)
+            hard.cancel()
+
+
+async def _wait_ready(backend: Any, stop: trio.Event, scope: trio.CancelScope) -> None:
+    """Until the scheduler reports ready (start-up loads done) or a stop signal arrives."""
+    async def stop_on_signal() -> None:
+        await stop.wait()
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_on_signal)
+        wait_until = getattr(backend, "wait_until", None)
+        if wait_until is not None:
+            await wait_until(backend.ready)
+        else:
+            while not backend.ready():
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def _watchdog(interval: float) -> None:
+    while True:
+        systemd.notify("WATCHDOG=1")
+        await trio.sleep(interval)
+
+
+async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | None = None,
+                announce: Callable[[str], None] | None = None) -> int:
+    """Run the daemon until SIGINT/SIGTERM; returns the exit status.
+
+    ``backend_factory`` builds the scheduler (default: ``scheduler.Scheduler`` over the
+    discovered devices and ``config.models.repository``). Raises ConfigError / ListenError
+    for problems found before serving.
+    """
+    say = announce or (lambda line: print(line, flush=True))
+    token = resolve_token(config.server)
+    repo_path = config.models.repository_path()
+    if backend_factory is None:
+        backend_factory = _default_backend_factory(config, repo_path)
+    socket_path = config.server.socket_path()
+    unix = bind_unix_socket(socket_path, config.server.socket_mode)
+    try:
+        listeners: list[tuple[Any, list[trio.SocketListener]]] = []
+        server_listening = [f"unix:{socket_path}"]
+        tcp = config.server.tcp_address()
+        tcp_listeners: list[trio.SocketListener] = []
+        if tcp is not None:
+            tcp_listeners = await open_tcp_listeners(tcp.host, tcp.port)
+            server_listening += [
+                "tcp:{}:{}".format(*tcp_listen_address(ls)) for ls in tcp_listeners
+            ]
+        backend = await backend_factory()
+        server = Server(config, backend, token)
+        server.repository = repo_path
+        server.listening = server_listening
+        listeners.append((server.handle_unix, [unix.listener()]))
+        if tcp_listeners:
+            listeners.append((server.handle_tcp, tcp_listeners))
+        return await _run(config, server, backend, unix, listeners, say)
+    finally:
+        unix.unlink()
+        unix.sock.close()
+
+
+def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Any]]:
+    try:
+        from scheduler import ModelRepository, Scheduler, SchedulerConfig  # noqa: PLC0415
+    except ImportError:  # the package does not re-export them (yet)
+        from scheduler.config import SchedulerConfig  # noqa: PLC0415
+        from scheduler.core import Scheduler  # noqa: PLC0415
+        from scheduler.registry import ModelRepository  # noqa: PLC0415
+
+    if not repo_path.is_dir():
+        raise ConfigError(f"models.repository: {repo_path} is not a directory")
+    sched_cfg = scheduler_config(config.scheduler, SchedulerConfig)
+
+    async def build() -> Any:
+        # devices=None: the scheduler discovers them itself (in a worker thread) when it runs
+        return Scheduler(None, sched_cfg, ModelRepository(repo_path))
+
+    return build
+
+
+async def _run(
+    config: Config,
+    server: Server,
+    backend: Any,
+    unix: UnixSocket,
+    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    say: Callable[[str], None],
+) -> int:
+    stop = trio.Event()
+    startup = trio.CancelScope()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as root:
+            root.start_soon(_watch_signals, signals, stop, startup, root.cancel_scope)
+            with startup:
+                systemd.notify("STATUS=starting the scheduler")
+                await root.start(backend.run)
+            if stop.is_set():
+                say("vkserve: stopped during start-up")
+            else:
+                await _accept_and_drain(config, server, unix, listeners, stop, say, root)
+            systemd.notify("STATUS=closing the scheduler")
+            await backend.aclose()
+            root.cancel_scope.cancel()
+    return 0
+
+
+async def _accept_and_drain(
+    config: Config,
+    server: Server,
+    unix: UnixSocket,
+    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    stop: trio.Event,
+    say: Callable[[str], None],
+    root: trio.Nursery,
+) -> None:
+    async with trio.open_nursery() as handlers:
+        async with trio.open_nursery() as acceptors:
+            for handler, group in listeners:
+                await acceptors.start(
+                    functools.partial(trio.serve_listeners, handler, group, handler_nursery=handlers)
+                )
+            for where in server.listening:
+                kind, _, addr = where.partition(":")
+                say(f"vkserve: listening on {kind} {addr}{' (token required)' if kind == 'tcp' else ''}")
+            with trio.CancelScope() as loading:
+                systemd.notify("STATUS=loading models")
+                await _wait_ready(server.backend, stop, loading)
+            if stop.is_set():
+                acceptors.cancel_scope.cancel()
+            else:
+                _announce(server, unix, say)
+                interval = systemd.watchdog_interval()
+                if interval:
+                    root.start_soon(_watchdog, interval)
+                systemd.notify(f"READY=1\nSTATUS=serving on {', '.join(server.listening)}")
+                await stop.wait()
+                acceptors.cancel_scope.cancel()  # closes the listeners
+        unix.unlink()
+        in_flight = server.server_status()["requests_in_flight"]
+        say(f"vkserve: stopping; draining {in_flight} request(s) in flight "
+            f"(up to {config.server.drain_timeout:g} s)")
+        systemd.notify("STOPPING=1\nSTATUS=draining")
+        server.begin_drain()
+        with trio.move_on_after(config.server.drain_timeout) as drain:
+            await server.wait_all_closed()
+        if drain.cancelled_caught:
+            left = server.server_status()["requests_in_flight"]
+            log.warning("drain timeout: cancelling %d request(s) still in flight", left)
+        handlers.cancel_scope.cancel()
+    say(f"vkserve: stopped ({server.requests_done} requests served)")
+
+
+def _announce(server: Server, unix: UnixSocket, say: Callable[[str], None]) -> None:
+    from client.paths import default_socket_path  # noqa: PLC0415
+
+    try:
+        models = [m for m in server.backend.models() if isinstance(m, dict)]
+    except Exception:  # only for the banner; serving goes on
+        log.exception("listing models for the start-up banner failed")
+        models = []
+    names = ", ".join(f"{m.get('name')} ({m.get('state', '?')})" for m in models) or "none"
+    say(f"vkserve {server.version}: models: {names}")
+    say(f"vkserve: send a job:  {_example_command(models, server.repository, unix.path, default_socket_path())}")
+
+
+def run_daemon(config: Config) -> int:
+    """``trio.run(serve)`` with one-line reporting of start-up problems (exit status 1/2)."""
+    from daemon.listeners import ListenError  # noqa: PLC0415
+
+    try:
+        return trio.run(serve, config)
+    except ConfigError as exc:
+        print(f"vkserve serve: config: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        print(f"vkserve serve: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        config_errors, rest = group.split((ConfigError, ListenError))
+        if rest is None and config_errors is not None:
+            print(f"vkserve serve: {config_errors.exceptions[0]}", file=sys.stderr)
+            return 2
+        log.error("vkserve serve failed", exc_info=group)
+        return 1
