@@ -130,6 +130,8 @@ CONV = {
     "dw-dil2-same": ("ConvolutionDepthWise", (6, 8, 8), 6, "2=2 4=-233 5=1 9=2 -23310=1,0.2", (5, 5), 6),
     "grouped-hardswish": ("ConvolutionDepthWise", (6, 7, 9), 10, "4=1 5=1 9=6 -23310=2,0.25,0.4", (3, 3), 2),
     "dw-multiplier": ("ConvolutionDepthWise", (3, 5, 5), 6, "4=1 5=1", (3, 3), 3),
+    "deep-3x3": ("Convolution", (64, 9, 10), 9, "4=1 5=1", (3, 3), 1),
+    "deep-1x1": ("Convolution", (256, 5, 3), 10, "5=1 9=1", (1, 1), 1),
 }
 
 
@@ -139,6 +141,20 @@ def test_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision):
     kind, shape, out, params, k, group = CONV[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
                 {"data": shape}, precision)
+
+
+@pytest.mark.parametrize("case, shader", [("pad1-relu", "conv"), ("1x1-wide", "conv1x1"),
+                                          ("1x1-stride2", "conv"), ("dw-stride2-relu", "convdw"),
+                                          ("grouped-hardswish", "conv"), ("dw-multiplier", "conv")])
+def test_convolution_shader_choice(tmp_path, case, shader):
+    """The fast paths are taken where they apply (and only there)."""
+    kind, shape, out, params, k, group = CONV[case]
+    param = tmp_path / "case.param"
+    write_param(param, {"data": shape}, conv_line(kind, shape[0], out, params, k, group))
+    graph = load_model(param, None, {"data": shape}, seed=7)
+    layer = graph.layers[-1]
+    vl = VULKAN_LAYERS[kind](layer, [shape], [graph.blob_shapes["out"]], Precision.FP32)
+    assert [d.shader for d in vl.dispatches()] == [shader]
 
 
 @pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu"])
@@ -187,6 +203,7 @@ INNERPRODUCT = {
     "long-hardswish": ((300,), 7, "1=1 9=6 -23310=2,0.2,0.5"),
     "rows-nobias-leaky": ((3, 10), 6, "9=2 -23310=1,0.1"),
     "3d-mish": ((2, 3, 3), 4, "1=1 9=5"),
+    "deep": ((2048,), 10, "1=1"),
 }
 
 

@@ -38,11 +38,11 @@ def _pow2ceil(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def local_size_3d(gx: int, gy: int, gz: int, total: int = 64) -> tuple[int, int, int]:
-    """A power-of-two work group of `total` invocations shaped to the dispatch: up to 8 along
-    x (rows are short in these models: 7..56), then y, then z, so that small outputs do not
-    leave most of a group idle."""
-    lx = min(_pow2ceil(gx), 8, total)
+def local_size_3d(gx: int, gy: int, gz: int, total: int = 64, max_x: int = 8) -> tuple[int, int, int]:
+    """A power-of-two work group of `total` invocations shaped to the dispatch: up to `max_x`
+    along x (8 by default: image rows are short in these models, 7..56), then y, then z, so
+    that small outputs do not leave most of a group idle."""
+    lx = min(_pow2ceil(gx), max_x, total)
     ly = min(_pow2ceil(gy), total // lx)
     lz = min(_pow2ceil(gz), total // (lx * ly))
     return (lx, ly, lz)

@@ -24,7 +24,7 @@ from devices.capabilities import Precision
 from devices.cpu.kernels.base import UnsupportedError
 from devices.cpu.kernels.conv import conv_pads
 from devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
-from devices.vulkan.layers.compute_util import activation_constants, make_dispatch
+from devices.vulkan.layers.compute_util import activation_constants, local_size_3d, make_dispatch
 from models.graph import Layer
 
 
@@ -34,6 +34,8 @@ def _tiles(n: int) -> int:
 
 @register("Convolution", "ConvolutionDepthWise")
 class VulkanConvolution(VulkanLayer):
+    """Picks the shader (``kind``) and lays the weights out for it once, at construction."""
+
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
@@ -92,8 +94,11 @@ class VulkanConvolution(VulkanLayer):
         if self.kind == "conv1x1":
             size = h * w
             quarter = (size + 3) // 4
-            return [make_dispatch("conv1x1", bindings, (quarter, _tiles(oc), 1),
-                                  psc=(size, quarter, c, oc), fixed=self.activation)]
+            # 32 pixels along x: a subgroup reads 32 consecutive input values per load and
+            # shares one weight vec4 (one tile)
+            gsize = (quarter, _tiles(oc), 1)
+            return [make_dispatch("conv1x1", bindings, gsize, psc=(size, quarter, c, oc),
+                                  fixed=self.activation, local_size=local_size_3d(*gsize, max_x=32))]
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
                    p.stride_w, p.stride_h, self.pad_left, self.pad_top, float(p.pad_value))

@@ -20,6 +20,8 @@ from models.graph import Layer
 
 @register("InnerProduct")
 class VulkanInnerProduct(VulkanLayer):
+    """Weights stay in ncnn's [num_output][num_input] order: a work group reads one row."""
+
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)

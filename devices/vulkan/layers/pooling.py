@@ -21,6 +21,8 @@ from models.graph import Layer
 
 @register("Pooling")
 class VulkanPooling(VulkanLayer):
+    """Max / average pooling of a 3-D blob, windowed (pad modes 0..3) or global."""
+
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
