@@ -13,11 +13,15 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from devices.cpu.executor import Plan, PlanError
 from devices.cpu.reference import random_inputs
+from devices.vulkan.engine import DeviceNotFound, load_plan
+from devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from models.errors import ModelFormatError
 from models.graph import Graph, load_model
 
@@ -50,12 +54,14 @@ def resolve_model(path: str) -> ModelFiles:
     return ModelFiles(param, weights if os.path.isfile(weights) else None)
 
 
-def check_device(device: str) -> None:
-    if device != "cpu":
-        raise UsageError(
-            f"--device {device}: only the CPU engine exists so far (the Vulkan executor comes "
-            "later); use --device cpu"
-        )
+def check_device(args: argparse.Namespace) -> None:
+    """--device is cpu or a Vulkan device index; --precision applies to Vulkan devices only."""
+    if args.device == "cpu":
+        if args.precision is not None:
+            raise UsageError("--precision applies to Vulkan devices; the CPU engine runs bf16")
+        return
+    if not args.device.isdigit():
+        raise UsageError(f"--device {args.device}: expected cpu or a Vulkan device index N")
 
 
 def _name_value(text: str, what: str) -> tuple[str, str]:
@@ -89,7 +95,7 @@ def load_inputs(items: list[str]) -> dict[str, np.ndarray]:
 
 def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.ndarray]]:
     """Resolve the model, load it for the given input shapes and build the inputs."""
-    check_device(args.device)
+    check_device(args)
     files = resolve_model(args.model)
     arrays = load_inputs(args.input)
     shapes = parse_shapes(args.shape)
@@ -108,6 +114,12 @@ def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.n
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="model folder or .param file")
     parser.add_argument("--device", default="cpu", help="cpu (default) or a GPU index N")
+    parser.add_argument("--precision", choices=("fp32", "fp16"), default=None,
+                        help="Vulkan devices: fp32 (default) or fp16 (fp16 arithmetic where the "
+                             "device has it, else fp16 storage)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="pipeline cache folder for Vulkan devices (default: "
+                             "$CACHE_DIRECTORY or $XDG_CACHE_HOME/vkserve)")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=file.npy",
                         help="input data (float32 .npy); repeat for several inputs")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=d0,d1,...",
@@ -128,11 +140,29 @@ def main(args: argparse.Namespace) -> int:
     try:
         files, graph, inputs = prepare(args)
         t0 = time.perf_counter()
-        plan = Plan(graph, {n: a.shape for n, a in inputs.items()})
+        shapes = {n: a.shape for n, a in inputs.items()}
+        if args.device == "cpu":
+            plan: Any = Plan(graph, shapes)
+            engine = {"device": "cpu", "precision": "bf16"}
+            loaded = None
+        else:
+            loaded = load_plan(graph, int(args.device), args.precision or "fp32", shapes,
+                               cache_dir=args.cache_dir)
+            plan = loaded.plan
+            engine = loaded.info()
         compile_s = time.perf_counter() - t0
-    except (UsageError, ModelFormatError, PlanError) as e:
+    except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound) as e:
         print(f"vkserve run: {e}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, files, plan, inputs, engine, compile_s)
+    finally:
+        if loaded is not None:
+            loaded.close()
+
+
+def _run(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[str, np.ndarray],
+         engine: dict[str, Any], compile_s: float) -> int:
     t0 = time.perf_counter()
     outputs = plan.run(inputs)
     first_s = time.perf_counter() - t0
@@ -144,8 +174,7 @@ def main(args: argparse.Namespace) -> int:
     median_s = statistics.median(times) if times else first_s
     result = {
         "model": os.path.basename(os.path.normpath(args.model)),
-        "device": "cpu",
-        "precision": "bf16",
+        **engine,
         "weights": files.bin or f"random (seed {args.seed})",
         "inputs": {n: list(a.shape) for n, a in inputs.items()},
         "outputs": [{"name": n, "shape": list(a.shape)} for n, a in outputs.items()],

@@ -10,6 +10,9 @@ import sys
 from daemon.commands.run import UsageError, add_common_arguments, prepare
 from devices.cpu.executor import PlanError
 from devices.cpu.reference import verify_graph
+from devices.vulkan.engine import DeviceNotFound
+from devices.vulkan.engine.plan import PlanError as VulkanPlanError
+from devices.vulkan.engine.verify import verify_vulkan
 from models.errors import ModelFormatError
 
 NAME = "verify"
@@ -28,8 +31,12 @@ def main(args: argparse.Namespace) -> int:
     args.random_input = True
     try:
         files, graph, inputs = prepare(args)
-        report = verify_graph(graph, files.param, files.bin, inputs, seed=args.seed)
-    except (UsageError, ModelFormatError, PlanError) as e:
+        if args.device == "cpu":
+            report = verify_graph(graph, files.param, files.bin, inputs, seed=args.seed)
+        else:
+            report = verify_vulkan(graph, files.param, files.bin, inputs, int(args.device),
+                                   args.precision or "fp32", args.cache_dir)
+    except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound) as e:
         print(f"vkserve verify: {e}", file=sys.stderr)
         return 2
     if args.json:

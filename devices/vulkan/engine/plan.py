@@ -201,7 +201,8 @@ class Plan:
         self.max_instances = max_instances
         self.input_names = list(graph.input_names)
         self.output_names = list(outputs) if outputs is not None else list(graph.output_names)
-        given = {k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()}
+        given = {n: graph.blob_shapes[n] for n in self.input_names if n in graph.blob_shapes}
+        given.update({k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()})
         self.blob_shapes: dict[str, Shape] = infer_shapes(graph.layers, graph.file, given)
         self.weights: Buffer | None = None
         self._cond = threading.Condition()
@@ -615,10 +616,14 @@ class PlanInstance:
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None,
             between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """One inference: inputs into staging, one submit, fence wait, outputs out.
+        """One inference: `start` then `finish`."""
+        self.start(inputs)
+        return self.finish(timeout_s, between_waits)
 
-        `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
-        cancellation there); `timeout_s` bounds the wait."""
+    def start(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Write the inputs into staging (converting to the storage type) and submit."""
+        if self.in_flight:
+            raise RuntimeError("plan instance already has an inference in flight")
         for name, shape, view in self._inputs:
             arr = inputs.get(name)
             if arr is None:
@@ -636,8 +641,20 @@ class PlanInstance:
             code = lib.vkQueueSubmit(ctx.queue, 1, self._submit, self.fence)
         check(code, "vkQueueSubmit")
         self.in_flight = True
-        ctx.wait_fence(self.fence, timeout_s, between_waits)
+
+    def finish(self, timeout_s: float | None = None,
+               between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """Wait for the submission and copy the outputs out (then run the CPU tail).
+
+        `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
+        cancellation there and may raise); `timeout_s` bounds the wait. After either gives
+        up, the instance is settled and destroyed when released, never reused."""
+        if not self.in_flight:
+            raise RuntimeError("no inference in flight: call start() first")
+        self.ctx.wait_fence(self.fence, timeout_s, between_waits)
         self.in_flight = False
+        staging = self.staging
+        assert staging is not None
         if not staging.coherent:
             staging.invalidate()
         out = {name: view.astype(np.float32) for name, view in self._outputs}
