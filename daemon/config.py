@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from client.framing import DEFAULT_MAX_FRAME_SIZE
-from client.paths import TcpAddress, default_socket_path, parse_address
+from client.paths import TcpAddress, default_socket_path
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -99,11 +99,15 @@ class ServerConfig:
         return Path(self.socket) if self.socket else default_socket_path()
 
     def tcp_address(self) -> TcpAddress | None:
+        """``server.tcp`` parsed (``HOST:PORT``, ``[V6]:PORT``; port 0 = any free port)."""
         if not self.tcp:
             return None
-        addr = parse_address(self.tcp if self.tcp.startswith("tcp://") else f"tcp://{self.tcp}")
-        assert isinstance(addr, TcpAddress)
-        return addr
+        spec = self.tcp.removeprefix("tcp://")
+        host, sep, port = spec.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"cannot parse {self.tcp!r}; expected HOST:PORT (port 0..65535)")
+        return TcpAddress(host, int(port))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,653 @@
+"""The daemon end to end: real `vkserve serve` subprocesses (lavapipe + CPU), both clients,
+hostile byte streams, stale/live sockets, TCP tokens, disconnects and SIGTERM drains.
+
+One daemon (module scope) serves most tests: a repository with the `digits` example (loaded
+on the Vulkan device when the engine exists, else the CPU) and `slow`, a random-weights
+convolution stack pinned to the CPU (about 0.3 s a job) for in-flight work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from client import BadRequestError, Client, DeadlineExceeded, NotFound, TrioClient, Unauthenticated
+from client.protocol import (
+    FrameDecoder,
+    Response,
+    encode_frame,
+    encode_tensors,
+    parse_response,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "examples" / "digits"
+TOKEN = "test-token-0123456789abcdef"
+SLOW_PARAM = """7767517
+6 6
+Input            data   0 1 data 0=128 1=128 2=8
+Convolution      conv1  1 1 data conv1 0=64 1=3 4=1 5=1 6=4608
+Convolution      conv2  1 1 conv1 conv2 0=64 1=3 4=1 5=1 6=36864
+Convolution      conv3  1 1 conv2 conv3 0=64 1=3 4=1 5=1 6=36864
+Convolution      conv4  1 1 conv3 conv4 0=64 1=3 4=1 5=1 6=36864
+Pooling          gap    1 1 conv4 out 0=1 4=1
+"""
+SLOW_CONFIG = 'random_weights = true\ndevices = "cpu"\nwarmup = 0\n'
+SLOW_SHAPE = (8, 128, 128)
+STARTUP_TIMEOUT = 90.0
+
+
+# ------------------------------------------------------------------------------ daemon process
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[str]
+    socket: Path
+    log: Path
+    lines: list[str] = field(default_factory=list)
+    tcp: tuple[str, int] | None = None
+    _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    def wait_line(self, needle: str, timeout: float = STARTUP_TIMEOUT) -> str:
+        end = time.monotonic() + timeout
+        for line in self.lines:
+            if needle in line:
+                return line
+        while time.monotonic() < end:
+            try:
+                line = self._queue.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if needle in line:
+                return line
+        raise AssertionError(f"daemon never printed {needle!r}; stdout {self.lines}, "
+                             f"log tail:\n{self.log_text()[-3000:]}")
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text()
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def vkserve_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "daemon.cli", *args]
+
+
+def start_daemon(workdir: Path, config: str, *, name: str = "daemon", wait: bool = True) -> Daemon:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / f"{name}.toml"
+    cfg.write_text(config)
+    log = workdir / f"{name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("VKSERVE_TOKEN", None)
+    proc = subprocess.Popen(
+        vkserve_cmd("serve", "--config", str(cfg)),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+    )
+    sock_line = next(ln for ln in config.splitlines() if ln.startswith("socket"))
+    daemon = Daemon(proc, Path(sock_line.split("=", 1)[1].strip().strip('"')), log)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            daemon.lines.append(line.rstrip("\n"))
+            daemon._queue.put(line.rstrip("\n"))
+        daemon._queue.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    if wait:
+        daemon.wait_line("send a job")
+        for line in daemon.lines:
+            if line.startswith("vkserve: listening on tcp "):
+                host, _, port = line.split()[4].rpartition(":")
+                daemon.tcp = (host.strip("[]"), int(port))
+    return daemon
+
+
+def make_repository(path: Path, *, digits: bool = True, slow: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if digits:
+        (path / "digits").symlink_to(DIGITS)
+    if slow:
+        (path / "slow").mkdir()
+        (path / "slow" / "model.param").write_text(SLOW_PARAM)
+        (path / "slow" / "config.toml").write_text(SLOW_CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    work = tmp_path_factory.mktemp("daemon")
+    repo = make_repository(work / "repo")
+    d = start_daemon(work, f"""
+[server]
+socket = "{work}/d.sock"
+tcp = "127.0.0.1:0"
+token = "{TOKEN}"
+max_requests_per_connection = 32
+
+[models]
+repository = "{repo}"
+
+[scheduler]
+queue_limit_per_model = 128
+""")
+    try:
+        yield d
+    finally:
+        rc = d.stop()
+        assert rc == 0, d.log_text()[-3000:]
+
+
+def sample(k: int) -> np.ndarray:
+    return np.load(DIGITS / "samples" / f"{k}.npy")
+
+
+def cpu_engine_prob(x: np.ndarray) -> np.ndarray:
+    """What `vkserve run examples/digits` computes: the CPU engine on the same weights."""
+    from devices.cpu.executor import Plan
+    from models.graph import load_model
+
+    plan = Plan(load_model(DIGITS / "model.param", DIGITS / "model.bin"))
+    return plan.run({"data": x})["prob"]
+
+
+# ------------------------------------------------------------------------------ raw connections
+
+
+class Raw:
+    """A byte-level connection for speaking (or breaking) the protocol by hand."""
+
+    def __init__(self, path: Path | None = None, tcp: tuple[str, int] | None = None) -> None:
+        if tcp is not None:
+            self.sock = socket.create_connection(tcp, timeout=10)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(10)
+            self.sock.connect(str(path))
+        self.decoder = FrameDecoder(2**31)
+        self.eof = False
+
+    def __enter__(self) -> Raw:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def send(self, msg: dict[str, Any] | bytes) -> None:
+        self.sock.sendall(msg if isinstance(msg, bytes) else encode_frame(msg))
+
+    def recv(self, timeout: float = 10.0) -> Response | None:
+        """Next response, or None at EOF (a torn final frame counts as EOF)."""
+        end = time.monotonic() + timeout
+        while True:
+            msg = self.decoder.next_message()
+            if msg is not None:
+                return parse_response(msg)
+            if self.eof:
+                return None
+            self.sock.settimeout(max(0.01, end - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            except TimeoutError:
+                raise AssertionError("no response from the daemon in time") from None
+            if not data:
+                self.eof = True
+            else:
+                self.decoder.feed(data)
+
+    def until(self, rid: int, timeout: float = 10.0) -> tuple[Response, list[Response]]:
+        """Read up to the response for ``rid``; also returns the ones before it."""
+        seen = []
+        while True:
+            r = self.recv(timeout)
+            assert r is not None, f"connection closed before the answer to {rid}; got {seen}"
+            if r.id == rid:
+                return r, seen
+            seen.append(r)
+
+    def read_to_eof(self, timeout: float = 10.0) -> list[Response]:
+        out = []
+        while (r := self.recv(timeout)) is not None:
+            out.append(r)
+        return out
+
+
+def req(rid: int, op: str, **fields: Any) -> dict[str, Any]:
+    return {"v": 1, "id": rid, "op": op, **fields}
+
+
+def slow_request(rid: int, **fields: Any) -> dict[str, Any]:
+    x = np.zeros(SLOW_SHAPE, np.float32)
+    return req(rid, "infer", model="slow", inputs=encode_tensors({"data": x}), **fields)
+
+
+def digits_request(rid: int, k: int = 3) -> dict[str, Any]:
+    return req(rid, "infer", model="digits", inputs=encode_tensors({"data": sample(k)}))
+
+
+def status(d: Daemon) -> dict[str, Any]:
+    with Client.connect(f"unix:{d.socket}") as c:
+        return c.status()
+
+
+def wait_status(d: Daemon, pred: Any, timeout: float = 10.0) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        s = status(d)
+        if pred(s):
+            return s
+        if time.monotonic() > end:
+            raise AssertionError(f"status never matched: {json.dumps(s, default=str)[:2000]}")
+        time.sleep(0.02)
+
+
+def no_work(s: dict[str, Any]) -> bool:
+    return s["in_flight"] == 0 and s["queue_depth"] == 0 and s["server"]["infer_in_flight"] == 0
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_banner_names_sockets_and_example_command(daemon: Daemon) -> None:
+    assert daemon.wait_line("listening on unix ").endswith(str(daemon.socket))
+    assert daemon.tcp is not None and daemon.tcp[1] > 0
+    line = daemon.wait_line("send a job")
+    assert "vkserve infer digits --input data=" in line and "samples/3.npy" in line
+    assert f"--socket {daemon.socket}" in line
+    assert oct(daemon.socket.stat().st_mode & 0o777) == oct(0o660)
+
+
+def test_sync_client_digits_match_the_cpu_engine(daemon: Daemon) -> None:
+    expected = json.loads((DIGITS / "samples" / "expected.json").read_text())
+    with Client.connect(f"unix:{daemon.socket}") as c:
+        for k in range(10):
+            x = sample(k)
+            prob = c.infer("digits", {"data": x})["prob"]
+            ref = cpu_engine_prob(x)
+            assert prob.shape == ref.shape == (10,)
+            assert int(prob.argmax()) == int(ref.argmax()) == k == expected[str(k)]["class"]
+            # the daemon may run digits on lavapipe (fp32/fp16) or the bf16 CPU engine
+            np.testing.assert_allclose(prob, ref, atol=2e-2)
+
+
+async def test_trio_client_many_in_flight(daemon: Daemon) -> None:
+    results: dict[int, int] = {}
+    async with TrioClient.connect(f"unix:{daemon.socket}") as c:
+
+        async def one(i: int) -> None:
+            out = await c.infer("digits", {"data": sample(i % 10)}, priority=i % 3)
+            results[i] = int(out["prob"].argmax())
+
+        async with trio.open_nursery() as nursery:
+            for i in range(30):  # the daemon's per-connection limit is 32
+                nursery.start_soon(one, i)
+        models = await c.models()
+        st_ = await c.status()
+    assert results == {i: i % 10 for i in range(30)}
+    digits = next(m for m in models if m["name"] == "digits")
+    assert digits["state"] == "ready" and digits["inputs"] == {"data": [1, 8, 8]}
+    assert st_["server"]["connections"] >= 1 and st_["ready"] is True
+
+
+def test_errors_are_answers_and_the_connection_goes_on(daemon: Daemon) -> None:
+    with Client.connect(f"unix:{daemon.socket}") as c:
+        with pytest.raises(NotFound):
+            c.infer("no-such-model", {"data": sample(1)})
+        with pytest.raises(BadRequestError):
+            c.infer("digits", {"data": np.zeros((3, 8, 8), np.float32)})
+        with pytest.raises(BadRequestError):
+            c.infer("digits", {"wrong": sample(1)})
+        with pytest.raises(NotFound):
+            c.load_model("no-such-model")
+        assert int(c.infer("digits", {"data": sample(7)})["prob"].argmax()) == 7
+        assert c.ping() > 0
+
+
+def test_cancel_op_cancels_its_target(daemon: Daemon) -> None:
+    with Raw(daemon.socket) as r:
+        r.send(slow_request(1))
+        r.send(slow_request(2))
+        r.send(req(3, "cancel", target=2))
+        answer, _ = r.until(3)
+        assert answer.ok and answer.result == {"cancelled": True}
+        got = {x.id: x for x in [r.recv(), r.recv()]}
+        assert got[2].error is not None and got[2].error.code == "CANCELLED"
+        assert got[1].ok and got[1].result["outputs"]["out"]["shape"] == [64]
+        r.send(req(4, "cancel", target=99))
+        assert r.until(4)[0].result == {"cancelled": False}
+
+
+def test_deadline_exceeded_not_a_late_answer(daemon: Daemon) -> None:
+    with Client.connect(f"unix:{daemon.socket}") as c:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            c.infer("slow", {"data": np.zeros(SLOW_SHAPE, np.float32)}, timeout=0.05)
+        assert time.monotonic() - start < 1.0
+        with pytest.raises(DeadlineExceeded):
+            c.infer("digits", {"data": sample(1)}, deadline=time.time() - 1)
+
+
+def test_disconnect_mid_flight_leaves_no_work(daemon: Daemon) -> None:
+    before = status(daemon)["totals"]
+    r = Raw(daemon.socket)
+    for i in range(1, 13):
+        r.send(slow_request(i))
+    wait_status(daemon, lambda s: s["server"]["infer_in_flight"] == 12 and s["in_flight"] >= 1)
+    r.sock.close()
+    start = time.monotonic()
+    after = wait_status(daemon, no_work, timeout=5.0)
+    # 12 jobs of ~0.3 s on two CPU slots would take ~2 s; only the ones running finish
+    assert time.monotonic() - start < 1.8
+    dropped = after["totals"]["cancelled"] - before["cancelled"]
+    completed = after["totals"]["completed"] - before["completed"]
+    assert dropped >= 8, (dropped, completed)
+    assert after["server"]["requests_in_flight"] == 1  # the status request itself
+
+
+def test_per_connection_limit_is_overloaded_not_unbounded(daemon: Daemon) -> None:
+    with Raw(daemon.socket) as r:
+        for i in range(1, 37):
+            r.send(slow_request(i) if i <= 32 else digits_request(i))
+            if i == 32:
+                wait_status(daemon, lambda s: s["server"]["infer_in_flight"] >= 32)
+        codes = {}
+        while len(codes) < 4:
+            x = r.recv()
+            assert x is not None
+            if x.id > 32:
+                codes[x.id] = x.error.code if x.error else "ok"
+        assert set(codes.values()) == {"OVERLOADED"}
+    wait_status(daemon, no_work, timeout=5.0)
+
+
+# ------------------------------------------------------------------------------ TCP + token
+
+
+def test_tcp_token(daemon: Daemon) -> None:
+    assert daemon.tcp is not None
+    host, port = daemon.tcp
+    with Client.connect(f"tcp://{host}:{port}", token=TOKEN) as c:
+        assert int(c.infer("digits", {"data": sample(5)})["prob"].argmax()) == 5
+    with pytest.raises(Unauthenticated):
+        Client.connect(f"tcp://{host}:{port}", token="wrong-token-0123456789")
+    with Raw(tcp=daemon.tcp) as r:  # no auth: the first request is refused, then the close
+        r.send(req(1, "ping"))
+        answers = r.read_to_eof()
+        assert [(a.id, a.error.code if a.error else None) for a in answers] == [(1, "UNAUTHENTICATED")]
+    with Raw(tcp=daemon.tcp) as r:  # before auth, frames are limited to 64 KiB
+        r.send(struct.pack(">I", 100_000) + b"\x80" * 1000)
+        answers = r.read_to_eof()
+        assert [(a.id, a.error.code if a.error else None) for a in answers] == [(0, "BAD_REQUEST")]
+    with Raw(tcp=daemon.tcp) as r:  # auth then a large frame is fine
+        r.send(req(1, "auth", token=TOKEN))
+        assert r.until(1)[0].ok
+        r.send(slow_request(2, timeout=30))
+        assert r.until(2, timeout=30)[0].ok
+
+
+# ------------------------------------------------------------------------------ sockets
+
+
+def test_live_socket_is_refused(daemon: Daemon, tmp_path: Path) -> None:
+    d2 = start_daemon(tmp_path, f'[server]\nsocket = "{daemon.socket}"\n', name="second", wait=False)
+    rc = d2.proc.wait(60)
+    assert rc == 1
+    assert "listening there" in d2.log_text()
+    assert status(daemon)["ready"] is True  # the first daemon is untouched
+
+
+def test_bind_unix_socket_rules(tmp_path: Path) -> None:
+    from daemon.listeners import ListenError, bind_unix_socket
+
+    path = tmp_path / "sub" / "x.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path.parent.mkdir()
+    stale.bind(str(path))
+    stale.close()  # the file stays: a crashed daemon's socket
+    bound = bind_unix_socket(path, 0o660)
+    try:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o660)
+        with pytest.raises(ListenError, match="listening there"):
+            bind_unix_socket(path)
+    finally:
+        bound.sock.close()
+        bound.unlink()
+    assert not path.exists()
+    path.write_text("not a socket")
+    with pytest.raises(ListenError, match="not a socket"):
+        bind_unix_socket(path)
+
+
+# ------------------------------------------------------------------------------ hostile input
+
+
+class Steady:
+    """A well-behaved client on its own thread, running digits the whole time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ok = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        try:
+            with Client.connect(f"unix:{self.path}") as c:
+                while not self._stop.is_set():
+                    k = self.ok % 10
+                    got = int(c.infer("digits", {"data": sample(k)}, timeout=20)["prob"].argmax())
+                    if got != k:
+                        raise AssertionError(f"digit {k} classified as {got}")
+                    self.ok += 1
+                    time.sleep(0.005)
+        except BaseException as exc:  # reported by the test thread
+            self.errors.append(exc)
+
+    def __enter__(self) -> Steady:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self.errors, self.errors
+        assert self.ok > 0
+
+
+@pytest.fixture
+def steady(daemon: Daemon) -> Iterator[Steady]:
+    with Steady(daemon.socket) as s:
+        yield s
+
+
+HYPO = settings(max_examples=250, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(),
+    st.text(max_size=12), st.binary(max_size=32),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+_tensor = st.fixed_dictionaries({
+    "dtype": st.sampled_from(["float32", "float16", "float64", "int8", "bool", "object", "<f4", "V8"]),
+    "shape": st.lists(st.integers(-2, 9), max_size=5),
+    "data": st.binary(max_size=300),
+})
+_message = st.fixed_dictionaries(
+    {
+        "v": st.one_of(st.just(1), _values),
+        "id": st.one_of(st.integers(0, 2**64 - 1), _values),
+        "op": st.one_of(st.sampled_from(
+            ["infer", "list_models", "status", "cancel", "ping", "auth", "load_model", "nope", ""]),
+            _values),
+    },
+    optional={
+        "model": st.one_of(st.sampled_from(["digits", "slow", "nope"]), _values),
+        "inputs": st.one_of(st.dictionaries(st.sampled_from(["data", "x"]), st.one_of(_tensor, _values),
+                                            max_size=2), _values),
+        "priority": _values, "deadline": _values, "timeout": _values, "outputs": _values,
+        "name": st.sampled_from(["nope", "../..", "", "x" * 300, "/etc/passwd"]),
+        "devices": _values, "target": _values, "token": _values,
+    },
+)
+PING_ID = 2**64 - 1
+
+
+def _ping_after(r: Raw, used_id: Any) -> list[Response]:
+    rid = PING_ID if used_id != PING_ID else PING_ID - 1
+    r.send(req(rid, "ping"))
+    answer, before = r.until(rid)
+    assert answer.ok and answer.result["pong"] is True
+    return before
+
+
+@HYPO
+@given(msg=_message)
+def test_hostile_messages_get_answers_and_the_connection_goes_on(daemon: Daemon, steady: Steady,
+                                                                 msg: dict[str, Any]) -> None:
+    payload = msgpack.packb(msg, use_bin_type=True)
+    with Raw(daemon.socket) as r:
+        r.send(struct.pack(">I", len(payload)) + payload)
+        for answer in _ping_after(r, msg.get("id")):
+            assert answer.id in (0, msg.get("id"))
+
+
+@HYPO
+@given(payload=st.binary(max_size=400))
+def test_hostile_payloads_in_good_frames(daemon: Daemon, steady: Steady, payload: bytes) -> None:
+    with Raw(daemon.socket) as r:
+        r.send(struct.pack(">I", len(payload)) + payload)
+        _ping_after(r, None)
+
+
+@HYPO
+@given(stream=st.binary(max_size=600), chunks=st.integers(1, 4))
+def test_hostile_byte_streams(daemon: Daemon, steady: Steady, stream: bytes, chunks: int) -> None:
+    with Raw(daemon.socket) as r:
+        step = max(1, len(stream) // chunks)
+        try:
+            for i in range(0, len(stream), step):
+                r.sock.sendall(stream[i : i + step])
+            r.sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon already closed (e.g. a length above the limit)
+        r.read_to_eof()  # every complete frame that comes back parses as a response
+
+
+def test_oversized_truncated_and_nested_frames(daemon: Daemon, steady: Steady) -> None:
+    with Raw(daemon.socket) as r:  # above the 64 MiB limit: error frame (id 0), then the close
+        r.send(struct.pack(">I", 0xFFFFFFFF) + b"\x00" * 100)
+        answers = r.read_to_eof()
+        assert len(answers) == 1 and answers[0].id == 0 and answers[0].error.code == "BAD_REQUEST"
+        assert "exceeds the limit" in answers[0].error.message
+    with Raw(daemon.socket) as r:  # a frame cut short by the client's close
+        frame = encode_frame(digits_request(1))
+        r.sock.sendall(frame[: len(frame) // 2])
+        r.sock.shutdown(socket.SHUT_WR)
+        assert r.read_to_eof() == []
+    with Raw(daemon.socket) as r:  # nesting bomb, non-map payload, bad version, bad id
+        r.send(struct.pack(">I", 100_001) + b"\x91" * 100_000 + b"\xc0")
+        r.send(struct.pack(">I", 4) + msgpack.packb([1, 2, 3]))
+        r.send(req(5, "ping") | {"v": 2})
+        r.send(req(0, "ping"))
+        r.send(req(6, "infer", model="digits", inputs={"data": {"dtype": "object", "shape": [1],
+                                                                 "data": b"\x00" * 8}}))
+        before = _ping_after(r, None)
+        codes = [(a.id, a.error.code) for a in before if a.error]
+        assert codes == [(0, "BAD_REQUEST"), (0, "BAD_REQUEST"), (5, "BAD_REQUEST"),
+                         (0, "BAD_REQUEST"), (6, "BAD_REQUEST")]
+    with Raw(daemon.socket) as r:  # 1000 pipelined requests, answered by id
+        r.send(b"".join(encode_frame(req(i, "ping")) for i in range(1, 1001)))
+        ids = {r.recv().id for _ in range(1000)}
+        assert ids == set(range(1, 1001))
+
+
+# ------------------------------------------------------------------------------ shutdown
+
+
+def test_sigterm_drains_in_flight_work_and_exits_0(tmp_path: Path) -> None:
+    repo = make_repository(tmp_path / "repo", digits=False)
+    sock = tmp_path / "run" / "vk.sock"
+    sock.parent.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()  # a crashed daemon's socket file: replaced at start
+    d = start_daemon(tmp_path, f"""
+[server]
+socket = "{sock}"
+idle_timeout = 1.0
+drain_timeout = 15.0
+[models]
+repository = "{repo}"
+""")
+    try:
+        assert "replacing stale socket" in d.log_text()
+        with Raw(sock) as idle:  # a torn frame is not kept open forever
+            idle.sock.sendall(b"\x00\x00")
+            start = time.monotonic()
+            answers = idle.read_to_eof()
+            assert 0.8 < time.monotonic() - start < 5
+            assert [(a.id, a.error.code) for a in answers] == [(0, "BAD_REQUEST")]
+        r = Raw(sock)
+        for i in range(1, 5):
+            r.send(slow_request(i))
+        wait_status(d, lambda s: s["server"]["infer_in_flight"] == 4 and s["in_flight"] >= 1)
+        d.proc.send_signal(signal.SIGTERM)
+        d.wait_line("stopping; draining 4 request(s)", timeout=10)
+        r.send(slow_request(9))  # new work during the drain is refused
+        answers = {}
+        while len(answers) < 5:
+            a = r.recv(timeout=15)
+            assert a is not None, answers
+            answers[a.id] = a
+        assert all(answers[i].ok for i in range(1, 5)), answers
+        assert answers[9].error.code == "UNAVAILABLE"
+        assert r.read_to_eof() == []  # the daemon closes the drained connection
+        r.sock.close()
+        assert d.proc.wait(20) == 0
+        assert not sock.exists()
+        d.wait_line("vkserve: stopped", timeout=5)
+    finally:
+        if d.proc.poll() is None:
+            d.stop(signal.SIGKILL)
