@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Scheduler"]
 
-_EPS = 1e-6  # a running job past its estimated end is assumed to end "just after now"
+_EPS = 1e-6  # seconds; keeps "busy" slot-free times strictly after now
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +98,8 @@ class _Device:
     nursery: trio.Nursery | None = None
     healthy: bool = True
     fault: str | None = None
-    running: dict[int, float] = dataclasses.field(default_factory=dict)  # job id -> expected end
+    running: dict[int, tuple[float, float]] = dataclasses.field(
+        default_factory=dict)  # job id -> (start, expected seconds)
     queue_depth: int = 0  # jobs waiting for this device in the last placement pass
     runs: int = 0
     run_seconds: float = 0.0
@@ -108,6 +109,14 @@ class _Device:
     @property
     def index(self) -> int:
         return self.handle.index
+
+    def slot_free_times(self, now: float) -> list[float]:
+        """When each slot is expected to free, earliest first. A run past its estimate is
+        assumed to need as long again as it has taken so far, so a stuck device looks
+        busier the longer it is stuck and waiting jobs drift to other devices."""
+        ends = [start + expected if start + expected > now else now + max(now - start, _EPS)
+                for start, expected in self.running.values()]
+        return sorted([now] * max(0, self.slots - len(ends)) + ends)
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
@@ -169,6 +178,7 @@ class Scheduler:
         self._nursery: trio.Nursery | None = None
         self._load_limiter: trio.CapacityLimiter | None = None
         self._changed = trio.Event()
+        self._recheck_at = math.inf  # when to re-run placement for jobs held by choice
         self._stop = trio.Event()
         self._stopped = trio.Event()
         self._totals: Counter[str] = Counter()
@@ -219,6 +229,7 @@ class Scheduler:
                 log.info("scheduler running on %d device(s): %s", len(self._devices),
                          ", ".join(f"{d.index}={d.handle.name}" for d in self._devices.values()))
                 task_status.started()
+                nursery.start_soon(self._recheck_placement)
                 nursery.start_soon(self._startup_loads, startup)
                 await self._stop.wait()
                 self._state = "stopping"
@@ -259,6 +270,18 @@ class Scheduler:
             device.nursery = nursery
             task_status.started()
             await trio.sleep_forever()
+
+    async def _recheck_placement(self) -> None:
+        """Re-run placement when jobs wait for a busy device although another one is free:
+        if the busy device does not free up when estimated, they may be better off moving.
+        (Every other reason to place jobs is an event that calls ``_dispatch`` itself.)"""
+        while True:
+            changed = self._changed
+            with trio.move_on_at(self._recheck_at):
+                await changed.wait()
+            if trio.current_time() >= self._recheck_at:
+                self._recheck_at = math.inf
+                self._dispatch()
 
     async def _startup_loads(self, startup: list[tuple[_Model, list[_Device]]]) -> None:
         try:
@@ -334,6 +357,7 @@ class Scheduler:
         self._jobs[job.id] = job
         entry.queue.append(job)
         self._totals["submitted"] += 1
+        self._notify()
         self._dispatch()
         try:
             with trio.move_on_at(math.inf if trio_deadline is None else trio_deadline):
@@ -412,8 +436,8 @@ class Scheduler:
         for device in self._devices.values():
             device.queue_depth = 0
             if device.healthy:
-                ends = [max(end, now + _EPS) for end in device.running.values()]
-                avail[device.index] = sorted([now] * max(0, device.slots - len(ends)) + ends)
+                avail[device.index] = device.slot_free_times(now)
+        recheck = math.inf
         for job in queued:
             entry = self._models[job.model]
             if job.expired(now):
@@ -422,6 +446,7 @@ class Scheduler:
                 continue
             best: tuple[tuple[float, int, int, int], _Device, _Placement, float] | None = None
             loading = False
+            free_elsewhere = False
             for index, placement in entry.placements.items():
                 device = self._devices.get(index)
                 if device is None or not device.healthy or index in job.excluded:
@@ -433,6 +458,7 @@ class Scheduler:
                     continue
                 latency = self._latency(entry, placement)
                 start = avail[index][0]
+                free_elsewhere = free_elsewhere or start <= now
                 key = (start + latency, device.handle.rank, len(device.running), index)
                 if best is None or key < best[0]:
                     best = (key, device, placement, latency)
@@ -449,8 +475,13 @@ class Scheduler:
                 slots[0] = now + latency
             else:
                 device.queue_depth += 1
+                if free_elsewhere:  # held by choice: look again when the slot should free
+                    recheck = min(recheck, max(slots[0], now + 1e-3))
                 slots[0] = max(slots[0], now) + latency
             slots.sort()
+        if recheck < self._recheck_at:
+            self._recheck_at = recheck
+            self._notify()  # the recheck task picks up the earlier time
 
     def _no_device_error(self, entry: _Model, job: Job) -> SchedulerError:
         if job.excluded:
@@ -464,11 +495,12 @@ class Scheduler:
         executor = placement.free.pop()
         job.attempts += 1
         job.dispatched = now
-        device.running[job.id] = now + latency
+        device.running[job.id] = (now, latency)
         placement.running += 1
         entry.running += 1
         assert device.nursery is not None
         device.nursery.start_soon(self._execute, job, entry, placement, device, executor)
+        self._notify()
 
     async def _execute(self, job: Job, entry: _Model, placement: _Placement, device: _Device,
                        executor: Executor) -> None:

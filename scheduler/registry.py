@@ -161,13 +161,13 @@ def read_model_folder(folder: Path) -> ModelSpec:
         settings = _read_config(folder / "config.toml", name)
         if not param.is_file():
             raise BadInput(f"{name}/model.param: missing (every model folder needs one)")
+        graph = _graph_shapes(param, settings["inputs"], name)
         bin_path: Path | None = folder / "model.bin"
         if settings.pop("random_weights"):
             bin_path = None
         elif not bin_path.is_file():
             raise BadInput(f"{name}/model.bin: missing (or set random_weights = true in "
                            f"{name}/config.toml)")
-        graph = _graph_shapes(param, settings["inputs"], name)
     except BadInput as exc:
         return dataclasses.replace(base, error=exc.message)
     return ModelSpec(
