@@ -417,6 +417,29 @@ def encode_infer_result(outputs: Mapping[str, npt.ArrayLike], **extra: Any) -> d
     return {"outputs": encode_tensors(outputs), **extra}
 
 
+@dataclass(frozen=True)
+class InferReply:
+    """An infer result with the server's timing extras (absent ones are None)."""
+
+    outputs: dict[str, np.ndarray]
+    device: str | None = None
+    queue_seconds: float | None = None
+    run_seconds: float | None = None
+
+
+def decode_infer_reply(result: Any) -> InferReply:
+    """Outputs plus the optional ``device``/``queue_seconds``/``run_seconds`` extras."""
+    outputs = decode_infer_result(result)
+
+    def number(key: str) -> float | None:
+        value = result.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    device = result.get("device")
+    return InferReply(outputs, device if isinstance(device, str) else None,
+                      number("queue_seconds"), number("run_seconds"))
+
+
 def decode_infer_result(result: Any) -> dict[str, np.ndarray]:
     """Decode the outputs of an infer result, or raise :class:`BadResponse` naming the field."""
     if not isinstance(result, dict):

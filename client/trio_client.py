@@ -21,6 +21,7 @@ from .messages import (
     CONNECTION_ERROR_ID,
     AuthRequest,
     CancelRequest,
+    InferReply,
     InferRequest,
     ListModelsRequest,
     LoadModelRequest,
@@ -29,7 +30,7 @@ from .messages import (
     Response,
     StatusRequest,
     UnloadModelRequest,
-    decode_infer_result,
+    decode_infer_reply,
 )
 from .paths import Address, UnixAddress, resolve_address
 
@@ -127,6 +128,21 @@ class TrioClient:
         outputs: list[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run ``model``; returns output name → read-only array. See :meth:`Client.infer`."""
+        reply = await self.infer_detailed(model, inputs, priority=priority, deadline=deadline,
+                                          timeout=timeout, outputs=outputs)
+        return reply.outputs
+
+    async def infer_detailed(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        outputs: list[str] | None = None,
+    ) -> InferReply:
+        """Like :meth:`infer`, with the server's device and queue/run timings."""
         request = InferRequest(
             self._conn.next_id(),
             model,
@@ -137,7 +153,7 @@ class TrioClient:
             outputs=outputs,
         )
         budget = answer_wait_budget(deadline, timeout)
-        return decode_infer_result(await self._call(request, math.inf if budget is None else budget))
+        return decode_infer_reply(await self._call(request, math.inf if budget is None else budget))
 
     async def models(self) -> list[dict[str, Any]]:
         result = await self._call(ListModelsRequest(self._conn.next_id()))

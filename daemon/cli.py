@@ -12,7 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping"]
+COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
+            "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:
