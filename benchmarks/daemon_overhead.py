@@ -1,0 +1,149 @@
+"""Per-request overhead of the daemon and its throughput at concurrency 1/4/16.
+
+    python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--requests N] [--json OUT]
+
+Starts `vkserve serve` on a temporary Unix socket with the digits example (a tiny model) on
+the chosen devices, then:
+- one sync client, N sequential requests: round-trip p50/p99, the daemon's own run time
+  for the same requests (`run_seconds` in each reply) and the same model run in-process
+  (the engine the daemon uses, no daemon); overhead = round trip - in-process run time;
+- `vkserve bench`'s load generator at concurrency 1, 4 and 16 (throughput, p50/p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import Client, TrioClient  # noqa: E402
+from client.loadgen import BenchSettings, sweep  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1e3
+
+
+def start_daemon(tmp: Path, devices: str) -> tuple[subprocess.Popen, Path]:
+    repo = tmp / "models"
+    shutil.copytree(ROOT / "examples" / "digits", repo / "digits")
+    cfg = repo / "digits" / "config.toml"
+    cfg.write_text(cfg.read_text().replace("warmup = 2", f'warmup = 2\ndevices = "{devices}"'))
+    sock = tmp / "vkserve.sock"
+    config = tmp / "vkserve.toml"
+    config.write_text(f'[server]\nsocket = "{sock}"\n[models]\nrepository = "{repo}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--config",
+                             str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp / "daemon.log", "w"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if sock.exists():
+            try:
+                with Client.connect(f"unix:{sock}") as c:
+                    if any(m.get("state") == "ready" for m in c.models()):
+                        return proc, sock
+            except OSError:
+                pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"daemon did not become ready; log: {(tmp / 'daemon.log').read_text()}")
+
+
+def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
+    """Median run time of the digits model on the engine the daemon would use."""
+    from models.graph import load_model
+
+    graph = load_model(ROOT / "examples/digits/model.param", ROOT / "examples/digits/model.bin")
+    if devices == "cpu":
+        from devices.cpu.executor import Plan
+
+        plan = Plan(graph)
+        run, engine = (lambda: plan.run({"data": x})), "cpu (bf16)"
+    else:
+        from devices.discovery import discover_devices
+        from devices.vulkan.device import VulkanDevice
+        from devices.vulkan.engine import load_plan
+
+        caps = next(d for d in discover_devices() if d.kind.value == "vulkan")
+        device = VulkanDevice(caps, None)
+        plan = load_plan(device, graph, precision="fp16")
+        run, engine = (lambda: plan.run({"data": x})), f"vulkan {caps.name}"
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, engine
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", default="cpu", choices=["cpu", "gpu", "all"])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--window", type=float, default=2.0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    x = np.load(ROOT / "examples/digits/samples/3.npy").astype(np.float32)
+    with tempfile.TemporaryDirectory() as d:
+        proc, sock = start_daemon(Path(d), args.devices)
+        try:
+            rtt, server_run = [], []
+            with Client.connect(f"unix:{sock}") as c:
+                for _ in range(50):
+                    c.infer("digits", {"data": x})
+                for _ in range(args.requests):
+                    t0 = time.perf_counter()
+                    c.infer("digits", {"data": x})
+                    rtt.append(time.perf_counter() - t0)
+
+            async def replies() -> list[float]:
+                async with TrioClient.connect(f"unix:{sock}") as tc:
+                    out = []
+                    for _ in range(200):
+                        r = await tc.infer_detailed("digits", {"data": x})
+                        out.append(r.run_seconds or 0.0)
+                    return out
+
+            server_run = trio.run(replies)
+            settings = BenchSettings("digits", {"data": x}, window_seconds=args.window,
+                                     max_windows=8)
+            levels = trio.run(lambda: sweep(lambda: TrioClient.connect(f"unix:{sock}"),
+                                            settings, concurrencies=[1, 4, 16]))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    local_ms, engine = in_process_ms(args.devices, x, 500)
+    result = {
+        "machine": f"{os.uname().machine}, {os.cpu_count()} cores",
+        "devices": args.devices, "engine": engine, "requests": args.requests,
+        "rtt_p50_ms": round(pct(rtt, 50), 3), "rtt_p99_ms": round(pct(rtt, 99), 3),
+        "server_run_p50_ms": round(pct(server_run, 50), 3),
+        "in_process_p50_ms": round(local_ms, 3),
+        "overhead_p50_ms": round(pct(rtt, 50) - local_ms, 3),
+        "overhead_p99_ms": round(pct(rtt, 99) - local_ms, 3),
+        "throughput": [{"concurrency": int(r.level), "req_per_s": r.throughput,
+                        "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "stable": r.stable}
+                       for r in levels],
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
