@@ -157,7 +157,7 @@ class _CpuTail:
         for layer in layers:
             try:
                 kernel = CPU_KERNELS[layer.type](layer, [known[b] for b in layer.inputs])
-            except (UnsupportedError, KeyError) as e:
+            except UnsupportedError as e:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}) on the CPU "
                                 f"tail: {e}")
                 continue
@@ -173,8 +173,10 @@ class _CpuTail:
 def _split_tail(layers: Sequence[Layer]) -> int:
     """Index where the trailing run of layers without a Vulkan implementation starts."""
     k = len(layers)
-    while k > 0 and layers[k - 1].type not in VULKAN_LAYERS and layers[k - 1].type != "Input" \
-            and layers[k - 1].type in CPU_KERNELS:
+    while k > 0:
+        kind = layers[k - 1].type
+        if kind in VULKAN_LAYERS or kind == "Input" or kind not in CPU_KERNELS:
+            break
         k -= 1
     return k
 
@@ -234,9 +236,11 @@ class Plan:
                 for t in types))
         vlayers: list[tuple[Layer, VulkanLayer | None]] = []
         for layer in body:
-            if layer.type == "Input" or layer.type not in VULKAN_LAYERS:
+            if layer.type == "Input":
                 vlayers.append((layer, None))
                 continue
+            if layer.type not in VULKAN_LAYERS:
+                continue  # named in `missing`
             try:
                 vl = VULKAN_LAYERS[layer.type](
                     layer, [self.blob_shapes[b] for b in layer.inputs],
