@@ -30,7 +30,7 @@ fi
 cmd=${1:-serve}
 shift || true
 case "$cmd" in
-  serve) exec .venv/bin/vkserve devices "$@" ;;
+  serve) exec .venv/bin/vkserve serve "$@" ;;
   test) exec .venv/bin/python -m pytest "$@" ;;
   *) echo "usage: $0 serve|test [args]" >&2; exit 2 ;;
 esac
