@@ -196,6 +196,16 @@ def test_permute_4d_against_numpy(engine_device: VulkanDevice) -> None:
         np.testing.assert_array_equal(got, np.transpose(x, PermuteParams(order_type=order).numpy_axes(4)))
 
 
+def test_more_elements_than_one_row_of_work_groups(engine_device: VulkanDevice) -> None:
+    """65535 groups of 64 along x are all Vulkan guarantees: larger copies go along y too."""
+    x = rand((2, 1500, 1500), 6)  # 4.5 M elements > 65535 * 64
+    graph = graph_of(["Permute op 1 1 a y 0=1"], {"a": x.shape})
+    with Plan(engine_device, graph, None, Precision.FP32) as plan:
+        assert plan.steps[0].groups[1] == 2
+        got = plan.run({"a": x})["y"]
+    np.testing.assert_array_equal(got, x.transpose(0, 2, 1))
+
+
 @pytest.mark.parametrize("line", [
     "Split op 1 2 x y z", "Reshape op 1 1 x y 0=15 1=-1", "Flatten op 1 1 x y",
     "Noop op 1 1 x y", "Dropout op 1 1 x y"])

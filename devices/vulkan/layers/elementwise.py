@@ -12,10 +12,8 @@ from __future__ import annotations
 import math
 
 from devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
-from devices.vulkan.layers.shape import contiguous_strides, pad4
+from devices.vulkan.layers.shape import LOCAL, contiguous_strides, linear_grid, pad4
 from models.layers import binary_broadcast_shape
-
-LOCAL = (64, 1, 1)
 
 # unaryop.comp's op codes
 RELU, CLIP, SIGMOID, SWISH, HARDSIGMOID, HARDSWISH, SCALE = range(7)
@@ -30,8 +28,9 @@ def unary_dispatch(src: str, dst: str, shape: Shape, op: int, a: float = 0.0,
     """One unaryop.comp dispatch; op is a specialization constant (folded by the driver), the
     size and parameters are push constants so layers of any shape share the pipeline."""
     n4 = vec4_count(shape)
-    return Dispatch("unaryop", (src, dst), (n4, 1, 1), push_constants=(n4, float(a), float(b)),
-                    spec_constants=(op,), local_size=LOCAL)
+    return Dispatch("unaryop", (src, dst), linear_grid(n4),
+                    push_constants=(n4, float(a), float(b)), spec_constants=(op,),
+                    local_size=LOCAL)
 
 
 class _Unary(VulkanLayer):
@@ -110,14 +109,14 @@ class BinaryOp(VulkanLayer):
         if p.with_scalar:
             n4 = vec4_count(out)
             a = layer.inputs[0]
-            return [Dispatch("binaryop", (a, a, layer.outputs[0]), (n4, 1, 1),
+            return [Dispatch("binaryop", (a, a, layer.outputs[0]), linear_grid(n4),
                              push_constants=(n4, float(p.b)), spec_constants=(p.op_type, 1),
                              local_size=LOCAL)]
         sa, sb = self.in_shapes
         if math.prod(sa) == math.prod(sb) == math.prod(out):
             n4 = vec4_count(out)
             return [Dispatch("binaryop", (layer.inputs[0], layer.inputs[1], layer.outputs[0]),
-                             (n4, 1, 1), push_constants=(n4, 0.0),
+                             linear_grid(n4), push_constants=(n4, 0.0),
                              spec_constants=(p.op_type, 0), local_size=LOCAL)]
         a2, b2, out2 = binary_broadcast_shape(sa, sb)
         out4, _ = pad4(out2, contiguous_strides(out2))
@@ -127,7 +126,7 @@ class BinaryOp(VulkanLayer):
             strides += pad4(operand, full)[1]
         n = math.prod(out)
         return [Dispatch("binaryop_broadcast",
-                         (layer.inputs[0], layer.inputs[1], layer.outputs[0]), (n, 1, 1),
+                         (layer.inputs[0], layer.inputs[1], layer.outputs[0]), linear_grid(n),
                          push_constants=(n, out4[1], out4[2], out4[3], *strides),
                          spec_constants=(p.op_type,), local_size=LOCAL)]
 
@@ -149,7 +148,7 @@ class Eltwise(VulkanLayer):
         result = []
         for k in range(1, len(ins)):
             a, ca = (ins[0], coeffs[0]) if k == 1 else (out, 1.0)
-            result.append(Dispatch("eltwise", (a, ins[k], out), (n4, 1, 1),
+            result.append(Dispatch("eltwise", (a, ins[k], out), linear_grid(n4),
                                    push_constants=(n4, ca, coeffs[k]),
                                    spec_constants=(p.op_type,), local_size=LOCAL))
         return result

@@ -15,6 +15,14 @@ from collections.abc import Sequence
 from devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
 
 LOCAL = (64, 1, 1)
+MAX_GROUPS = 65535  # Vulkan's guaranteed minimum of maxComputeWorkGroupCount per dimension
+
+
+def linear_grid(n: int) -> tuple[int, int, int]:
+    """Global size for `n` invocations of the 1-D shaders of this package, which index
+    y * (groups along x * local size) + x: along x while that fits, then rows along y."""
+    row = MAX_GROUPS * LOCAL[0]
+    return (n, 1, 1) if n <= row else (row, -(-n // row), 1)
 
 
 def contiguous_strides(shape: Shape) -> list[int]:
@@ -39,7 +47,7 @@ def strided_copy(src: str, dst: str, region: Shape, src_strides: Sequence[int],
     shape4, s = pad4(region, src_strides)
     _, t = pad4(region, dst_strides)
     n = math.prod(region)
-    return Dispatch("copy_strided", (src, dst), (n, 1, 1),
+    return Dispatch("copy_strided", (src, dst), linear_grid(n),
                     push_constants=(n, shape4[1], shape4[2], shape4[3], src_offset, *s,
                                     dst_offset, *t),
                     local_size=LOCAL)

@@ -42,7 +42,9 @@ afpvec4 binary(afpvec4 x, afpvec4 y)
 
 void main()
 {
-    const int gi = int(gl_GlobalInvocationID.x);
+    // Linear index over a 2-D grid: dispatches of more than 65535 groups go along y too.
+    const int gi = int(gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x
+                       + gl_GlobalInvocationID.x);
     if (gi >= p.size)
         return;
     int t = gi;

@@ -26,7 +26,9 @@ layout (push_constant) uniform parameter
 
 void main()
 {
-    const int gi = int(gl_GlobalInvocationID.x);
+    // Linear index over a 2-D grid: dispatches of more than 65535 groups go along y too.
+    const int gi = int(gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x
+                       + gl_GlobalInvocationID.x);
     if (gi >= p.size)
         return;
     int t = gi;

@@ -17,7 +17,9 @@ layout (push_constant) uniform parameter
 
 void main()
 {
-    const int gi = int(gl_GlobalInvocationID.x);
+    // Linear index over a 2-D grid: dispatches of more than 65535 groups go along y too.
+    const int gi = int(gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x
+                       + gl_GlobalInvocationID.x);
     if (gi >= p.size)
         return;
     const afpvec4 a = buffer_ld4(a_blob_data, gi);
