@@ -697,7 +697,10 @@ class Scheduler:
         if entry is not None and entry.unloading:
             raise Unavailable(f"model '{name}' is being unloaded; load it again afterwards")
         if spec.error:
-            if entry is not None and self._model_state(entry) == "failed":
+            if entry is None:  # listed as failed, as a broken folder is at start-up
+                self._models[name] = _Model(spec, error=spec.error)
+                self._notify()
+            elif self._model_state(entry) == "failed":
                 entry.spec, entry.error = spec, spec.error
             raise BadInput(spec.error)
         indices: list[int] | None = None
@@ -728,6 +731,33 @@ class Scheduler:
         if self._model_state(entry) != "ready":
             raise Unavailable(f"model '{name}' failed to load: {self._model_error(entry)}")
         return self._model_info(entry)
+
+    async def rescan(self) -> dict[str, Any]:
+        """Re-read the repository (SIGHUP): load models whose folders appeared, or were fixed,
+        since they were last read. Loaded models are left alone (reload one with
+        ``unload_model`` + ``load_model``) and vanished folders are not unloaded.
+        Returns ``{"loaded": [names], "failed": {name: error}}``."""
+        self._check_accepting()
+        if self.repository is None:
+            return {"loaded": [], "failed": {}}
+        specs = await trio.to_thread.run_sync(self.repository.scan)
+        names = [name for name in specs if (entry := self._models.get(name)) is None
+                 or (not entry.unloading and self._model_state(entry) == "failed")]
+        loaded: list[str] = []
+        failed: dict[str, str] = {}
+
+        async def load(name: str) -> None:
+            try:
+                await self.load_model(name)
+            except SchedulerError as exc:
+                failed[name] = exc.message
+            else:
+                loaded.append(name)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(load, name)
+        return {"loaded": sorted(loaded), "failed": dict(sorted(failed.items()))}
 
     async def _load_and_signal(self, entry: _Model, targets: list[_Device],
                                loaded: trio.Event) -> None:

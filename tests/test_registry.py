@@ -177,3 +177,25 @@ async def test_scheduler_serves_good_models_and_reports_broken_ones(tmp_path: Pa
         (tmp_path / "typo" / "config.toml").write_text("warmup = 1\n")
         assert (await sched.load_model("typo"))["state"] == "ready"
         await sched.aclose()
+
+
+async def test_rescan_loads_new_and_fixed_folders_only(tmp_path: Path) -> None:
+    model(tmp_path, "first")
+    model(tmp_path, "typo", config="warmpu = 1\n")
+    sched = Scheduler([DeviceHandle.cpu(0)], SchedulerConfig(), ModelRepository(tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        with trio.fail_after(10):
+            await sched.wait_until(sched.ready)
+        model(tmp_path, "second")
+        model(tmp_path, "broken", config="seed = -1\n")
+        report = await sched.rescan()
+        assert report["loaded"] == ["second"]
+        assert sorted(report["failed"]) == ["broken", "typo"]
+        assert "broken/config.toml: key 'seed'" in report["failed"]["broken"]
+        (tmp_path / "typo" / "config.toml").unlink()
+        assert await sched.rescan() == {"loaded": ["typo"], "failed": {
+            "broken": report["failed"]["broken"]}}
+        states = {m["name"]: m["state"] for m in sched.models()}
+        assert states == {"broken": "failed", "first": "ready", "second": "ready", "typo": "ready"}
+        await sched.aclose()

@@ -494,3 +494,58 @@ async def test_lavapipe_serves_and_fails_over_to_the_cpu(tmp_path: Path) -> None
         assert moved.attempts == 2 and moved.device_index != gpu
         assert device_info(sched, gpu)["healthy"] is False
         assert math.isfinite(float(moved.outputs["prob"].sum()))
+
+
+async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -> None:
+    """Priorities, deadlines that expire queued or running, callers that cancel, and a device
+    that fails mid-load: each request gets one outcome and the totals add up."""
+    folder = write_model(tmp_path)
+    first, second = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
+    rng = np.random.default_rng(11)
+    n_jobs = 120
+    outcomes: dict[int, list[str]] = {n: [] for n in range(n_jobs)}
+    want = {n: reference(folder, x(n % 7)) for n in range(7)}
+    async with serving([first, second], tmp_path, queue_limit_per_model=n_jobs) as sched:
+        for device in (first, second):
+            device.inject_delay(0.004)
+
+        async def job(n: int, deadline: float | None, cancel_after: float | None) -> None:
+            with trio.CancelScope() as scope:
+                if cancel_after is not None:
+                    scope.deadline = trio.current_time() + cancel_after
+                try:
+                    result = await sched.infer("tiny", {"data": x(n % 7)},
+                                               priority=int(rng.integers(0, 3)), deadline=deadline)
+                except SchedulerError as exc:
+                    outcomes[n].append(exc.code)
+                    return
+                np.testing.assert_array_equal(result.outputs["prob"], want[n % 7])
+                outcomes[n].append("OK")
+            if scope.cancelled_caught:
+                outcomes[n].append("CANCELLED")
+
+        async with trio.open_nursery() as nursery:
+            for n in range(n_jobs):
+                kind = n % 6
+                deadline = time.time() + float(rng.uniform(0.01, 0.2)) if kind == 1 else None
+                cancel_after = float(rng.uniform(0.0, 0.2)) if kind == 2 else None
+                nursery.start_soon(job, n, deadline, cancel_after)
+                if n == 40:
+                    first.inject_fault(3)
+                if n % 10 == 0:
+                    await trio.sleep(0.005)
+        assert all(len(o) == 1 for o in outcomes.values()), outcomes
+        codes = [o[0] for o in outcomes.values()]
+        assert set(codes) <= {"OK", "DEADLINE_EXCEEDED", "CANCELLED"}, codes
+        assert codes.count("OK") >= n_jobs // 2
+        status = sched.status()
+        totals = status["totals"]
+        assert totals["submitted"] == n_jobs
+        assert totals["completed"] == codes.count("OK")
+        assert totals["deadline_exceeded"] == codes.count("DEADLINE_EXCEEDED")
+        assert totals["cancelled"] == codes.count("CANCELLED")
+        assert totals["failed"] == 0 and totals["retried"] >= 1
+        assert status["devices"][0]["healthy"] is False
+        await until(sched, lambda: sched.status()["in_flight"] == 0)
+        assert sched.status()["queue_depth"] == 0
+        assert sum(d["completed"] for d in sched.status()["devices"]) == codes.count("OK")
