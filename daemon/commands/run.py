@@ -189,6 +189,9 @@ def _run(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[st
         print(json.dumps(result))
         return 0
     print(f"model    {result['model']}  (weights: {result['weights']})")
+    if "load_seconds" in result:
+        print(f"device   {result['device']} ({result['device_name']}), {result['precision']}: "
+              f"load {result['load_seconds']:.3f} s, {result['glsl_compiles']} GLSL compiles")
     for o in result["outputs"]:
         print(f"output   {o['name']}  shape {tuple(o['shape'])}")
     print(f"latency  first {result['first_ms']:.2f} ms, median {result['median_ms']:.2f} ms "
