@@ -137,9 +137,8 @@ def _example_command(
         sample = next((s for s in samples if s.stem == "3"), samples[0] if samples else None)
     inputs = _input_names(first)
     if sample is not None and len(inputs) == 1:
-        try:
-            shown = os.path.relpath(sample)
-        except ValueError:
+        shown = os.path.relpath(sample)
+        if shown.startswith(".."):
             shown = str(sample)
         args += f" --input {inputs[0]}={shown}"
     else:
@@ -236,12 +235,7 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | 
 
 
 def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Any]]:
-    try:
-        from scheduler import ModelRepository, Scheduler, SchedulerConfig  # noqa: PLC0415
-    except ImportError:  # the package does not re-export them (yet)
-        from scheduler.config import SchedulerConfig  # noqa: PLC0415
-        from scheduler.core import Scheduler  # noqa: PLC0415
-        from scheduler.registry import ModelRepository  # noqa: PLC0415
+    from scheduler import ModelRepository, Scheduler, SchedulerConfig  # noqa: PLC0415
 
     if not repo_path.is_dir():
         raise ConfigError(f"models.repository: {repo_path} is not a directory")
