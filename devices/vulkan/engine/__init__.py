@@ -78,4 +78,4 @@ def load_plan(graph: Graph, device_index: int, precision: str,
     except BaseException:
         device.close(save=False)
         raise
-    return LoadedPlan(device, plan, time.perf_counter() - t0, device.pipelines.stats.glsl_compiles)
+    return LoadedPlan(device, plan, time.perf_counter() - t0, plan.glsl_compiles)
