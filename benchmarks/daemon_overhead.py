@@ -74,14 +74,10 @@ def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
         plan = Plan(graph)
         run, engine = (lambda: plan.run({"data": x})), "cpu (bf16)"
     else:
-        from devices.discovery import discover_devices
-        from devices.vulkan.device import VulkanDevice
         from devices.vulkan.engine import load_plan
 
-        caps = next(d for d in discover_devices() if d.kind.value == "vulkan")
-        device = VulkanDevice(caps, None)
-        plan = load_plan(device, graph, precision="fp16")
-        run, engine = (lambda: plan.run({"data": x})), f"vulkan {caps.name}"
+        loaded = load_plan(graph, 0, "fp16")
+        run, engine = (lambda: loaded.plan.run({"data": x})), f"vulkan {loaded.device.caps.name}"
     times = []
     for _ in range(n):
         t0 = time.perf_counter()

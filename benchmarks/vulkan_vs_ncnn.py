@@ -1,0 +1,159 @@
+"""vkserve's Vulkan engine vs ncnn's Vulkan path, per model, side by side in one process.
+
+    python benchmarks/vulkan_vs_ncnn.py [--models DIR] [--repeat 20] [--device 0] [--json OUT]
+
+For each model: ncnn (the `ncnn` package, empty weights via DataReaderFromEmpty as ncnn's
+own benchmark does) fp32 and fp16 (storage + arithmetic) load time and median latency;
+vkserve fp32 and fp16 cold load (empty pipeline-cache folder), warm load (the file the cold
+load saved, new device context) and median latency of `Plan.run` (copy in, one submit,
+fence wait, copy out). Same random input for both; batch 1. NVIDIA's own shader disk cache
+is switched off (__GL_SHADER_DISK_CACHE=0) so cold means cold for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("__GL_SHADER_DISK_CACHE", "0")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def median_ms(fn, repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def ncnn_case(param: Path, inputs: dict, outputs: list[str], fp16: bool, device: int,
+              repeat: int) -> dict:
+    import ncnn
+
+    net = ncnn.Net()
+    opt = net.opt
+    opt.use_vulkan_compute = True
+    opt.use_fp16_packed = fp16
+    opt.use_fp16_storage = fp16
+    opt.use_fp16_arithmetic = fp16
+    opt.num_threads = 1
+    net.opt = opt
+    net.set_vulkan_device(device)
+    t0 = time.perf_counter()
+    assert net.load_param(str(param)) == 0
+    assert net.load_model(ncnn.DataReaderFromEmpty()) == 0
+    load = time.perf_counter() - t0
+    mats = {k: ncnn.Mat(np.ascontiguousarray(v)).clone() for k, v in inputs.items()}
+
+    def run() -> None:
+        ex = net.create_extractor()
+        for k, m in mats.items():
+            ex.input(k, m)
+        for name in outputs:
+            ret, _ = ex.extract(name)
+            assert ret == 0, (param.name, name, ret)
+
+    ms = median_ms(run, repeat)
+    del mats
+    net.clear()
+    return {"load_s": round(load, 3), "ms": round(ms, 3)}
+
+
+def vkserve_case(graph, inputs: dict, precision: str, device: int, repeat: int) -> dict:
+    from devices.vulkan.engine import load_plan
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cold = load_plan(graph, device, precision, cache_dir=Path(cache_dir))
+        cold_s, cold_compiles = cold.load_seconds, cold.glsl_compiles
+        cold.close()  # saves the cache file
+        warm = load_plan(graph, device, precision, cache_dir=Path(cache_dir))
+        try:
+            ms = median_ms(lambda: warm.plan.run(inputs), repeat)
+            return {"cold_load_s": round(cold_s, 3), "cold_glsl_compiles": cold_compiles,
+                    "warm_load_s": round(warm.load_seconds, 3),
+                    "warm_glsl_compiles": warm.glsl_compiles, "ms": round(ms, 3),
+                    "arena_bytes": warm.plan.summary().get("arena_bytes")}
+        finally:
+            warm.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    ap.add_argument("--only", nargs="*", help="model names (default: all)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    import ncnn
+
+    from devices.cpu.reference import random_inputs
+    from devices.discovery import discover_devices
+    from models.graph import load_model
+
+    ncnn.create_gpu_instance()
+    caps = discover_devices()[args.device]
+    header = {"device": caps.name, "driver": f"{caps.driver_name} {caps.driver_info}",
+              "date": time.strftime("%Y-%m-%d"), "repeat": args.repeat}
+    print(json.dumps(header), flush=True)
+    rows = []
+    for param in sorted(args.models.glob("*.param")):
+        if args.only and param.stem not in args.only:
+            continue
+        graph = load_model(param, None, seed=0)
+        inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+        outputs = list(graph.output_names)
+        row: dict = {"model": param.stem}
+        for precision in ("fp32", "fp16"):
+            try:
+                row[f"ncnn_{precision}"] = ncnn_case(param, inputs, outputs,
+                                                     precision == "fp16", args.device,
+                                                     args.repeat)
+            except Exception as exc:  # report and go on with the other cases
+                row[f"ncnn_{precision}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            try:
+                row[f"vkserve_{precision}"] = vkserve_case(graph, inputs, precision,
+                                                           args.device, args.repeat)
+            except Exception as exc:  # report and go on with the other cases
+                row[f"vkserve_{precision}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            ours, theirs = row[f"vkserve_{precision}"], row[f"ncnn_{precision}"]
+            if "ms" in ours and "ms" in theirs:
+                row[f"ratio_{precision}"] = round(ours["ms"] / theirs["ms"], 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    ncnn.destroy_gpu_instance()
+    print()
+    print("| model | ncnn fp32 ms | vkserve fp32 ms | ratio | ncnn fp16 ms | vkserve fp16 ms | "
+          "ratio | ncnn fp16 load s | vkserve fp16 cold / warm load s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def get(r, case, key):
+        return r.get(case, {}).get(key, "err")
+
+    for r in rows:
+        print(f"| {r['model']} | {get(r, 'ncnn_fp32', 'ms')} | {get(r, 'vkserve_fp32', 'ms')} | "
+              f"{r.get('ratio_fp32', '-')} | {get(r, 'ncnn_fp16', 'ms')} | "
+              f"{get(r, 'vkserve_fp16', 'ms')} | {r.get('ratio_fp16', '-')} | "
+              f"{get(r, 'ncnn_fp16', 'load_s')} | {get(r, 'vkserve_fp16', 'cold_load_s')} / "
+              f"{get(r, 'vkserve_fp16', 'warm_load_s')} |")
+    if args.json:
+        args.json.write_text(json.dumps({**header, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
