@@ -2,8 +2,10 @@
 one bf16 arena.
 
 Storage is bf16 (uint16) and compute fp32: before a step runs, each of its inputs is widened
-from the arena into a fresh fp32 array; the kernel's fp32 results are narrowed (RNE) into the
-outputs' arena slots. Because every input is read before any output is written, a blob last
+from the arena into a reusable fp32 scratch buffer (``devices.cpu.arena.Scratch``; kernels that
+define ``forward_bf16`` instead read the bf16 arena views and widen what they need themselves,
+e.g. straight into a padded or im2col buffer); the kernel's fp32 results are narrowed (RNE)
+into the outputs' arena slots. After the first run nothing large is allocated per run. Because every input is read before any output is written, a blob last
 read by a step may share bytes with that step's outputs (see ``devices.cpu.arena``).
 Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
 Data-dependent outputs (detections) live outside the arena, in fp32.
@@ -20,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from devices.cpu.arena import Interval, plan_offsets
-from devices.cpu.bf16 import from_bf16, to_bf16
+from devices.cpu.arena import Interval, Scratch, plan_offsets
+from devices.cpu.bf16 import from_bf16, to_bf16, widen_into
 from devices.cpu.kernels import REGISTRY, Kernel, Shape, UnsupportedError
 
 BYTES_PER_ELEMENT = 2
@@ -60,6 +62,7 @@ class Plan:
         given = {k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()}
         self.blob_shapes: dict[str, Shape] = {}
         self._steps: list[_Step] = []
+        self.scratch = Scratch()
         self._compile(graph, given)
         self._lay_out()
         self._lock = threading.Lock()
@@ -89,6 +92,7 @@ class Plan:
                 in_shapes = [self.blob_shapes[b] for b in layer.inputs]
             try:
                 kernel = REGISTRY[layer.type](layer, in_shapes)
+                kernel.scratch = self.scratch
             except UnsupportedError as e:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
@@ -157,25 +161,36 @@ class Plan:
                 want = self.blob_shapes[name]
                 if arr.shape != want:
                     raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
-                to_bf16(arr, out=self._views[name])
+                to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
             dynamic: dict[str, np.ndarray] = {}
+            scratch = self.scratch
+            views = self._views
             for step in self._steps:
-                if step.kernel.alias:
+                kernel = step.kernel
+                if kernel.alias:
                     # no compute; only data-dependent blobs need passing along by name
                     for i, blob in enumerate(step.outputs):
                         if blob in self._dynamic:
-                            dynamic[blob] = dynamic[step.inputs[step.kernel.source(i)]]
+                            dynamic[blob] = dynamic[step.inputs[kernel.source(i)]]
                     continue
-                xs = [dynamic[b] if b in dynamic else from_bf16(self._views[b]) for b in step.inputs]
-                ys = step.kernel.forward(xs)
+                if kernel.raw_inputs:
+                    xs = [dynamic[b] if b in dynamic else views[b] for b in step.inputs]
+                    ys = kernel.forward_bf16(xs)
+                else:
+                    xs = [
+                        dynamic[b] if b in dynamic
+                        else widen_into(views[b], scratch.get(f"in{i}", views[b].shape))
+                        for i, b in enumerate(step.inputs)
+                    ]
+                    ys = kernel.forward(xs)
                 for blob, y in zip(step.outputs, ys):
                     if blob in self._dynamic:
-                        dynamic[blob] = np.asarray(y, dtype=np.float32)
+                        dynamic[blob] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
                         continue
-                    view = self._views[blob]
+                    view = views[blob]
                     if y.shape != view.shape:
                         raise RuntimeError(f"{step.name}: produced {y.shape}, planned {view.shape}")
-                    to_bf16(y, out=view)
+                    to_bf16(y, out=view, scratch=scratch.get("narrow", y.size, np.uint32))
             return {
                 name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
                 for name in self.output_names

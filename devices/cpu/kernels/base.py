@@ -27,6 +27,11 @@ class Kernel:
     alias: ClassVar[bool] = False
     #: output shapes depend on the data (not planned into the arena)
     dynamic: ClassVar[bool] = False
+    #: the executor calls ``forward_bf16`` with the bf16 (uint16) arena views of the inputs
+    #: (read-only) instead of widening them into fp32 for ``forward``
+    raw_inputs: ClassVar[bool] = False
+    #: the Plan's reusable work buffers (None when a kernel runs outside a Plan)
+    scratch: Any = None
 
     def __init__(self, layer: Any, in_shapes: Sequence[Shape]) -> None:
         self.layer = layer
@@ -39,6 +44,18 @@ class Kernel:
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
+        return self.forward([from_bf16(u) if u.dtype == np.uint16 else u for u in us])
+
+    def buf(self, slot: str, shape: Shape | int, dtype: type = np.float32) -> np.ndarray:
+        """A work buffer for this step: the Plan's scratch slot, or a fresh array outside a Plan.
+
+        Its contents are garbage; results returned from ``forward`` may live in one.
+        """
+        if self.scratch is None:
+            return np.empty(shape, dtype=dtype)
+        return self.scratch.get(slot, shape, dtype)
 
     def bf16_weight(self, index: int) -> np.ndarray:
         """Weight ``index`` narrowed to bf16 (uint16), or an empty array when absent."""
