@@ -205,8 +205,10 @@ class Client:
             try:
                 self._sock.sendall(frame)
             except OSError as exc:
+                # The reader may have closed the connection first (e.g. on an error frame):
+                # report the first reason, not the broken pipe it caused.
                 self._fail(f"send failed: {exc}")
-                raise ConnectionClosed(f"send failed: {exc}") from exc
+                raise ConnectionClosed(self._closed or f"send failed: {exc}") from exc
             except BaseException:
                 # Interrupted mid-frame: the stream's framing can no longer be trusted.
                 self._fail("connection closed after an interrupted send")

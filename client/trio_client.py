@@ -211,8 +211,8 @@ class TrioClient:
                 try:
                     await self._stream.send_all(frame)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._fail(f"send failed: {exc!r}")
-                    raise ConnectionClosed(f"send failed: {exc!r}") from exc
+                    self._fail(f"send failed: {exc!r}")  # keeps an earlier reason
+                    raise ConnectionClosed(self._closed or f"send failed: {exc!r}") from exc
 
     async def _send_cancel(self, target: int) -> None:
         """Best effort, from a possibly cancelled context: a dead connection has nothing left
