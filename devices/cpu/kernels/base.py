@@ -90,6 +90,16 @@ def hardswish(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return x * np.clip(x * np.float32(alpha) + np.float32(beta), 0.0, 1.0)
 
 
+def leaky_relu(y: np.ndarray, slope: float, out: np.ndarray | None = None) -> np.ndarray:
+    """y < 0 ? y * slope : y; for 0 <= slope <= 1 that is max(y, y * slope), done in place."""
+    s = np.float32(slope)
+    if 0.0 <= slope <= 1.0:
+        if out is None:
+            out = y
+        return np.maximum(y, y * s, out=out)
+    return np.where(y < 0, y * s, y)
+
+
 def activate(y: np.ndarray, act_type: int, act_params: Sequence[float]) -> np.ndarray:
     """ncnn's fused activation (activation_type 0..6), applied in place where possible."""
     params = [float(v) for v in act_params] if act_params is not None else []
@@ -98,8 +108,7 @@ def activate(y: np.ndarray, act_type: int, act_params: Sequence[float]) -> np.nd
     if act_type == 1:
         return np.maximum(y, 0.0, out=y)
     if act_type == 2:
-        slope = params[0] if params else 0.0
-        return np.where(y < 0, y * np.float32(slope), y)
+        return leaky_relu(y, params[0] if params else 0.0)
     if act_type == 3:
         lo = params[0] if params else -np.finfo(np.float32).max
         hi = params[1] if len(params) > 1 else np.finfo(np.float32).max

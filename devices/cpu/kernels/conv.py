@@ -18,6 +18,7 @@ from devices.cpu.kernels.base import (
     register,
     widen,
 )
+from devices.cpu.bf16 import widen_into
 
 
 def cdiv(a: int, b: int) -> int:
@@ -58,21 +59,62 @@ def conv_pads(p: object, h: int, w: int, ext_h: int, ext_w: int) -> tuple[int, i
     return 0, 0, 0, 0
 
 
+#: im2col is built in chunks of output rows of at most this many fp32 values (8 MiB), so
+#: the column buffer stays bounded (vgg16's first layers would need 115 MB at once)
+COLS_BUDGET = 2 * 1024 * 1024
+#: InnerProduct widens its bf16 weights this many values at a time (1 MiB of fp32, about
+#: one core's L2) and multiplies each block while it is hot
+WEIGHT_BLOCK = 256 * 1024
+
+
 def im2col(
-    xp: np.ndarray, kh: int, kw: int, dh: int, dw: int, sh: int, sw: int, oh: int, ow: int
+    xp: np.ndarray, kh: int, kw: int, dh: int, dw: int, sh: int, sw: int, oh: int, ow: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """(C, Hp, Wp) -> (C, kh*kw, oh, ow): one strided slice copy per kernel tap."""
-    cols = np.empty((xp.shape[0], kh * kw, oh, ow), dtype=np.float32)
-    for ky in range(kh):
-        y0 = ky * dh
-        for kx in range(kw):
-            x0 = kx * dw
-            cols[:, ky * kw + kx] = xp[:, y0 : y0 + sh * (oh - 1) + 1 : sh, x0 : x0 + sw * (ow - 1) + 1 : sw]
-    return cols
+    """(C, Hp, Wp) -> (C, kh, kw, oh, ow): one strided copy of a window view (no Python loop).
+
+    ``xp`` may be any array whose last two axes are (Hp, Wp) with a unit element stride.
+    """
+    c = xp.shape[0]
+    s0, s1, s2 = xp.strides
+    view = np.lib.stride_tricks.as_strided(
+        xp, (c, kh, kw, oh, ow), (s0, s1 * dh, s2 * dw, s1 * sh, s2 * sw), writeable=False
+    )
+    if out is None:
+        return view.copy()
+    np.copyto(out, view)
+    return out
+
+
+def fill_border(xp: np.ndarray, t: int, b: int, l: int, r: int, value: float) -> None:
+    """Set the (t, b, l, r) border of the last two axes of ``xp`` to ``value``."""
+    h, w = xp.shape[-2:]
+    v = np.float32(value)
+    if t:
+        xp[..., :t, :] = v
+    if b:
+        xp[..., h - b :, :] = v
+    if l:
+        xp[..., t : h - b, :l] = v
+    if r:
+        xp[..., t : h - b, w - r :] = v
 
 
 @register("Convolution", "ConvolutionDepthWise")
 class Convolution(Kernel):
+    """fp32 compute over bf16 storage, without a separate widening pass of the input.
+
+    The bf16 input is widened straight into the interior of a padded fp32 scratch buffer
+    (border filled with ``pad_value``), or, for an unpadded 1x1 stride-1 convolution, into a
+    flat buffer that is the GEMM's right-hand side as it is. Other convolutions build
+    im2col by one strided copy per chunk of output rows and multiply each chunk into its
+    columns of the output (np.matmul writes strided outputs through BLAS without a copy).
+    The bf16 weights are widened for each run into a scratch slot reused by every layer (no
+    fp32 copy is kept); bias and activation are applied in place.
+    """
+
+    raw_inputs = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
         if len(in_shapes[0]) != 3:
@@ -99,40 +141,92 @@ class Convolution(Kernel):
         if self.weight.size != expected:
             raise UnsupportedError(f"weight has {self.weight.size} values, expected {expected}")
         self.bias = self.bf16_weight(1) if p.bias_term else None
+        # the padded input: negative pads crop, positive pads add a border
+        self.crop = (max(0, -t), max(0, -b), max(0, -l), max(0, -r))
+        self.border = (max(0, t), max(0, b), max(0, l), max(0, r))
+        hc = h - self.crop[0] - self.crop[1]
+        wc = w - self.crop[2] - self.crop[3]
+        self.padded = (c, hc + self.border[0] + self.border[1], wc + self.border[2] + self.border[3])
         return [(p.num_output, oh, ow)]
 
+    def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
+        return self._run(us[0], bf16=True)
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        return self._run(np.asarray(xs[0], dtype=np.float32), bf16=False)
+
+    def _padded_input(self, x: np.ndarray, bf16: bool) -> np.ndarray:
+        """The input widened (if bf16) into the padded fp32 scratch buffer."""
+        c, h, w = x.shape
+        ct, cb, cl, cr = self.crop
+        src = x[:, ct : h - cb, cl : w - cr]
+        t, b, l, r = self.border
+        xp = self.buf("pad", self.padded)
+        hp, wp = self.padded[1:]
+        inner = xp[:, t : hp - b, l : wp - r]
+        if bf16:
+            i32 = inner.view(np.uint32)
+            np.copyto(i32, src, casting="unsafe")
+            np.left_shift(i32, np.uint32(16), out=i32)
+        else:
+            np.copyto(inner, src)
+        fill_border(xp, t, b, l, r, self.p.pad_value)
+        return xp
+
+    def _run(self, x: np.ndarray, bf16: bool) -> list[np.ndarray]:
         p, g = self.p, self.group
-        x = xs[0]
         c = x.shape[0]
         oc, oh, ow = self.out_shapes[0]
         kh, kw = p.kernel_h, p.kernel_w
-        t, b, l, r = self.pads
-        xp = border(x, t, b, l, r, p.pad_value)
+        sh, sw, dh, dw = p.stride_h, p.stride_w, p.dilation_h, p.dilation_w
         taps = kh * kw
-        weight = widen(self.weight)
-        if c // g == 1:
-            # depthwise (optionally with a channel multiplier): one multiply-add per tap
-            mult = oc // g
-            wt = weight.reshape(oc, taps)
+        cg, og = c // g, oc // g
+        weight = widen_into(self.weight, self.buf("w", self.weight.size))
+        y = self.buf("out", (oc, oh, ow))
+        xp = self._padded_input(x, bf16)
+        if cg == 1:
+            # depthwise (optionally with a channel multiplier): one multiply-add per tap,
+            # vectorised over channels and pixels
+            mult = og
+            wt = weight.reshape(oc, taps, 1, 1)
             src = xp if mult == 1 else np.repeat(xp, mult, axis=0)
-            y = np.zeros((oc, oh, ow), dtype=np.float32)
+            tmp = self.buf("tmp", (oc, oh, ow)) if taps > 1 else None
             for ky in range(kh):
-                y0 = ky * p.dilation_h
+                y0 = ky * dh
                 for kx in range(kw):
-                    x0 = kx * p.dilation_w
-                    win = src[:, y0 : y0 + p.stride_h * (oh - 1) + 1 : p.stride_h,
-                              x0 : x0 + p.stride_w * (ow - 1) + 1 : p.stride_w]
-                    y += wt[:, ky * kw + kx, None, None] * win
+                    x0 = kx * dw
+                    tap = ky * kw + kx
+                    win = src[:, y0 : y0 + sh * (oh - 1) + 1 : sh, x0 : x0 + sw * (ow - 1) + 1 : sw]
+                    if tap == 0:
+                        np.multiply(win, wt[:, 0], out=y)
+                    else:
+                        np.multiply(win, wt[:, tap], out=tmp)
+                        np.add(y, tmp, out=y)
+        elif taps == 1 and sh == 1 and sw == 1:
+            # 1x1 stride 1: the (padded) input is already the GEMM's right-hand side
+            np.matmul(weight.reshape(g, og, cg), xp.reshape(g, cg, oh * ow), out=y.reshape(g, og, oh * ow))
+        elif g > 1:
+            cols = im2col(xp, kh, kw, dh, dw, sh, sw, oh, ow,
+                          out=self.buf("cols", (c, kh, kw, oh, ow)))
+            np.matmul(weight.reshape(g, og, cg * taps), cols.reshape(g, cg * taps, oh * ow),
+                      out=y.reshape(g, og, oh * ow))
         else:
-            if taps == 1 and p.stride_h == 1 and p.stride_w == 1:
-                cols = xp.reshape(g, c // g, oh * ow)
-            else:
-                cols = im2col(xp, kh, kw, p.dilation_h, p.dilation_w, p.stride_h, p.stride_w, oh, ow)
-                cols = cols.reshape(g, (c // g) * taps, oh * ow)
-            y = np.matmul(weight.reshape(g, oc // g, (c // g) * taps), cols).reshape(oc, oh, ow)
+            k = c * taps
+            rows = max(1, min(oh, COLS_BUDGET // max(1, k * ow)))
+            wmat = weight.reshape(oc, k)
+            y2 = y.reshape(oc, oh * ow)
+            cbuf = self.buf("cols", (k, rows * ow))
+            for r0 in range(0, oh, rows):
+                r1 = min(oh, r0 + rows)
+                n = (r1 - r0) * ow
+                part = xp[:, r0 * sh :, :]
+                cols = cbuf[:, :n] if r1 - r0 == rows else self.buf("cols", (k, n))
+                im2col(part, kh, kw, dh, dw, sh, sw, r1 - r0, ow,
+                       out=cols.reshape(c, kh, kw, r1 - r0, ow))
+                np.matmul(wmat, cols, out=y2[:, r0 * ow : r1 * ow])
         if self.bias is not None:
-            y += widen(self.bias)[:, None, None]
+            bias = widen_into(self.bias, self.buf("bias", self.bias.size))
+            y += bias[:, None, None]
         return [activate(y, p.activation_type, p.activation_params)]
 
 
@@ -158,12 +252,27 @@ class InnerProduct(Kernel):
         return [(p.num_output,)]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        """y = W x (+ bias): the bf16 weights are widened block by block into one reusable
+        scratch block (about L2-sized) and each block is multiplied while hot, so the weights
+        are never widened whole (vgg16's fc6 alone would be 411 MB of fp32)."""
         p = self.p
-        weight = widen(self.weight).reshape(p.num_output, self.num_input)
+        n_out, n_in = p.num_output, self.num_input
+        w16 = self.weight.reshape(n_out, n_in)
+        block = max(1, WEIGHT_BLOCK // max(1, n_in))
         if self.rows:
-            y = xs[0] @ weight.T
+            x = xs[0]
+            y = self.buf("out", (x.shape[0], n_out))
         else:
-            y = weight @ xs[0].reshape(-1)
+            x = xs[0].reshape(-1)
+            y = self.buf("out", (n_out,))
+        wbuf = self.buf("w", min(block, n_out) * n_in)
+        for r0 in range(0, n_out, block):
+            r1 = min(n_out, r0 + block)
+            wb = widen_into(w16[r0:r1], wbuf[: (r1 - r0) * n_in].reshape(r1 - r0, n_in))
+            if self.rows:
+                np.matmul(x, wb.T, out=y[:, r0:r1])
+            else:
+                np.matmul(wb, x, out=y[r0:r1])
         if self.bias is not None:
-            y += widen(self.bias)
+            y += widen_into(self.bias, self.buf("bias", self.bias.size))
         return [activate(y, p.activation_type, p.activation_params)]

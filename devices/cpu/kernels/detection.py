@@ -16,21 +16,43 @@ import numpy as np
 from devices.cpu.kernels.base import Kernel, Shape, UnsupportedError, register, sigmoid
 
 
+NMS_BLOCK = 512
+
+
+def _overlaps(a: np.ndarray, area_a: np.ndarray, b: np.ndarray, area_b: np.ndarray, threshold: float) -> np.ndarray:
+    """(len(a), len(b)) mask of IoU(a_i, b_j) > threshold (float32, as ncnn computes it)."""
+    iw = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    ih = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    inter = np.where((iw < 0) | (ih < 0), 0.0, iw * ih)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / (area_a[:, None] + area_b[None, :] - inter)
+    return iou > threshold
+
+
 def nms_sorted(boxes: np.ndarray, threshold: float) -> list[int]:
-    """Greedy NMS over score-sorted (n, 4) boxes: keep a box unless IoU > threshold with a kept one."""
+    """Greedy NMS over score-sorted (n, 4) boxes: keep a box unless IoU > threshold with a kept one.
+
+    Exact greedy order, computed a block of candidates at a time: the block is first checked
+    against every box kept so far in one vectorised IoU matrix, then resolved in order with
+    the block's own IoU matrix (a Python step per candidate, no per-pair work in Python).
+    """
+    n = len(boxes)
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     picked: list[int] = []
-    for i in range(len(boxes)):
+    for s in range(0, n, NMS_BLOCK):
+        e = min(n, s + NMS_BLOCK)
+        blk, blk_area = boxes[s:e], areas[s:e]
         if picked:
-            kept = boxes[picked]
-            iw = np.minimum(kept[:, 2], boxes[i, 2]) - np.maximum(kept[:, 0], boxes[i, 0])
-            ih = np.minimum(kept[:, 3], boxes[i, 3]) - np.maximum(kept[:, 1], boxes[i, 1])
-            inter = np.where((iw < 0) | (ih < 0), 0.0, iw * ih)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                iou = inter / (areas[picked] + areas[i] - inter)
-            if np.any(iou > threshold):
+            kept = np.asarray(picked)
+            gone = _overlaps(boxes[kept], areas[kept], blk, blk_area, threshold).any(axis=0)
+        else:
+            gone = np.zeros(e - s, dtype=bool)
+        inner = _overlaps(blk, blk_area, blk, blk_area, threshold)
+        for i in range(e - s):
+            if gone[i]:
                 continue
-        picked.append(i)
+            picked.append(s + i)
+            gone |= inner[i]  # earlier entries are already decided; only later ones matter
     return picked
 
 

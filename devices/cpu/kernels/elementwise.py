@@ -9,6 +9,7 @@ from devices.cpu.kernels.base import (
     Shape,
     UnsupportedError,
     hardswish,
+    leaky_relu,
     register,
     sigmoid,
 )
@@ -25,7 +26,7 @@ class ReLU(Unary):
         x, slope = xs[0], self.p.slope
         if slope == 0.0:
             return [np.maximum(x, 0.0, out=x)]
-        return [np.where(x < 0, x * np.float32(slope), x)]
+        return [leaky_relu(x, slope)]
 
 
 @register("Clip")
