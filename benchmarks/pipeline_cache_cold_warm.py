@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+# NVIDIA keeps its own shader disk cache; off, so that cold means cold.
+os.environ.setdefault("__GL_SHADER_DISK_CACHE", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
 
