@@ -651,3 +651,31 @@ repository = "{repo}"
     finally:
         if d.proc.poll() is None:
             d.stop(signal.SIGKILL)
+
+
+def test_sigint_drain_timeout_cancels_what_is_left(tmp_path: Path) -> None:
+    repo = make_repository(tmp_path / "repo", digits=False)
+    sock = tmp_path / "vk.sock"
+    d = start_daemon(tmp_path, f"""
+[server]
+socket = "{sock}"
+drain_timeout = 0.3
+[models]
+repository = "{repo}"
+""")
+    try:
+        r = Raw(sock)
+        for i in range(1, 13):  # ~2 s of work on two CPU slots
+            r.send(slow_request(i))
+        wait_status(d, lambda s: s["server"]["infer_in_flight"] == 12 and s["in_flight"] >= 1)
+        start = time.monotonic()
+        d.proc.send_signal(signal.SIGINT)
+        answers = r.read_to_eof(timeout=10)
+        assert d.proc.wait(10) == 0
+        assert time.monotonic() - start < 1.5
+        assert len(answers) < 12 and all(a.ok for a in answers)  # finished ones; no late answers
+        assert "drain timeout: cancelling" in d.log_text()
+        r.sock.close()
+    finally:
+        if d.proc.poll() is None:
+            d.stop(signal.SIGKILL)
