@@ -51,6 +51,7 @@ class DeviceCaps:
     heaps: tuple[MemoryHeap, ...] = ()
     compute_queue_family: int = -1
     compute_queue_count: int = 0
+    timestamp_period_ns: float = 0.0  # 0: no timestamps on the compute queue
     subgroup_size: int = 1
     subgroup_operations: int = 0  # VkSubgroupFeatureFlags bits
     fp16_storage: bool = False

@@ -126,6 +126,8 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
         heaps=heaps,
         compute_queue_family=qfam,
         compute_queue_count=families[qfam].queueCount if qfam >= 0 else 0,
+        timestamp_period_ns=(float(props.limits.timestampPeriod)
+                             if qfam >= 0 and families[qfam].timestampValidBits else 0.0),
         subgroup_size=subgroup_size,
         subgroup_operations=subgroup_ops,
         fp16_storage=fp16_storage,

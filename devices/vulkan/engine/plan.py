@@ -48,6 +48,7 @@ from devices.cpu.kernels import Kernel, UnsupportedError
 from devices.vulkan import layers as layer_package
 from devices.vulkan.context import Buffer, MemoryKind
 from devices.vulkan.descriptors import DescriptorPool
+from devices.vulkan.engine.profile import DispatchProfiler
 from devices.vulkan.errors import VulkanError, check
 from devices.vulkan.layers.base import VULKAN_LAYERS, Dispatch, VulkanLayer
 from devices.vulkan.pipeline import ComputePipeline, pack_scalars
@@ -135,6 +136,7 @@ class _Step:
     groups: tuple[int, int, int]
     barrier_before: bool
     label: str
+    shader: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +413,7 @@ class Plan:
             pending_reads += reads
             pending_writes += writes
             self.steps.append(_Step(pipeline, bindings, push[:pipeline.push_constant_size],
-                                    groups, barrier, label))  # type: ignore[arg-type]
+                                    groups, barrier, label, d.shader))  # type: ignore[arg-type]
         offset = 0
         self.copy_in: list[_Transfer] = []
         self.copy_out: list[_Transfer] = []
@@ -533,10 +535,11 @@ class PlanInstance:
     """One replayable copy of a Plan: its own arena, staging buffer, descriptor sets,
     recorded command buffer and fence. Not re-entrant: one inference at a time."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, profiler: DispatchProfiler | None = None) -> None:
         self.plan = plan
         ctx = self.ctx = plan.ctx
         vk = ctx.vk
+        self.profiler = profiler
         self.arena: Buffer | None = None
         self.staging: Buffer | None = None
         self.descriptors: DescriptorPool | None = None
@@ -597,6 +600,8 @@ class PlanInstance:
             barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
                     shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
         bound = None
+        if self.profiler:
+            self.profiler.record_start(cmd)
         for k, (step, dset) in enumerate(zip(plan.steps, self.sets)):
             if step.barrier_before and k:
                 barrier(compute, shader_rw, compute, shader_rw)
@@ -609,6 +614,8 @@ class PlanInstance:
                 vk.vkCmdPushConstants(cmd, step.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
                                       0, len(step.push), vk.ffi.from_buffer(step.push))
             vk.vkCmdDispatch(cmd, *step.groups)
+            if self.profiler:
+                self.profiler.record_step(cmd, k)
         if plan.copy_out:
             barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
                     transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
