@@ -2,11 +2,13 @@
 
     python benchmarks/vulkan_vs_ncnn.py [--models DIR] [--repeat 20] [--device 0] [--json OUT]
 
-For each model: ncnn (the `ncnn` package, empty weights via DataReaderFromEmpty as ncnn's
-own benchmark does) fp32 and fp16 (storage + arithmetic) load time and median latency;
+For each model: ncnn (the `ncnn` package) fp32 and fp16 (storage + arithmetic) load time and
+median latency;
 vkserve fp32 and fp16 cold load (empty pipeline-cache folder), warm load (the file the cold
 load saved, new device context) and median latency of `Plan.run` (copy in, one submit,
-fence wait, copy out). Same random input for both; batch 1. NVIDIA's own shader disk cache
+fence wait, copy out). Both load the same seeded random weights (one .bin written per model:
+ncnn's own benchmark uses empty weights, which would make data-dependent layers such as
+detection output do different work) and run the same random input; batch 1. NVIDIA's own shader disk cache
 is switched off (__GL_SHADER_DISK_CACHE=0) so cold means cold for both.
 """
 
@@ -40,8 +42,8 @@ def median_ms(fn, repeat: int, warmup: int = 3) -> float:
     return statistics.median(times) * 1e3
 
 
-def ncnn_case(param: Path, inputs: dict, outputs: list[str], fp16: bool, device: int,
-              repeat: int) -> dict:
+def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp16: bool,
+              device: int, repeat: int) -> dict:
     import ncnn
 
     net = ncnn.Net()
@@ -55,7 +57,7 @@ def ncnn_case(param: Path, inputs: dict, outputs: list[str], fp16: bool, device:
     net.set_vulkan_device(device)
     t0 = time.perf_counter()
     assert net.load_param(str(param)) == 0
-    assert net.load_model(ncnn.DataReaderFromEmpty()) == 0
+    assert net.load_model(str(bin_path)) == 0
     load = time.perf_counter() - t0
     mats = {k: ncnn.Mat(np.ascontiguousarray(v)).clone() for k, v in inputs.items()}
 
@@ -104,6 +106,7 @@ def main() -> int:
     from devices.cpu.reference import random_inputs
     from devices.discovery import discover_devices
     from models.graph import load_model
+    from models.weights import write_random_bin
 
     ncnn.create_gpu_instance()
     caps = discover_devices()[args.device]
@@ -111,16 +114,19 @@ def main() -> int:
               "date": time.strftime("%Y-%m-%d"), "repeat": args.repeat}
     print(json.dumps(header), flush=True)
     rows = []
+    tmp = tempfile.mkdtemp(prefix="vkbench-")
     for param in sorted(args.models.glob("*.param")):
         if args.only and param.stem not in args.only:
             continue
-        graph = load_model(param, None, seed=0)
+        bin_path = Path(tmp) / f"{param.stem}.bin"
+        write_random_bin(param, bin_path, seed=0)
+        graph = load_model(param, bin_path)
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
         outputs = list(graph.output_names)
         row: dict = {"model": param.stem}
         for precision in ("fp32", "fp16"):
             try:
-                row[f"ncnn_{precision}"] = ncnn_case(param, inputs, outputs,
+                row[f"ncnn_{precision}"] = ncnn_case(param, bin_path, inputs, outputs,
                                                      precision == "fp16", args.device,
                                                      args.repeat)
             except Exception as exc:  # report and go on with the other cases
