@@ -70,6 +70,14 @@ CONV = [
     ("ConvolutionDepthWise", (5, 9, 8), 5, "3=2 4=1 5=1 9=1", (3, 3), 5),  # depthwise
     ("ConvolutionDepthWise", (3, 9, 8), 6, "2=2 4=2 5=1", (3, 3), 3),  # channel multiplier 2
     ("ConvolutionDepthWise", (4, 10, 10), 4, "3=2 4=-233 5=1", (5, 5), 4),
+    # 3x3 stride 1 with >= 16 input channels and >= 400 output pixels takes the Winograd
+    # F(4x4, 3x3) path: sizes that are and are not multiples of the 4x4 tile, padding modes,
+    # pad_value, fused activation
+    ("Convolution", (16, 21, 23), 5, "4=1 5=1 9=2 -23310=1,1.000000e-01", (3, 3), 1),
+    ("Convolution", (16, 22, 26), 6, "5=1", (3, 3), 1),  # no pad: 20 x 24 output
+    ("Convolution", (17, 21, 23), 4, "4=-233 5=1", (3, 3), 1),  # SAME_UPPER
+    ("Convolution", (16, 20, 20), 3, "4=2 18=1.5 5=0", (3, 3), 1),  # pad_value, 22 x 22
+    ("ConvolutionDepthWise", (6, 20, 18), 6, "4=1 5=1", (3, 3), 6),  # depthwise, larger
 ]
 
 

@@ -35,16 +35,30 @@ class Clip(Unary):
         return [np.clip(xs[0], np.float32(self.p.min), np.float32(self.p.max), out=xs[0])]
 
 
+def exp_neg_plus_one(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """1 + exp(-x) into ``out``."""
+    np.negative(x, out=out)
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    return np.add(out, np.float32(1.0), out=out)
+
+
 @register("Sigmoid")
 class Sigmoid(Unary):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        return [sigmoid(xs[0])]
+        x = xs[0]
+        d = exp_neg_plus_one(x, self.buf("tmp", x.shape))
+        return [np.divide(np.float32(1.0), d, out=d)]
 
 
 @register("Swish")
 class Swish(Unary):
+    """x / (1 + exp(-x)), ncnn's expression (one rounding fewer than x * sigmoid(x))."""
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        return [xs[0] * sigmoid(xs[0])]
+        x = xs[0]
+        d = exp_neg_plus_one(x, self.buf("tmp", x.shape))
+        return [np.divide(x, d, out=d)]
 
 
 @register("HardSigmoid")
