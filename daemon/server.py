@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -242,10 +242,52 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
     sched_cfg = scheduler_config(config.scheduler, SchedulerConfig)
 
     async def build() -> Any:
-        # devices=None: the scheduler discovers them itself (in a worker thread) when it runs
-        return Scheduler(None, sched_cfg, ModelRepository(repo_path))
+        hooks = parse_test_hooks(os.environ)
+        devices = None  # the scheduler discovers them itself (in a worker thread) when it runs
+        if hooks:
+            devices = await trio.to_thread.run_sync(_hooked_devices, sched_cfg, hooks)
+        return Scheduler(devices, sched_cfg, ModelRepository(repo_path))
 
     return build
+
+
+#: Test hooks (DESIGN issue 6: faults are injected in the device worker, not by mocking
+#: Vulkan), reached from outside the process: ``VKSERVE_TEST_DEVICE_DELAY="cpu=0.3,0=0.05"``
+#: adds seconds to every run on those devices, ``VKSERVE_TEST_DEVICE_FAULT="0=3"`` makes the
+#: next runs on device 0 fail as a lost device. Devices are indices or ``cpu``.
+TEST_HOOK_VARS = {"VKSERVE_TEST_DEVICE_DELAY": "delay", "VKSERVE_TEST_DEVICE_FAULT": "fault"}
+
+
+def parse_test_hooks(env: Mapping[str, str]) -> list[tuple[str, str, float]]:
+    """``[(kind, device, value)]`` from the test-hook variables; ConfigError when malformed."""
+    hooks = []
+    for var, kind in TEST_HOOK_VARS.items():
+        for item in filter(None, (p.strip() for p in env.get(var, "").split(","))):
+            device, sep, value = item.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                number = -1.0
+            if not sep or not (device == "cpu" or device.isdigit()) or number < 0:
+                raise ConfigError(f"${var}: {item!r} is not DEVICE=NUMBER (DEVICE an index or cpu)")
+            hooks.append((kind, device, number))
+    return hooks
+
+
+def _hooked_devices(sched_cfg: Any, hooks: list[tuple[str, str, float]]) -> list[Any]:
+    from scheduler import discover_handles, vulkan_engine_available  # noqa: PLC0415
+
+    use_vulkan = bool(sched_cfg.use_vulkan) and vulkan_engine_available()
+    handles = discover_handles(use_vulkan=use_vulkan, cache_dir=sched_cfg.cache_dir)
+    for kind, device, value in hooks:
+        for h in handles:
+            if (device == "cpu" and h.is_cpu) or (device.isdigit() and h.index == int(device)):
+                log.warning("TEST HOOK: device %d (%s): %s %g", h.index, h.name, kind, value)
+                if kind == "delay":
+                    h.inject_delay(value)
+                else:
+                    h.inject_fault(int(value))
+    return handles
 
 
 async def _run(

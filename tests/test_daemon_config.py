@@ -103,3 +103,15 @@ def test_serve_reports_config_errors_and_prints_the_default(tmp_path: Path) -> N
     p = subprocess.run(vkserve_cmd("serve", "--print-default-config"), cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and p.stdout == DEFAULT_CONFIG
+
+
+def test_device_test_hooks_parse() -> None:
+    from daemon.server import parse_test_hooks
+
+    assert parse_test_hooks({}) == []
+    hooks = parse_test_hooks({"VKSERVE_TEST_DEVICE_DELAY": "cpu=0.3, 0=0.05",
+                              "VKSERVE_TEST_DEVICE_FAULT": "1=2"})
+    assert hooks == [("delay", "cpu", 0.3), ("delay", "0", 0.05), ("fault", "1", 2.0)]
+    for bad in ("gpu=1", "cpu", "0=-1", "0=x"):
+        with pytest.raises(ConfigError, match="VKSERVE_TEST_DEVICE_DELAY"):
+            parse_test_hooks({"VKSERVE_TEST_DEVICE_DELAY": bad})
