@@ -4,7 +4,8 @@ Start: bind the sockets (a live socket is an error before anything slow happens)
 devices, start the scheduler (models load and warm up), accept connections, print where it
 listens, notify systemd. SIGINT/SIGTERM: stop accepting (the socket file goes away), let the
 requests in flight finish for up to ``server.drain_timeout`` (new ones get ``UNAVAILABLE``),
-cancel what is left, close the scheduler, exit 0. A second signal skips the drain.
+cancel what is left, close the scheduler, exit 0. A second signal skips the drain. SIGHUP
+rescans the model repository (new or fixed model folders load).
 """
 
 from __future__ import annotations
@@ -157,12 +158,28 @@ def _input_names(model: dict[str, Any]) -> list[str]:
     return []
 
 
+async def _rescan(backend: Any) -> None:
+    """SIGHUP: load the models whose folders appeared (or were fixed) in the repository."""
+    rescan = getattr(backend, "rescan", None)
+    if rescan is None:
+        log.warning("SIGHUP: this scheduler cannot rescan the model repository; ignored")
+        return
+    try:
+        result = await rescan()
+    except Exception as exc:  # e.g. not running yet; the daemon goes on either way
+        log.warning("SIGHUP: rescan failed: %s", exc)
+        return
+    log.info("SIGHUP: repository rescanned: %s", result)
+
+
 async def _watch_signals(
-    signals: Any, stop: trio.Event, startup: trio.CancelScope, hard: trio.CancelScope
+    signals: Any, stop: trio.Event, startup: trio.CancelScope, root: trio.Nursery, backend: Any
 ) -> None:
+    hard = root.cancel_scope
     async for signum in signals:
         if signum == signal.SIGHUP:
-            log.warning("SIGHUP: model repository rescan is not supported yet; ignored")
+            if not stop.is_set():
+                root.start_soon(_rescan, backend)
             continue
         if not stop.is_set():
             log.info("%s: shutting down (draining requests in flight)", signal.Signals(signum).name)
@@ -302,7 +319,7 @@ async def _run(
     startup = trio.CancelScope()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as root:
-            root.start_soon(_watch_signals, signals, stop, startup, root.cancel_scope)
+            root.start_soon(_watch_signals, signals, stop, startup, root, backend)
             with startup:
                 systemd.notify("STATUS=starting the scheduler")
                 await root.start(backend.run)

@@ -608,7 +608,7 @@ def test_oversized_truncated_and_nested_frames(daemon: Daemon, steady: Steady) -
 # ------------------------------------------------------------------------------ shutdown
 
 
-def test_sigterm_drains_in_flight_work_and_exits_0(tmp_path: Path) -> None:
+def test_sighup_rescans_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
     repo = make_repository(tmp_path / "repo", digits=False)
     sock = tmp_path / "run" / "vk.sock"
     sock.parent.mkdir()
@@ -625,6 +625,9 @@ repository = "{repo}"
 """, env=SLOW_ENV)
     try:
         assert "replacing stale socket" in d.log_text()
+        (repo / "digits").symlink_to(DIGITS)  # SIGHUP: the new model folder loads
+        d.proc.send_signal(signal.SIGHUP)
+        wait_status(d, lambda s: s["models"].get("digits", {}).get("state") == "ready", timeout=30)
         with Raw(sock) as idle:  # a torn frame is not kept open forever
             idle.sock.sendall(b"\x00\x00")
             start = time.monotonic()
