@@ -1,7 +1,9 @@
-"""sd_notify without dependencies (systemd's notify-selfcontained-example, DESIGN §10).
+"""systemd integration without dependencies (DESIGN §10): sd_notify and socket activation.
 
 ``notify("READY=1\\nSTATUS=...")`` sends one datagram to ``$NOTIFY_SOCKET``; without the variable
 (not run by systemd) it does nothing. Errors are logged, never raised: notification is advisory.
+``listen_fds()`` returns the sockets systemd passed (``$LISTEN_FDS`` from fd 3, for
+``$LISTEN_PID``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
-__all__ = ["notify", "watchdog_interval"]
+__all__ = ["listen_fds", "notify", "watchdog_interval"]
+
+SD_LISTEN_FDS_START = 3
 
 
 def notify(state: str, env: Mapping[str, str] | None = None) -> bool:
@@ -49,3 +53,24 @@ def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
     if usec <= 0 or (pid and pid != str(os.getpid())):
         return None
     return usec / 2e6
+
+
+def listen_fds(env: Mapping[str, str] | None = None) -> list[socket.socket]:
+    """Sockets handed over by socket activation (none when not activated for this process).
+
+    The variables are removed from the environment so that children do not claim the fds.
+    """
+    env = os.environ if env is None else env
+    if env.get("LISTEN_PID", "") != str(os.getpid()):
+        return []
+    count = env.get("LISTEN_FDS", "0")
+    if not count.isdigit():
+        log.warning("ignoring LISTEN_FDS=%r: not a number", count)
+        return []
+    sockets = []
+    for fd in range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + int(count)):
+        os.set_inheritable(fd, False)
+        sockets.append(socket.socket(fileno=fd))
+    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(key, None)
+    return sockets

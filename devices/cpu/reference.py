@@ -187,6 +187,21 @@ def random_inputs(shapes: Mapping[str, Sequence[int]], seed: int = 0) -> dict[st
     return {n: rng.uniform(-1.0, 1.0, size=tuple(s)).astype(np.float32) for n, s in shapes.items()}
 
 
+def tensors_to_compare(graph: Any) -> tuple[list[str], set[str]]:
+    """The graph's outputs plus the tensors feeding a final detection or Softmax layer, and
+    which outputs are detections (compared by box matching).
+
+    The feeding tensors matter: detections are data-dependent, and a Softmax over random
+    weights is nearly uniform, which would hide errors in the logits behind it.
+    """
+    finals = [lay for lay in graph.layers
+              if lay.type in DETECTION_TYPES
+              or (lay.type == "Softmax" and set(lay.outputs) & set(graph.output_names))]
+    feeding = [b for lay in finals for b in lay.inputs if b not in graph.output_names]
+    det_outputs = {b for lay in finals if lay.type in DETECTION_TYPES for b in lay.outputs}
+    return list(graph.output_names) + list(dict.fromkeys(feeding)), det_outputs
+
+
 def verify_graph(
     graph: Any,
     param_path: str | os.PathLike[str],
@@ -201,10 +216,7 @@ def verify_graph(
     input_shapes = {n: graph.blob_shapes[n] for n in graph.input_names}
     if inputs is None:
         inputs = random_inputs(input_shapes, seed)
-    detection = [lay for lay in graph.layers if lay.type in DETECTION_TYPES]
-    feeding = [b for lay in detection for b in lay.inputs if b not in graph.output_names]
-    det_outputs = {b for lay in detection for b in lay.outputs}
-    names = list(graph.output_names) + feeding
+    names, det_outputs = tensors_to_compare(graph)
     plan = Plan(graph, {n: a.shape for n, a in inputs.items()}, outputs=names)
     ours = plan.run(inputs)
     with tempfile.TemporaryDirectory(prefix="vkserve-verify-") as tmp:

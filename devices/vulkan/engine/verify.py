@@ -3,7 +3,8 @@ fp32) on the same input and weights.
 
 Tolerances (issue 5): fp32 cosine >= 0.9999 and max abs error <= 0.5 % of the reference's max
 abs; fp16 cosine >= 0.999 and <= 2 %. Detection outputs are compared by box matching as on
-the CPU engine (devices.cpu.reference), and the tensors feeding them as extra outputs.
+the CPU engine (devices.cpu.reference); the tensors feeding a final detection or Softmax
+layer are compared too (`tensors_to_compare`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from devices.cpu.reference import (
-    DETECTION_TYPES,
     OutputReport,
     VerifyReport,
     compare,
     compare_detections,
     run_ncnn,
+    tensors_to_compare,
     write_bin,
 )
 from devices.vulkan.engine import load_plan
@@ -42,10 +43,7 @@ def judge(report: OutputReport, precision: str) -> OutputReport:
 def verify_vulkan(graph: Graph, param_path: str | os.PathLike[str],
                   bin_path: str | os.PathLike[str] | None, inputs: Mapping[str, np.ndarray],
                   device_index: int, precision: str, cache_dir: Path | None = None) -> VerifyReport:
-    detection = [lay for lay in graph.layers if lay.type in DETECTION_TYPES]
-    feeding = [b for lay in detection for b in lay.inputs if b not in graph.output_names]
-    det_outputs = {b for lay in detection for b in lay.outputs}
-    names = list(graph.output_names) + feeding
+    names, det_outputs = tensors_to_compare(graph)
     with load_plan(graph, device_index, precision, {n: a.shape for n, a in inputs.items()},
                    names, cache_dir) as loaded:
         ours = loaded.plan.run(inputs)

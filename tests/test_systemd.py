@@ -1,22 +1,19 @@
 import os
 import socket
 
-from daemon.sd_notify import Notifier, listen_fds, watchdog_interval
+from daemon.systemd import listen_fds, notify, watchdog_interval
 
 
-def test_notifier_sends_datagrams_in_order(tmp_path):
+def test_notify_sends_datagrams_in_order(tmp_path):
     path = str(tmp_path / "notify")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(path)
-    n = Notifier({"NOTIFY_SOCKET": path})
-    assert n.enabled
-    assert n.ready("serving 2 models on 1 device")
-    assert n.watchdog()
-    assert n.stopping()
-    got = [server.recv(4096).decode() for _ in range(3)]
-    assert got == ["READY=1\nSTATUS=serving 2 models on 1 device", "WATCHDOG=1",
-                   "STOPPING=1\nSTATUS=stopping"]
-    n.close()
+    env = {"NOTIFY_SOCKET": path}
+    assert notify("READY=1\nSTATUS=serving", env)
+    assert notify("WATCHDOG=1", env)
+    assert notify("STOPPING=1", env)
+    assert [server.recv(4096) for _ in range(3)] == [b"READY=1\nSTATUS=serving", b"WATCHDOG=1",
+                                                     b"STOPPING=1"]
     server.close()
 
 
@@ -24,10 +21,10 @@ def test_abstract_socket_and_absent_socket():
     name = f"vkserve-test-{os.getpid()}"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind("\0" + name)
-    n = Notifier({"NOTIFY_SOCKET": "@" + name})
-    assert n.status("loading")
+    assert notify("STATUS=loading", {"NOTIFY_SOCKET": "@" + name})
     assert server.recv(100) == b"STATUS=loading"
-    assert not Notifier({}).enabled and not Notifier({}).ready("x")
+    assert not notify("READY=1", {})
+    assert not notify("READY=1", {"NOTIFY_SOCKET": "relative/path"})
 
 
 def test_watchdog_interval():
