@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
-            "bench", "profile"]
+            "bench", "profile", "tune"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,6 +49,7 @@ from devices.vulkan import layers as layer_package
 from devices.vulkan.context import Buffer, MemoryKind
 from devices.vulkan.descriptors import DescriptorPool
 from devices.vulkan.engine.profile import DispatchProfiler
+from devices.vulkan.engine.tuning import tuned_dispatches
 from devices.vulkan.errors import VulkanError, check
 from devices.vulkan.layers.base import VULKAN_LAYERS, Dispatch, VulkanLayer
 from devices.vulkan.pipeline import ComputePipeline, pack_scalars
@@ -137,6 +138,7 @@ class _Step:
     barrier_before: bool
     label: str
     shader: str
+    dispatch: Dispatch | None = None  # as the layer declared it (default local size): the tuner's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +195,10 @@ class Plan:
     def __init__(self, device: VulkanDevice, graph: Graph,
                  input_shapes: Mapping[str, Sequence[int]] | None = None,
                  precision: Precision = Precision.FP32,
-                 outputs: Sequence[str] | None = None, max_instances: int = 4) -> None:
+                 outputs: Sequence[str] | None = None, max_instances: int = 4,
+                 tuned: bool = True) -> None:
         t0 = time.perf_counter()
+        self.use_tuning = tuned  # local sizes from the device's tuning file (engine.tuning)
         load_layer_modules()
         self.device = device
         self.ctx = device.ctx
@@ -374,6 +378,13 @@ class Plan:
         for i, (layer, vl) in enumerate(vlayers):
             if vl is not None and not vl.aliases_input:
                 todo.extend((i, layer, d) for d in vl.dispatches())
+        declared = [d for _, _, d in todo]
+        # Tuned local sizes replace the layers' defaults where the tuning file has them; a new
+        # local size is a new pipeline key and a new group count (ceil(global / local)).
+        chosen = tuned_dispatches(self.device, self.precision, declared) if self.use_tuning \
+            else declared
+        self.tuned_count = sum(a is not b for a, b in zip(chosen, declared))
+        todo = [(i, layer, d) for (i, layer, _), d in zip(todo, chosen)]
         requests = sorted({(d.shader, d.local_size, tuple(d.spec_constants)) for _, _, d in todo},
                           key=repr)
         workers = max(1, min(8, os.cpu_count() or 1, len(requests)))
@@ -384,7 +395,7 @@ class Plan:
         pending_reads: list[tuple[int, int]] = []
         pending_writes: list[tuple[int, int]] = []
         self.barrier_count = 0
-        for i, layer, d in todo:
+        for (i, layer, d), default in zip(todo, declared):
             pipeline = built[(d.shader, d.local_size, tuple(d.spec_constants))]
             label = f"{layer.name} ({layer.type}) {d.shader}"
             if len(d.bindings) < pipeline.binding_count:
@@ -413,7 +424,8 @@ class Plan:
             pending_reads += reads
             pending_writes += writes
             self.steps.append(_Step(pipeline, bindings, push[:pipeline.push_constant_size],
-                                    groups, barrier, label, d.shader))  # type: ignore[arg-type]
+                                    groups, barrier, label, d.shader,  # type: ignore[arg-type]
+                                    default))
         offset = 0
         self.copy_in: list[_Transfer] = []
         self.copy_out: list[_Transfer] = []
