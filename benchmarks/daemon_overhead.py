@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.daemon_harness import start_daemon  # noqa: E402
 from client import Client, TrioClient  # noqa: E402
 from client.loadgen import BenchSettings, sweep  # noqa: E402
 
@@ -38,29 +38,12 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1e3
 
 
-def start_daemon(tmp: Path, devices: str) -> tuple[subprocess.Popen, Path]:
+def digits_repository(tmp: Path, devices: str) -> Path:
     repo = tmp / "models"
     shutil.copytree(ROOT / "examples" / "digits", repo / "digits")
     cfg = repo / "digits" / "config.toml"
     cfg.write_text(cfg.read_text().replace("warmup = 2", f'warmup = 2\ndevices = "{devices}"'))
-    sock = tmp / "vkserve.sock"
-    config = tmp / "vkserve.toml"
-    config.write_text(f'[server]\nsocket = "{sock}"\n[models]\nrepository = "{repo}"\n')
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--config",
-                             str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "daemon.log", "w"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if sock.exists():
-            try:
-                with Client.connect(f"unix:{sock}") as c:
-                    if any(m.get("state") == "ready" for m in c.models()):
-                        return proc, sock
-            except OSError:
-                pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"daemon did not become ready; log: {(tmp / 'daemon.log').read_text()}")
+    return repo
 
 
 def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
@@ -95,7 +78,7 @@ def main() -> int:
     args = ap.parse_args()
     x = np.load(ROOT / "examples/digits/samples/3.npy").astype(np.float32)
     with tempfile.TemporaryDirectory() as d:
-        proc, sock = start_daemon(Path(d), args.devices)
+        proc, sock = start_daemon(Path(d), digits_repository(Path(d), args.devices))
         try:
             rtt, server_run = [], []
             with Client.connect(f"unix:{sock}") as c:

@@ -70,7 +70,7 @@ def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp1
             assert ret == 0, (param.name, name, ret)
 
     ms = median_ms(run, repeat)
-    del mats
+    mats.clear()  # release the Mats before the net that allocated them
     net.clear()
     return {"load_s": round(load, 3), "ms": round(ms, 3)}
 

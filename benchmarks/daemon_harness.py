@@ -1,0 +1,38 @@
+"""Start `vkserve serve` on a temporary socket with a prepared model repository (benchmarks)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import Client  # noqa: E402
+
+
+def start_daemon(tmp: Path, repo: Path, timeout: float = 300) -> tuple[subprocess.Popen, Path]:
+    """Run the daemon on `repo`; return once every model is ready (or fail with its log)."""
+    sock = tmp / "vkserve.sock"
+    config = tmp / "vkserve.toml"
+    config.write_text(f'[server]\nsocket = "{sock}"\n[models]\nrepository = "{repo}"\n'
+                      '[metrics]\nlisten = "off"\n')
+    log = tmp / "daemon.log"
+    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--config",
+                             str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sock.exists():
+            try:
+                with Client.connect(f"unix:{sock}") as c:
+                    models = c.models()
+                    if models and all(m.get("state") == "ready" for m in models):
+                        return proc, sock
+            except OSError:
+                pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"daemon did not become ready; log:\n{log.read_text()[-4000:]}")
