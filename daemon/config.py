@@ -16,6 +16,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,12 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "Config",
     "ConfigError",
+    "MetricsConfig",
     "ModelsConfig",
     "ServerConfig",
     "load_config",
     "parse_config",
+    "parse_listen",
     "scheduler_config",
 ]
 
@@ -39,41 +42,11 @@ __all__ = [
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 MIN_TOKEN_LENGTH = 16
 
-DEFAULT_CONFIG = """\
-# vkserve daemon configuration (TOML). Every key is optional; these are the defaults.
-
-[server]
-# Unix socket path; "" = $RUNTIME_DIRECTORY/vkserve.sock (systemd), else
-# $XDG_RUNTIME_DIR/vkserve/vkserve.sock, /run/vkserve/vkserve.sock (root), /tmp/vkserve-UID/.
-socket = ""
-socket_mode = 0o660
-# "HOST:PORT" also listens on TCP (port 0 = any free port); "" = off. TCP needs a token
-# (token, token_file or $VKSERVE_TOKEN; at least 16 characters): clients send it first.
-tcp = ""
-token = ""
-token_file = ""
-# Largest frame (bytes, after the 4-byte length) a client may send; larger ones close the
-# connection after an error frame. Unauthenticated TCP peers get at most 64 KiB.
-max_frame_size = 67108864
-max_connections = 256
-# Requests one connection may have in flight; more are answered OVERLOADED.
-max_requests_per_connection = 256
-# Seconds: a connection with nothing in flight that sends nothing is closed; a TCP peer must
-# authenticate in time; a client that does not read its answers is dropped.
-idle_timeout = 600.0
-auth_timeout = 10.0
-send_timeout = 30.0
-# SIGTERM/SIGINT: stop accepting, let requests in flight finish for up to this long, exit 0.
-drain_timeout = 20.0
-
-[models]
-# Model repository: one folder per model (model.param, model.bin, optional config.toml).
-# "" = the examples/ folder of this vkserve checkout. Relative paths are relative to this file.
-repository = ""
-
-[scheduler]
-# Passed to the scheduler (scheduler.SchedulerConfig); unset keys keep its defaults.
-"""
+#: The embedded default config: ``daemon/vkserve.toml`` (package data; ``deploy/vkserve.toml``
+#: is a link to it, so the documented file and the defaults cannot drift apart).
+DEFAULT_CONFIG = (resources.files("daemon") / "vkserve.toml").read_text(encoding="utf-8")
+#: ``metrics.listen`` when the file does not set it.
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
 
 class ConfigError(ValueError):
@@ -114,20 +87,45 @@ class ServerConfig:
 class ModelsConfig:
     repository: str = ""
 
-    def repository_path(self) -> Path:
-        return Path(self.repository) if self.repository else EXAMPLES_DIR
+    def repository_path(self, env: Mapping[str, str] | None = None) -> Path:
+        """``repository``, else ``$STATE_DIRECTORY/models`` (systemd), else ``examples/``."""
+        if self.repository:
+            return Path(self.repository)
+        env = os.environ if env is None else env
+        state = env.get("STATE_DIRECTORY", "").split(":")[0]
+        return Path(state) / "models" if state else EXAMPLES_DIR
+
+
+def parse_listen(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too; port 0 = any free port) or ``off`` -> None."""
+    if value == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"metrics listen address {value!r}: expected HOST:PORT or 'off'")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = DEFAULT_METRICS_LISTEN
+
+    def listen_address(self) -> tuple[str, int] | None:
+        return parse_listen(self.listen)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     #: Raw ``[scheduler]`` table; checked by :func:`scheduler_config`.
     scheduler: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = "<embedded default>"
 
 
-_SECTIONS: dict[str, type] = {"server": ServerConfig, "models": ModelsConfig}
+_SECTIONS: dict[str, type] = {"server": ServerConfig, "models": ModelsConfig,
+                              "metrics": MetricsConfig}
 
 
 def _type_name(value: Any) -> str:
@@ -215,6 +213,10 @@ def _validate(cfg: Config, base_dir: Path | None) -> Config:
         s.tcp_address()
     except ValueError as exc:
         raise ConfigError(f"server.tcp: {exc}") from None
+    try:
+        cfg.metrics.listen_address()
+    except ValueError as exc:
+        raise ConfigError(f"metrics.listen: {exc}") from None
 
     def resolve(p: str) -> str:
         return str(base_dir / p) if p and base_dir is not None and not os.path.isabs(p) else p
@@ -233,13 +235,15 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         sections: dict[str, Any] = {}
         for name, table in data.items():
             if name not in (*_SECTIONS, "scheduler"):
-                raise ConfigError(f"{name}: unknown key (known tables: server, models, scheduler)")
+                raise ConfigError(f"{name}: unknown key (known tables: server, models, metrics, "
+                                  "scheduler)")
             if not isinstance(table, dict):
                 raise ConfigError(f"{name}: expected a table [{name}], got {_type_name(table)}")
             sections[name] = table
         cfg = Config(
             server=build_dataclass(ServerConfig, sections.get("server", {}), "server."),
             models=build_dataclass(ModelsConfig, sections.get("models", {}), "models."),
+            metrics=build_dataclass(MetricsConfig, sections.get("metrics", {}), "metrics."),
             scheduler=dict(sections.get("scheduler", {})),
             source=source,
         )

@@ -151,9 +151,13 @@ class Connection:
         #: request id -> the cancel scope of its task (requests in flight on this connection)
         self.tasks: dict[int, trio.CancelScope] = {}
         self.infer_in_flight = 0
+        #: request id -> the scheduler's InferResult (device, queue and run seconds), kept
+        #: from the answer until the request's metrics are recorded
+        self._results: dict[int, Any] = {}
         self.opened_at = trio.current_time()
         self._reader_scope = trio.CancelScope()
         self._broken = False
+        self._aborting = False  # the daemon's drain timed out: cancelled = UNAVAILABLE
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,6 +177,12 @@ class Connection:
             log.exception("connection %s failed", self.peer)
         finally:
             log.debug("connection %s: %s", self.peer, reason)
+
+    def abort_in_flight(self) -> None:
+        """The drain timed out: cancel every request in flight; each answers UNAVAILABLE."""
+        self._aborting = True
+        for scope in list(self.tasks.values()):
+            scope.cancel()
 
     def begin_drain(self) -> None:
         """The daemon is shutting down: close as soon as nothing is in flight."""
@@ -203,6 +213,7 @@ class Connection:
                     return f"connection lost: {exc!r}"
                 if data is None:
                     if not self.authenticated:
+                        self.server.reject("unauthenticated")
                         await self._send_connection_error(ErrorCode.UNAUTHENTICATED, "authentication timed out")
                         return "authentication timed out"
                     if self.tasks and not self.decoder.buffered:
@@ -221,6 +232,7 @@ class Connection:
                     self.decoder.feed(data)
                     await self._drain_decoder(nursery)
                 except FrameTooLarge as exc:
+                    self.server.reject("frame_too_large")
                     await self._send_connection_error(ErrorCode.BAD_REQUEST, str(exc))
                     return f"frame too large: {exc}"
                 except _Closing as exc:
@@ -234,6 +246,7 @@ class Connection:
             try:
                 msg = self.decoder.next_message()
             except MalformedFrame as exc:
+                self.server.reject("bad_request")
                 await self._send_response(Response.failure(CONNECTION_ERROR_ID, ErrorCode.BAD_REQUEST, str(exc)))
                 continue
             if msg is None:
@@ -245,6 +258,7 @@ class Connection:
         try:
             request = parse_request(msg)
         except BadRequest as exc:
+            self.server.reject("bad_request")
             rid = exc.request_id if exc.request_id is not None else CONNECTION_ERROR_ID
             await self._send_response(Response.failure(rid, ErrorCode.BAD_REQUEST, str(exc)))
             return
@@ -252,6 +266,7 @@ class Connection:
             await self._authenticate(request)
             return
         if not self.authenticated:
+            self.server.reject("unauthenticated")
             await self._send_response(
                 Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "authenticate first (op 'auth' with the token)")
             )
@@ -263,16 +278,19 @@ class Connection:
             await self._send_response(Response.success(request.id, {"cancelled": scope is not None}))
             return
         if request.id in self.tasks:
+            self.server.reject("bad_request")
             await self._send_response(
                 Response.failure(request.id, ErrorCode.BAD_REQUEST, f"request id {request.id} is already in flight")
             )
             return
         if self.server.draining and not isinstance(request, (PingRequest, StatusRequest)):
+            self.server.reject("shutting_down")
             await self._send_response(
                 Response.failure(request.id, ErrorCode.UNAVAILABLE, "the daemon is shutting down")
             )
             return
         if len(self.tasks) >= self.cfg.max_requests_per_connection:
+            self.server.reject("overloaded")
             await self._send_response(
                 Response.failure(
                     request.id, ErrorCode.OVERLOADED,
@@ -297,23 +315,36 @@ class Connection:
             await self._send_response(Response.success(request.id, {"authenticated": True}))
             return
         log.warning("connection %s: wrong token", self.peer)
+        self.server.reject("unauthenticated")
         await self._send_response(Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "wrong token"))
         raise _Closing("wrong token")
 
     # ------------------------------------------------------------------ requests
 
     async def _run_request(self, request: Request, received_at: float, scope: trio.CancelScope) -> None:
+        # The request stays in ``tasks`` until its answer is written, so a drain closes the
+        # connection only after the last answer went out.
+        try:
+            await self._answer_request(request, received_at, scope)
+        finally:
+            self.tasks.pop(request.id, None)
+        self._maybe_close_idle_drain()
+
+    async def _answer_request(self, request: Request, received_at: float,
+                              scope: trio.CancelScope) -> None:
         is_infer = isinstance(request, InferRequest)
         if is_infer:
             self.infer_in_flight += 1
             self.server.infer_in_flight += 1
         response: Response | None = None
         frame: bytes | None = None
+        outcome = ErrorCode.CANCELLED.value  # unless it ends otherwise (teardown cancels)
         try:
             with scope:
                 try:
                     result = await self._execute(request, received_at)
                     frame = encode_frame(Response.success(request.id, result).to_message(), self.cfg.max_frame_size)
+                    outcome = "ok"
                 except RequestFailed as exc:
                     response = Response.failure(request.id, exc.code, exc.message)
                 except FrameTooLarge as exc:
@@ -329,18 +360,26 @@ class Connection:
                         response = Response.failure(request.id, code, str(exc) or code.value)
             if scope.cancelled_caught:
                 frame = None
-                response = Response.failure(request.id, ErrorCode.CANCELLED, "cancelled by the client")
+                if self._aborting:
+                    response = Response.failure(
+                        request.id, ErrorCode.UNAVAILABLE,
+                        "the daemon is shutting down (drain timeout): the request was cancelled")
+                else:
+                    response = Response.failure(request.id, ErrorCode.CANCELLED, "cancelled by the client")
+            if response is not None and response.error is not None:
+                outcome = str(response.error.code)
         finally:
-            self.tasks.pop(request.id, None)
             if is_infer:
                 self.infer_in_flight -= 1
                 self.server.infer_in_flight -= 1
+                assert isinstance(request, InferRequest)
+                self.server.observe_infer(request.model, self._results.pop(request.id, None),
+                                          outcome.lower(), time.time() - received_at)
             self.server.requests_done += 1
         if frame is None:
             assert response is not None
             frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
         await self._send_frame(frame)
-        self._maybe_close_idle_drain()
 
     async def _execute(self, request: Request, received_at: float) -> Any:
         backend = self.server.backend
@@ -393,6 +432,7 @@ class Connection:
             )
         if timer.cancelled_caught:
             raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED, "no result by the request's deadline")
+        self._results[request.id] = result
         outputs = getattr(result, "outputs", result)
         extra: dict[str, Any] = {}
         for key in ("device", "queue_seconds", "run_seconds"):

@@ -10,7 +10,8 @@ tests and several daemons in one process do not collide.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,6 +33,7 @@ class DeviceState:
     # tier -> (hits, misses); tiers "pipeline", "spirv"
     cache: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     compile_seconds: float = 0.0
+    memory_known: bool = True  # False: no memory pool (the CPU, a GPU not opened yet)
 
 
 @dataclasses.dataclass
@@ -64,7 +66,8 @@ class _StateCollector(Collector):
         for attr, (name, doc) in gauges.items():
             family = GaugeMetricFamily(name, doc, labels=["device"])
             for d in s.devices:
-                family.add_metric([d.device], float(getattr(d, attr)))
+                if d.memory_known or not attr.startswith("memory_"):
+                    family.add_metric([d.device], float(getattr(d, attr)))
             yield family
         hits = CounterMetricFamily("vkserve_pipeline_cache_hits", "Pipeline-cache hits by tier",
                                    labels=["device", "tier"])
@@ -119,3 +122,67 @@ class DaemonMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# ------------------------------------------------------------------ from the scheduler's state
+
+
+def device_label(kind: str, index: int) -> str:
+    """The ``device`` label: ``cpu`` for the CPU, else kind and index (``vulkan0``)."""
+    return "cpu" if kind == "cpu" else f"{kind}{index}"
+
+
+def snapshot_from_status(status: Mapping[str, Any]) -> StateSnapshot:
+    """A StateSnapshot from ``Scheduler.status()`` (devices with ``memory`` and
+    ``pipeline_cache`` when their Vulkan device is open; per-model queue depths)."""
+    devices = []
+    for d in status.get("devices", []):
+        if not isinstance(d, Mapping):
+            continue
+        state = DeviceState(device_label(str(d.get("kind", "")), int(d.get("index", -1))),
+                            bool(d.get("healthy")), in_flight=int(d.get("in_flight") or 0))
+        memory = d.get("memory")
+        state.memory_known = isinstance(memory, Mapping)
+        if isinstance(memory, Mapping):
+            state.memory_in_use_bytes = int(memory.get("in_use_bytes", 0))
+            state.memory_pooled_bytes = int(memory.get("pooled_bytes", 0))
+            state.memory_budget_bytes = int(memory.get("budget_bytes", 0))
+        cache = d.get("pipeline_cache")
+        if isinstance(cache, Mapping):
+            state.cache = {
+                "pipeline": (int(cache.get("pipeline_hits", 0)),
+                             int(cache.get("pipeline_misses", 0))),
+                "spirv": (int(cache.get("spirv_hits", 0)), int(cache.get("glsl_compiles", 0))),
+            }
+            state.compile_seconds = float(cache.get("compile_seconds", 0.0))
+        devices.append(state)
+    models = status.get("models", {})
+    depth = {str(name): int(m.get("queue_depth", 0)) for name, m in models.items()
+             if isinstance(m, Mapping)} if isinstance(models, Mapping) else {}
+    return StateSnapshot(devices=devices, queue_depth=depth)
+
+
+class LoadRecorder:
+    """Observes each finished model load once into ``vkserve_model_load_seconds``, read from
+    the placements of ``Scheduler.models()`` (``load_seconds``, ``load_cache``)."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.metrics = metrics
+        self._seen: set[tuple[str, int, float]] = set()
+
+    def record(self, models: list[dict[str, Any]], labels: Mapping[int, str]) -> int:
+        new = 0
+        for m in models:
+            for p in m.get("placements") or []:
+                seconds = p.get("load_seconds")
+                if p.get("state") != "ready" or seconds is None:
+                    continue
+                key = (str(m.get("name")), int(p.get("device", -1)), float(seconds))
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                device = labels.get(key[1], str(key[1]))
+                cache = p.get("load_cache") or "warm"
+                self.metrics.model_load_seconds.labels(key[0], device, cache).observe(key[2])
+                new += 1
+        return new

@@ -42,6 +42,7 @@ if [ -z "$(ls -A /var/lib/vkserve/models)" ]; then
 fi
 
 install -m 0644 "$src/deploy/vkserve.service" /etc/systemd/system/vkserve.service
+install -m 0644 "$src/deploy/vkserve.socket" /etc/systemd/system/vkserve.socket  # optional; not enabled
 systemctl daemon-reload
 systemctl enable --now vkserve.service
 echo "vkserve installed: systemctl status vkserve; metrics on http://127.0.0.1:9464/metrics"

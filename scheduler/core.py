@@ -74,6 +74,7 @@ class _Placement:
     latency: float | None = None  # EWMA of run seconds
     running: int = 0
     load_seconds: float | None = None
+    load_cache: str | None = None  # "cold": the load compiled GLSL; "warm": all from caches
 
 
 @dataclasses.dataclass(eq=False)
@@ -84,6 +85,7 @@ class _Model:
     running: int = 0
     unloading: bool = False
     error: str | None = None  # why the model as a whole is unusable (bad folder, no device)
+    fingerprint: tuple[Any, ...] = ()  # the folder's files when read (rescan: changed?)
 
     @property
     def name(self) -> str:
@@ -119,6 +121,33 @@ class _Device:
         return sorted([now] * max(0, self.slots - len(ends)) + ends)
 
 
+def folder_fingerprint(spec: ModelSpec) -> tuple[Any, ...]:
+    """Blocking: (name, mtime, size) of the folder's files and the spec itself, so a rescan
+    sees edited weights as well as an edited config.toml or graph."""
+    files = [spec.param_path, spec.bin_path, spec.path / "config.toml"]
+    stats: list[tuple[str, int, int] | None] = []
+    for path in files:
+        try:
+            st = path.stat() if path is not None else None
+        except OSError:
+            st = None
+        stats.append(None if st is None or path is None
+                     else (str(path), st.st_mtime_ns, st.st_size))
+    return (spec, *stats)
+
+
+def _scan_with_fingerprints(repository: ModelRepository
+                            ) -> dict[str, tuple[ModelSpec, tuple[Any, ...]]]:
+    return {name: (spec, folder_fingerprint(spec))
+            for name, spec in repository.scan().items()}
+
+
+def _read_with_fingerprint(repository: ModelRepository, name: str
+                           ) -> tuple[ModelSpec, tuple[Any, ...]] | None:
+    spec = repository.spec(name)
+    return None if spec is None else (spec, folder_fingerprint(spec))
+
+
 def _run_blocking(handle: DeviceHandle, executor: Executor,
                   inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
     """Worker thread: one run with the device's test hooks; returns outputs and seconds."""
@@ -130,8 +159,10 @@ def _run_blocking(handle: DeviceHandle, executor: Executor,
 
 
 def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, instances: int,
-                      warmup: int) -> tuple[list[Executor], list[float]]:
-    """Worker thread: compile ``instances`` Plans and run each ``warmup`` times.
+                      warmup: int) -> tuple[list[Executor], list[float], bool]:
+    """Worker thread: compile ``instances`` Plans and run each ``warmup`` times; also
+    returns whether GLSL was compiled meanwhile (a cold pipeline cache; a load running
+    in parallel on the same device may be counted too).
 
     Warm-up runs go through the device hooks like jobs do, so an injected delay seeds the
     latency estimate and an injected fault fails the load the way a lost device would.
@@ -140,8 +171,10 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     timings: list[float] = []
     rng = np.random.default_rng(spec.seed)
     inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in spec.inputs.items()}
+    compiles = handle.glsl_compiles()
     try:
         executors = load_executors(handle, graph, spec, instances)
+        compiled = handle.glsl_compiles() > compiles
         for executor in executors:
             for _ in range(warmup):
                 timings.append(_run_blocking(handle, executor, inputs)[1])
@@ -149,7 +182,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
         for executor in executors:
             close_executor(executor)
         raise
-    return executors, timings
+    return executors, timings, compiled
 
 
 class Scheduler:
@@ -203,9 +236,10 @@ class Scheduler:
                 handles = await trio.to_thread.run_sync(
                     lambda: discover_handles(use_vulkan=use_vulkan,
                                              cache_dir=self.config.cache_dir))
-            specs: dict[str, ModelSpec] = {}
+            specs: dict[str, tuple[ModelSpec, tuple[Any, ...]]] = {}
             if self.repository is not None:
-                specs = await trio.to_thread.run_sync(self.repository.scan)
+                specs = await trio.to_thread.run_sync(_scan_with_fingerprints,
+                                                      self.repository)
             self._load_limiter = trio.CapacityLimiter(self.config.load_threads)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -217,8 +251,8 @@ class Scheduler:
                     self._devices[handle.index] = device
                     await nursery.start(self._device_worker, device)
                 startup: list[tuple[_Model, list[_Device]]] = []
-                for spec in specs.values():
-                    model = _Model(spec)
+                for spec, fingerprint in specs.values():
+                    model = _Model(spec, fingerprint=fingerprint)
                     self._models[spec.name] = model
                     if spec.error:
                         model.error = spec.error
@@ -654,7 +688,7 @@ class Scheduler:
         started = time.perf_counter()
         try:
             async with self._load_limiter:
-                executors, timings = await trio.to_thread.run_sync(
+                executors, timings, compiled = await trio.to_thread.run_sync(
                     _compile_and_warm, device.handle, graph, entry.spec, device.slots, warmup)
         except Exception as exc:  # any load failure is that placement's, named in models()
             if is_device_fault(exc):
@@ -666,6 +700,7 @@ class Scheduler:
         placement = entry.placements[device.index]
         placement.executors, placement.free = executors, list(executors)
         placement.load_seconds = time.perf_counter() - started
+        placement.load_cache = "cold" if compiled else "warm"
         if timings:
             placement.latency = statistics.median(timings[1:] if len(timings) > 1 else timings)
         placement.state = "ready"
@@ -689,19 +724,20 @@ class Scheduler:
         self._check_accepting()
         if self.repository is None:
             raise ModelNotFound(f"no model '{name}': no model repository configured")
-        spec = await trio.to_thread.run_sync(self.repository.spec, name)
-        if spec is None:
+        read = await trio.to_thread.run_sync(_read_with_fingerprint, self.repository, name)
+        if read is None:
             raise ModelNotFound(f"no model folder '{name}' in {self.repository.path}")
+        spec, fingerprint = read
         self._check_accepting()
         entry = self._models.get(name)
         if entry is not None and entry.unloading:
             raise Unavailable(f"model '{name}' is being unloaded; load it again afterwards")
         if spec.error:
             if entry is None:  # listed as failed, as a broken folder is at start-up
-                self._models[name] = _Model(spec, error=spec.error)
+                self._models[name] = _Model(spec, error=spec.error, fingerprint=fingerprint)
                 self._notify()
             elif self._model_state(entry) == "failed":
-                entry.spec, entry.error = spec, spec.error
+                entry.spec, entry.error, entry.fingerprint = spec, spec.error, fingerprint
             raise BadInput(spec.error)
         indices: list[int] | None = None
         if devices is not None:
@@ -717,10 +753,11 @@ class Scheduler:
                     raise Unavailable(f"device {index} is unhealthy: {device.fault}")
                 indices.append(device.index)
         if entry is None:
-            entry = _Model(spec)
+            entry = _Model(spec, fingerprint=fingerprint)
             self._models[name] = entry
         elif not any(p.state in ("ready", "loading") for p in entry.placements.values()):
-            entry.spec = spec  # nothing uses the old one: pick up edits to the folder
+            # nothing uses the old one: pick up edits to the folder
+            entry.spec, entry.fingerprint = spec, fingerprint
         targets = self._begin_placements(entry, indices)
         loaded = trio.Event()
         assert self._nursery is not None
@@ -733,31 +770,64 @@ class Scheduler:
         return self._model_info(entry)
 
     async def rescan(self) -> dict[str, Any]:
-        """Re-read the repository (SIGHUP): load models whose folders appeared, or were fixed,
-        since they were last read. Loaded models are left alone (reload one with
-        ``unload_model`` + ``load_model``) and vanished folders are not unloaded.
-        Returns ``{"loaded": [names], "failed": {name: error}}``."""
+        """Re-read the repository (SIGHUP) and follow it: load models whose folders appeared
+        (or were fixed), unload those whose folders are gone, and reload those whose files
+        changed (unload, then load: requests for that model see UNAVAILABLE or
+        MODEL_NOT_FOUND meanwhile). Models whose folders did not change are not touched,
+        so their traffic goes on. Returns ``{"loaded": [...], "removed": [...],
+        "reloaded": [...], "failed": {name: error}}``."""
         self._check_accepting()
         if self.repository is None:
-            return {"loaded": [], "failed": {}}
-        specs = await trio.to_thread.run_sync(self.repository.scan)
-        names = [name for name in specs if (entry := self._models.get(name)) is None
-                 or (not entry.unloading and self._model_state(entry) == "failed")]
+            return {"loaded": [], "removed": [], "reloaded": [], "failed": {}}
+        specs = await trio.to_thread.run_sync(_scan_with_fingerprints, self.repository)
+        added: list[str] = []
+        changed: list[str] = []
+        for name, (_, fingerprint) in specs.items():
+            entry = self._models.get(name)
+            if entry is None or (not entry.unloading and self._model_state(entry) == "failed"):
+                added.append(name)
+            elif not entry.unloading and entry.fingerprint != fingerprint:
+                changed.append(name)
+        removed = [name for name, entry in self._models.items()
+                   if name not in specs and not entry.unloading]
         loaded: list[str] = []
+        reloaded: list[str] = []
         failed: dict[str, str] = {}
 
-        async def load(name: str) -> None:
+        async def load(name: str, done: list[str]) -> None:
             try:
                 await self.load_model(name)
             except SchedulerError as exc:
                 failed[name] = exc.message
             else:
-                loaded.append(name)
+                done.append(name)
+
+        async def reload(name: str) -> None:
+            try:
+                await self.unload_model(name)
+            except SchedulerError as exc:
+                failed[name] = exc.message
+                return
+            await load(name, reloaded)
+
+        async def unload(name: str) -> None:
+            try:
+                await self.unload_model(name)
+            except SchedulerError as exc:
+                failed[name] = exc.message
 
         async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(load, name)
-        return {"loaded": sorted(loaded), "failed": dict(sorted(failed.items()))}
+            for name in added:
+                nursery.start_soon(load, name, loaded)
+            for name in changed:
+                nursery.start_soon(reload, name)
+            for name in removed:
+                nursery.start_soon(unload, name)
+        if loaded or removed or reloaded or failed:
+            log.info("repository rescanned: loaded %s, removed %s, reloaded %s, failed %s",
+                     sorted(loaded), sorted(removed), sorted(reloaded), sorted(failed))
+        return {"loaded": sorted(loaded), "removed": sorted(removed),
+                "reloaded": sorted(reloaded), "failed": dict(sorted(failed.items()))}
 
     async def _load_and_signal(self, entry: _Model, targets: list[_Device],
                                loaded: trio.Event) -> None:
@@ -835,7 +905,8 @@ class Scheduler:
                 {"device": i, "state": p.state, "error": p.error,
                  "healthy": i in self._devices and self._devices[i].healthy,
                  "latency_ms": None if p.latency is None else p.latency * 1e3,
-                 "load_seconds": p.load_seconds, "in_flight": p.running}
+                 "load_seconds": p.load_seconds, "load_cache": p.load_cache,
+                 "in_flight": p.running}
                 for i, p in sorted(entry.placements.items())
             ],
             "queue_depth": len(entry.queue),
@@ -852,8 +923,9 @@ class Scheduler:
         return [self._model_info(entry) for _, entry in sorted(self._models.items())]
 
     def status(self) -> dict[str, Any]:
-        """Devices (health, queue depth, in-flight jobs, models, latency), per-model queue
-        depths and job totals since start."""
+        """Devices (health, queue depth, in-flight jobs, models, latency; for an opened
+        Vulkan device also ``memory`` bytes and ``pipeline_cache`` counters, else None),
+        per-model queue depths and job totals since start."""
         devices = []
         for device in self._devices.values():
             held = {name: p for name, m in self._models.items()
@@ -875,6 +947,8 @@ class Scheduler:
                 "runs": device.runs,
                 "completed": device.completed,
                 "faults": device.faults,
+                "memory": device.handle.memory_stats(),
+                "pipeline_cache": device.handle.cache_stats(),
             })
         totals = {k: self._totals[k] for k in (
             "submitted", "completed", "failed", "overloaded", "deadline_exceeded", "cancelled",

@@ -87,6 +87,35 @@ class DeviceHandle:
                 self._vulkan = VulkanDevice(self.caps, self.cache_dir)
             return self._vulkan
 
+    def opened_vulkan_device(self) -> Any:
+        """The VulkanDevice if it was opened already (never opens one), else None."""
+        with self._lock:
+            return self._vulkan
+
+    def cache_stats(self) -> dict[str, Any] | None:
+        """The pipeline cache's counters (``CacheStats.as_dict()``); None before the Vulkan
+        device is opened and on the CPU."""
+        device = self.opened_vulkan_device()
+        return None if device is None else device.pipelines.stats.as_dict()
+
+    def memory_stats(self) -> dict[str, int] | None:
+        """Bytes of the device's memory pool: ``in_use_bytes`` (held by loaded models and
+        running jobs), ``pooled_bytes`` (idle, kept for reuse), ``budget_bytes``; None before
+        the Vulkan device is opened and on the CPU."""
+        device = self.opened_vulkan_device()
+        if device is None:
+            return None
+        pool = device.pool
+        stats = pool.stats()
+        idle = pool.idle_bytes
+        return {"in_use_bytes": max(0, stats["held_bytes"] - idle), "pooled_bytes": idle,
+                "budget_bytes": stats["budget_bytes"]}
+
+    def glsl_compiles(self) -> int:
+        """GLSL -> SPIR-V compiles so far on this device (0 when none was opened)."""
+        stats = self.cache_stats()
+        return 0 if stats is None else int(stats["glsl_compiles"])
+
     def close(self) -> None:
         """Save the pipeline cache and destroy the Vulkan device (blocking)."""
         with self._lock:

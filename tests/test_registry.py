@@ -194,8 +194,29 @@ async def test_rescan_loads_new_and_fixed_folders_only(tmp_path: Path) -> None:
         assert sorted(report["failed"]) == ["broken", "typo"]
         assert "broken/config.toml: key 'seed'" in report["failed"]["broken"]
         (tmp_path / "typo" / "config.toml").unlink()
-        assert await sched.rescan() == {"loaded": ["typo"], "failed": {
-            "broken": report["failed"]["broken"]}}
+        assert await sched.rescan() == {"loaded": ["typo"], "removed": [], "reloaded": [],
+                                        "failed": {"broken": report["failed"]["broken"]}}
         states = {m["name"]: m["state"] for m in sched.models()}
         assert states == {"broken": "failed", "first": "ready", "second": "ready", "typo": "ready"}
+        await sched.aclose()
+
+
+async def test_rescan_unloads_removed_and_reloads_changed_folders(tmp_path: Path) -> None:
+    import shutil
+
+    model(tmp_path, "keep")
+    model(tmp_path, "gone")
+    model(tmp_path, "edited")
+    sched = Scheduler([DeviceHandle.cpu(0)], SchedulerConfig(), ModelRepository(tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sched.run)
+        with trio.fail_after(10):
+            await sched.wait_until(sched.ready)
+        assert await sched.rescan() == {"loaded": [], "removed": [], "reloaded": [], "failed": {}}
+        shutil.rmtree(tmp_path / "gone")
+        (tmp_path / "edited" / "config.toml").write_text("warmup = 2\n")
+        assert await sched.rescan() == {"loaded": [], "removed": ["gone"],
+                                        "reloaded": ["edited"], "failed": {}}
+        states = {m["name"]: m["state"] for m in sched.models()}
+        assert states == {"edited": "ready", "keep": "ready"}
         await sched.aclose()

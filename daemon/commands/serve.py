@@ -1,4 +1,4 @@
-"""`vkserve serve`: run the daemon (trio server on a Unix socket, optional TCP)."""
+"""`vkserve serve`: run the daemon (trio server on a Unix socket, optional TCP, metrics)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", metavar="DIR", help="model repository (overrides models.repository)")
     parser.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP (overrides server.tcp; "
                         "needs a token: server.token, server.token_file or $VKSERVE_TOKEN)")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT|off",
+                        help="Prometheus metrics, /healthz and /readyz (overrides metrics.listen; "
+                             "default 127.0.0.1:9464; port 0 = any free port; off = none)")
     parser.add_argument("--print-default-config", action="store_true",
                         help="print the embedded default config and exit")
 
@@ -38,7 +41,11 @@ def main(args: argparse.Namespace) -> int:
         models = config.models
         if args.models is not None:
             models = dataclasses.replace(models, repository=args.models)
-        config = dataclasses.replace(config, server=server, models=models)
+        metrics = config.metrics
+        if args.metrics_listen is not None:
+            metrics = dataclasses.replace(metrics, listen=args.metrics_listen)
+            metrics.listen_address()
+        config = dataclasses.replace(config, server=server, models=models, metrics=metrics)
     except (ConfigError, ValueError) as exc:
         print(f"vkserve serve: {exc}", file=sys.stderr)
         return 2
