@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from devices.capabilities import DeviceCaps, DeviceKind
@@ -20,3 +22,17 @@ def vulkan_ctx(vulkan_caps):
     ctx = VulkanContext(vulkan_caps)
     yield ctx
     ctx.destroy()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory):
+    """Pipeline caches and tuning files of this test run (daemons included: subprocesses
+    inherit the variable) go to a temporary folder, never the user's ~/.cache."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    os.environ.pop("CACHE_DIRECTORY", None)
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
