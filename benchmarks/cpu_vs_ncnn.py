@@ -33,33 +33,6 @@ def median_ms(fn, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def ncnn_runner(param: Path, bin_path: Path, inputs, outputs, threads: int, bf16: bool):
-    import ncnn
-    import numpy as np
-
-    net = ncnn.Net()
-    opt = net.opt
-    opt.use_vulkan_compute = False
-    opt.num_threads = threads
-    opt.use_bf16_storage = bf16
-    opt.use_fp16_storage = False
-    opt.use_fp16_packed = False
-    opt.use_fp16_arithmetic = False
-    net.opt = opt
-    assert net.load_param(str(param)) == 0 and net.load_model(str(bin_path)) == 0
-    mats = {k: ncnn.Mat(np.ascontiguousarray(v)).clone() for k, v in inputs.items()}
-
-    def run() -> None:
-        ex = net.create_extractor()
-        for k, m in mats.items():
-            ex.input(k, m)
-        for name in outputs:
-            ret, _ = ex.extract(name)
-            assert ret == 0, (param.name, name, ret)
-
-    return run, (net, mats)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -71,7 +44,7 @@ def main() -> int:
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
     from devices.cpu.executor import Plan
-    from devices.cpu.reference import random_inputs
+    from devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net, random_inputs
     from models.graph import load_model
     from models.weights import write_random_bin
 
@@ -85,11 +58,12 @@ def main() -> int:
             inputs = random_inputs({n: plan.blob_shapes[n] for n in plan.input_names})
             ours = median_ms(lambda: plan.run(inputs), args.repeat)
             row = {"model": param.stem, "vkserve_bf16_ms": round(ours, 2)}
+            mats = ncnn_mats(inputs)
             for label, bf16 in (("ncnn_fp32_ms", False), ("ncnn_bf16_ms", True)):
-                run, keep = ncnn_runner(param, bin_path, inputs, plan.output_names,
-                                        args.threads, bf16)
-                row[label] = round(median_ms(run, args.repeat), 2)
-                del keep
+                net = ncnn_net(param, bin_path, bf16=bf16, threads=args.threads)
+                row[label] = round(median_ms(
+                    lambda: ncnn_extract(net, mats, plan.output_names), args.repeat), 2)
+                net.clear()
             row["ratio_vs_ncnn_bf16"] = round(ours / row["ncnn_bf16_ms"], 2)
             row["ratio_vs_ncnn_fp32"] = round(ours / row["ncnn_fp32_ms"], 2)
             rows.append(row)

@@ -25,7 +25,6 @@ from pathlib import Path
 
 os.environ.setdefault("__GL_SHADER_DISK_CACHE", "0")
 
-import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,32 +43,13 @@ def median_ms(fn, repeat: int, warmup: int = 3) -> float:
 
 def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp16: bool,
               device: int, repeat: int) -> dict:
-    import ncnn
+    from devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net
 
-    net = ncnn.Net()
-    opt = net.opt
-    opt.use_vulkan_compute = True
-    opt.use_fp16_packed = fp16
-    opt.use_fp16_storage = fp16
-    opt.use_fp16_arithmetic = fp16
-    opt.num_threads = 1
-    net.opt = opt
-    net.set_vulkan_device(device)
     t0 = time.perf_counter()
-    assert net.load_param(str(param)) == 0
-    assert net.load_model(str(bin_path)) == 0
+    net = ncnn_net(param, bin_path, vulkan_device=device, fp16=fp16)
     load = time.perf_counter() - t0
-    mats = {k: ncnn.Mat(np.ascontiguousarray(v)).clone() for k, v in inputs.items()}
-
-    def run() -> None:
-        ex = net.create_extractor()
-        for k, m in mats.items():
-            ex.input(k, m)
-        for name in outputs:
-            ret, _ = ex.extract(name)
-            assert ret == 0, (param.name, name, ret)
-
-    ms = median_ms(run, repeat)
+    mats = ncnn_mats(inputs)
+    ms = median_ms(lambda: ncnn_extract(net, mats, outputs), repeat)
     mats.clear()  # release the Mats before the net that allocated them
     net.clear()
     return {"load_s": round(load, 3), "ms": round(ms, 3)}

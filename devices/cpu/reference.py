@@ -73,6 +73,52 @@ def write_bin(graph: Any, path: str | os.PathLike[str]) -> None:
                 f.write(np.ascontiguousarray(w, dtype="<f4").tobytes())
 
 
+def ncnn_net(
+    param_path: str | os.PathLike[str],
+    bin_path: str | os.PathLike[str],
+    *,
+    vulkan_device: int | None = None,
+    fp16: bool = False,
+    bf16: bool = False,
+    threads: int = 1,
+    reference: bool = False,
+) -> Any:
+    """An ``ncnn.Net`` loaded from files: fp32 by default, fp16 (packed+storage+arithmetic)
+    or bf16 storage on request, on the CPU unless `vulkan_device` is given. `reference`
+    turns off packing and lightmode so intermediate blobs stay readable."""
+    import ncnn  # test/verify/benchmark dependency only
+
+    net = ncnn.Net()
+    opt = net.opt
+    opt.use_vulkan_compute = vulkan_device is not None
+    opt.use_bf16_storage = bf16
+    opt.use_bf16_packed = bf16
+    opt.use_fp16_storage = fp16
+    opt.use_fp16_packed = fp16
+    opt.use_fp16_arithmetic = fp16
+    opt.use_int8_inference = False
+    if reference:
+        opt.use_packing_layout = False
+        opt.lightmode = False
+    opt.num_threads = threads
+    net.opt = opt
+    if vulkan_device is not None:
+        net.set_vulkan_device(vulkan_device)
+    if net.load_param(os.fspath(param_path)) != 0 or net.load_model(os.fspath(bin_path)) != 0:
+        raise RuntimeError(f"ncnn could not load {param_path} / {bin_path}")
+    return net
+
+
+def ncnn_mats(inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """ncnn Mats of float32 inputs. clone(): a Mat wrapping numpy memory has an unaligned
+    channel step (w*h), which some ncnn layers (Crop, Slice, Interp ...) mis-read; a clone
+    gets ncnn's own aligned layout."""
+    import ncnn
+
+    return {k: ncnn.Mat(np.ascontiguousarray(v, dtype=np.float32)).clone()
+            for k, v in inputs.items()}
+
+
 def run_ncnn(
     param_path: str | os.PathLike[str],
     bin_path: str | os.PathLike[str],
@@ -80,41 +126,29 @@ def run_ncnn(
     outputs: Sequence[str],
 ) -> dict[str, np.ndarray]:
     """Run ncnn on the CPU in plain fp32 (no bf16/fp16 storage, no packing)."""
-    import ncnn  # test/verify dependency only
+    net = ncnn_net(param_path, bin_path, reference=True)
+    mats = ncnn_mats(inputs)
+    result = {name: np.array(out, dtype=np.float32)
+              for name, out in ncnn_extract(net, mats, outputs).items()}
+    # ncnn's allocators must outlive every Mat they handed out
+    mats.clear()
+    net.clear()
+    return result
 
-    net = ncnn.Net()
-    opt = net.opt
-    opt.use_vulkan_compute = False
-    opt.use_bf16_storage = False
-    opt.use_bf16_packed = False
-    opt.use_fp16_storage = False
-    opt.use_fp16_packed = False
-    opt.use_fp16_arithmetic = False
-    opt.use_packing_layout = False
-    opt.use_int8_inference = False
-    opt.lightmode = False  # keep intermediate blobs so the tensors feeding a layer can be read
-    opt.num_threads = 1
-    net.opt = opt
-    if net.load_param(os.fspath(param_path)) != 0 or net.load_model(os.fspath(bin_path)) != 0:
-        raise RuntimeError(f"ncnn could not load {param_path} / {bin_path}")
+
+def ncnn_extract(net: Any, mats: Mapping[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
+    """One ncnn inference: feed `mats`, extract `outputs` (ncnn Mats); raise naming failures."""
     ex = net.create_extractor()
-    # clone(): a Mat wrapping numpy memory has an unaligned channel step (w*h), which some
-    # ncnn layers (Crop, Slice, Interp ...) mis-read; a clone gets ncnn's own aligned layout
-    mats = [ncnn.Mat(np.ascontiguousarray(arr, dtype=np.float32)).clone() for arr in inputs.values()]
-    for name, mat in zip(inputs, mats):
+    for name, mat in mats.items():
         ex.input(name, mat)
-    result: dict[str, np.ndarray] = {}
+    result: dict[str, Any] = {}
     failed: list[str] = []
     for name in outputs:
         ret, out = ex.extract(name)
         if ret != 0:
             failed.append(f"{name} ({ret})")
-            continue
-        result[name] = np.array(out, dtype=np.float32)
-        del out
-    # ncnn's allocators must outlive every Mat they handed out
-    del ex, mats
-    net.clear()
+        else:
+            result[name] = out
     if failed:
         raise RuntimeError(f"ncnn extract failed for: {', '.join(failed)}")
     return result
