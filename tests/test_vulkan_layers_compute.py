@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import devices.vulkan.layers.conv  # noqa: F401  (the imports register the layer classes)
+import devices.vulkan.layers.conv as conv_layers  # (the imports register the layer classes)
 import devices.vulkan.layers.innerproduct  # noqa: F401
 import devices.vulkan.layers.misc  # noqa: F401
 import devices.vulkan.layers.pooling  # noqa: F401
@@ -132,6 +132,12 @@ CONV = {
     "dw-multiplier": ("ConvolutionDepthWise", (3, 5, 5), 6, "4=1 5=1", (3, 3), 3),
     "deep-3x3": ("Convolution", (64, 9, 10), 9, "4=1 5=1", (3, 3), 1),
     "deep-1x1": ("Convolution", (256, 5, 3), 10, "5=1 9=1", (1, 1), 1),
+    # conv_gemm over several tiles of channels and pixels and several steps of K
+    "gemm-1x1-tails": ("Convolution", (75, 9, 7), 37, "5=1 9=1", (1, 1), 1),
+    "gemm-3x3-deep": ("Convolution", (40, 6, 11), 70, "4=1 5=1 9=2 -23310=1,0.1", (3, 3), 1),
+    "gemm-grouped-pad-value": ("ConvolutionDepthWise", (18, 7, 8), 20, "2=2 3=2 4=2 18=-0.75 5=1 9=1", (3, 3), 2),
+    "gemm-5x3-stride-asym": ("Convolution", (6, 13, 12), 17, "3=2 13=1 4=2 14=1 5=1 9=3 -23310=2,-0.2,0.3",
+                             (5, 3), 1),
 }
 
 
@@ -143,9 +149,10 @@ def test_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision):
                 {"data": shape}, precision)
 
 
-@pytest.mark.parametrize("case, shader", [("pad1-relu", "conv"), ("1x1-wide", "conv1x1"),
-                                          ("1x1-stride2", "conv"), ("dw-stride2-relu", "convdw"),
-                                          ("grouped-hardswish", "conv"), ("dw-multiplier", "conv")])
+@pytest.mark.parametrize("case, shader", [("pad1-relu", "conv_gemm"), ("1x1-wide", "conv_gemm"),
+                                          ("1x1-stride2", "conv_gemm"), ("dw-stride2-relu", "convdw"),
+                                          ("grouped-hardswish", "conv"), ("dw-multiplier", "conv"),
+                                          ("gemm-grouped-pad-value", "conv_gemm")])
 def test_convolution_shader_choice(tmp_path, case, shader):
     """The fast paths are taken where they apply (and only there)."""
     kind, shape, out, params, k, group = CONV[case]
@@ -157,7 +164,33 @@ def test_convolution_shader_choice(tmp_path, case, shader):
     assert [d.shader for d in vl.dispatches()] == [shader]
 
 
-@pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu"])
+GEMM_TILE_CASES = ["gemm-1x1-tails", "gemm-3x3-deep", "gemm-grouped-pad-value", "gemm-5x3-stride-asym"]
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16_ARITHMETIC], ids=lambda p: p.value)
+@pytest.mark.parametrize("tile", conv_layers.GemmTile.candidates(), ids=lambda t: f"{t.bm}x{t.bn}x{t.ks}k{t.bk}")
+@pytest.mark.parametrize("case", GEMM_TILE_CASES)
+def test_convolution_gemm_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile, precision):
+    """Every conv_gemm tile shape, forced, on shapes that leave partial tiles everywhere."""
+    monkeypatch.setattr(conv_layers, "choose_gemm_tile", lambda *shape: tile)
+    kind, shape, out, params, k, group = CONV[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
+                {"data": shape}, precision)
+
+
+def test_convolution_gemm_tile_choice():
+    """Small outputs split K over many slices; large ones take the largest tile."""
+    small = conv_layers.choose_gemm_tile(1024, 49, 1024, 1)
+    large = conv_layers.choose_gemm_tile(64, 224 * 224, 576, 1)
+    assert small.ks >= 8 and (large.bm, large.bn, large.ks) == (64, 64, 1)
+    assert conv_layers.choose_gemm_tile(64, 64 * 65536, 9, 1) is None  # grid too large: `conv`
+    for t in conv_layers.GemmTile.candidates():
+        assert t.bm * t.bn * t.ks == 16 * conv_layers.GEMM_THREADS
+        assert t.ks * t.bk * (t.bm + t.bn) <= conv_layers.GEMM_SHARED_FLOATS and t.bk <= min(t.bm, t.bn)
+
+
+@pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu", "gemm-grouped-pad-value",
+                                  "grouped-hardswish"])
 def test_convolution_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
     kind, shape, out, params, k, group = CONV[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
@@ -204,6 +237,9 @@ INNERPRODUCT = {
     "rows-nobias-leaky": ((3, 10), 6, "9=2 -23310=1,0.1"),
     "3d-mish": ((2, 3, 3), 4, "1=1 9=5"),
     "deep": ((2048,), 10, "1=1"),
+    # innerproduct_vec4 (num_input % 4 == 0): rows of vec4s, a tail past the pairs of strides
+    "rows-vec4-relu": ((3, 12), 5, "1=1 9=1"),
+    "vec4-tail": ((524,), 6, "1=1"),
 }
 
 
@@ -217,9 +253,24 @@ def test_innerproduct(tmp_path, vulkan_ctx, spirv_for, case, precision):
                 {"data": shape}, precision)
 
 
-def test_innerproduct_push_constants(tmp_path, vulkan_ctx, spirv_for):
-    check_layer(tmp_path, vulkan_ctx, spirv_for, "InnerProduct op 1 1 data out 0=5 2=185 1=1 9=1",
-                {"data": (37,)}, Precision.FP32, push_only=True)
+@pytest.mark.parametrize("shape", [(37,), (3, 5, 8)])
+def test_innerproduct_push_constants(tmp_path, vulkan_ctx, spirv_for, shape):
+    n = math.prod(shape)
+    check_layer(tmp_path, vulkan_ctx, spirv_for, f"InnerProduct op 1 1 data out 0=5 2={5 * n} 1=1 9=1",
+                {"data": shape}, Precision.FP32, push_only=True)
+
+
+@pytest.mark.parametrize("case, shader", [("3d-flat-relu", "innerproduct"), ("deep", "innerproduct_vec4"),
+                                          ("rows-vec4-relu", "innerproduct_vec4"),
+                                          ("rows-nobias-leaky", "innerproduct")])
+def test_innerproduct_shader_choice(tmp_path, case, shader):
+    shape, out, params = INNERPRODUCT[case]
+    num_input = shape[-1] if len(shape) == 2 and shape[0] > 1 else math.prod(shape)
+    param = tmp_path / "case.param"
+    write_param(param, {"data": shape}, f"InnerProduct op 1 1 data out 0={out} 2={out * num_input} {params}")
+    graph = load_model(param, None, {"data": shape}, seed=7)
+    vl = VULKAN_LAYERS["InnerProduct"](graph.layers[-1], [shape], [graph.blob_shapes["out"]], Precision.FP32)
+    assert [d.shader for d in vl.dispatches()] == [shader]
 
 
 MISC = {

@@ -1,4 +1,5 @@
-"""InnerProduct on Vulkan: a GEMV (``innerproduct``), one 64-invocation work group per output.
+"""InnerProduct on Vulkan: a GEMV (``innerproduct``), one 64-invocation work group per output;
+``innerproduct_vec4`` (the same reading vec4s) when num_input is a multiple of 4.
 
 Any input shape is read flat (the blob is dense), except ncnn's 2-D form whose rows are
 num_input wide and more than one: a batch of rows, one GEMV per row (work group y).
@@ -47,6 +48,7 @@ class VulkanInnerProduct(VulkanLayer):
     def dispatches(self) -> list[Dispatch]:
         n_out = self.params.num_output
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias")
-        return [make_dispatch("innerproduct", bindings, (REDUCE_LOCAL * n_out, self.rows, 1),
+        shader = "innerproduct_vec4" if self.num_input % 4 == 0 else "innerproduct"
+        return [make_dispatch(shader, bindings, (REDUCE_LOCAL * n_out, self.rows, 1),
                               psc=(self.num_input, n_out), fixed=self.activation,
                               local_size=(REDUCE_LOCAL, 1, 1))]
