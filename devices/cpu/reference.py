@@ -1,12 +1,11 @@
 """Check the CPU engine against the ``ncnn`` Python package (CPU, fp32) on the same input.
 
-Tolerance for bf16 storage: per output, cosine similarity >= 0.999 and max abs error
-<= 3 % of the reference's max abs. bf16 keeps 8 mantissa bits (RNE error <= 2^-9 relative
-per store); every blob and weight is stored in bf16, so the error grows with depth. Measured
-with seeded random weights: most models stay under 1.2 %, but nanodet_m's box-regression
-heads reach 1.5-2.7 % depending on the seed (ncnn's own bf16 path: 1.6 % on seed 0), so the
-2 % first proposed in the issue would reject correct bf16 results; 3 % keeps margin. With fp32
-storage the same kernels match ncnn to ~1e-6, so a semantics bug shows up far above either bar.
+Tolerance for bf16 storage (issue 4): per output, cosine similarity >= 0.999 and max abs error
+<= 2 % of the reference's max abs. bf16 keeps 8 mantissa bits (RNE error <= 2^-9 relative
+per store); every blob and weight matrix is stored in bf16 (biases stay fp32, as in ncnn's
+bf16 path), so the error grows with depth. Measured with seeded random weights (seed 0): most
+models stay under 1.3 %; the worst is nanodet_m's box-regression head at 1.76 %. With fp32
+storage the same kernels match ncnn to ~1e-6, so a semantics bug shows up far above the bar.
 
 Detection outputs (Yolov3DetectionOutput) have a data-dependent row count and scores near
 the confidence threshold may flip under bf16, so they are compared by box matching: a
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 COSINE_MIN = 0.999
-REL_ERR_MAX = 0.03
+REL_ERR_MAX = 0.02
 DET_IOU_MIN = 0.9
 DET_SCORE_TOL = 0.02
 DET_MATCH_MIN = 0.9

@@ -57,6 +57,12 @@ class Kernel:
             return np.empty(shape, dtype=dtype)
         return self.scratch.get(slot, shape, dtype)
 
+    def fp32_bias(self, index: int) -> np.ndarray:
+        """Weight ``index`` (a bias vector) kept in fp32, as ncnn's bf16 path keeps biases:
+        one value per output channel costs nothing, and rounding it would add an error to
+        every output element (measured: nanodet_m's box heads 2.14 % -> 1.76 % max error)."""
+        return np.asarray(self.layer.weights[index], dtype=np.float32).ravel().copy()
+
     def bf16_weight(self, index: int) -> np.ndarray:
         """Weight ``index`` narrowed to bf16 (uint16), or an empty array when absent."""
         ws = self.layer.weights

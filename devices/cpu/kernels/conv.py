@@ -187,7 +187,7 @@ class Convolution(Kernel):
         self.weight = self.bf16_weight(0)
         if self.weight.size != expected:
             raise UnsupportedError(f"weight has {self.weight.size} values, expected {expected}")
-        self.bias = self.bf16_weight(1) if p.bias_term else None
+        self.bias = self.fp32_bias(1) if p.bias_term else None
         # the padded input: negative pads crop, positive pads add a border
         self.crop = (max(0, -t), max(0, -b), max(0, -l), max(0, -r))
         self.border = (max(0, t), max(0, b), max(0, l), max(0, r))
@@ -348,8 +348,7 @@ class Convolution(Kernel):
                        out=cols.reshape(c, kh, kw, r1 - r0, ow))
                 np.matmul(wmat, cols, out=y2[:, r0 * ow : r1 * ow])
         if self.bias is not None:
-            bias = widen_into(self.bias, self.buf("bias", self.bias.size))
-            y += bias[:, None, None]
+            y += self.bias[:, None, None]
         return [activate(y, p.activation_type, p.activation_params)]
 
 
@@ -365,7 +364,7 @@ class InnerProduct(Kernel):
         if self.weight.size % p.num_output:
             raise UnsupportedError(f"weight size {self.weight.size} vs num_output {p.num_output}")
         self.num_input = self.weight.size // p.num_output
-        self.bias = self.bf16_weight(1) if p.bias_term else None
+        self.bias = self.fp32_bias(1) if p.bias_term else None
         # ncnn: a 2-D input whose rows are num_input wide is a batch of rows (gemm)
         self.rows = len(shape) == 2 and shape[1] == self.num_input and shape[0] > 1
         if self.rows:
@@ -397,5 +396,5 @@ class InnerProduct(Kernel):
             else:
                 np.matmul(wb, x, out=y[r0:r1])
         if self.bias is not None:
-            y += widen_into(self.bias, self.buf("bias", self.bias.size))
+            y += self.bias
         return [activate(y, p.activation_type, p.activation_params)]
