@@ -122,7 +122,7 @@ class _Storage:
 
 @dataclasses.dataclass(frozen=True)
 class _Binding:
-    weights: bool  # the shared weights buffer, else the instance's arena
+    buffer: str  # "arena" (the instance's), "weights" (shared) or "staging" (the instance's)
     offset: int
     size: int
 
@@ -206,6 +206,9 @@ class Plan:
         self.precision = Precision(precision)
         self.dtype = storage_dtype(self.precision)
         self.elem = self.dtype.itemsize
+        # Inputs are staged in fp32 and converted by the GPU (cast_input.comp): numpy's
+        # fp32 -> fp16 pass costs more than the whole inference of a small model.
+        self.input_dtype = np.dtype(np.float32)
         self.max_instances = max_instances
         self.input_names = list(graph.input_names)
         self.output_names = list(outputs) if outputs is not None else list(graph.output_names)
@@ -372,9 +375,31 @@ class Plan:
         self.weights = self.pool.acquire(total, MemoryKind.DEVICE)
         self.ctx.upload(self.weights, blob)
 
+    def _stage(self) -> None:
+        """Staging layout: inputs (fp32 when the GPU converts them) then outputs."""
+        offset = 0
+        self.copy_in: list[_Transfer] = []
+        self.copy_out: list[_Transfer] = []
+        for names, out, elem in ((self.inputs_staged, self.copy_in, self.input_dtype.itemsize),
+                                 (self.readback_names, self.copy_out, self.elem)):
+            for b in names:
+                shape = self.blob_shapes[b]
+                nbytes = math.prod(shape) * elem
+                out.append(_Transfer(b, shape, self._storages[self._storage_of[b]].offset,
+                                     offset, nbytes))
+                offset = align_up(offset + nbytes, STAGING_ALIGN)
+        self.staging_bytes = max(offset, STAGING_ALIGN)
+
     def _resolve(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> None:
         """Pipelines, bindings, push constants, group counts and barriers of every dispatch."""
+        self._stage()
         todo: list[tuple[int, Layer, Dispatch]] = []
+        if self.input_dtype != self.dtype:  # the first dispatches convert the inputs
+            for t in self.copy_in:
+                i = next(k for k, (layer, _) in enumerate(vlayers) if t.blob in layer.outputs)
+                n4 = -(-math.prod(t.shape) // 4)
+                todo.append((i, vlayers[i][0], Dispatch("cast_input", (f"staging:{t.blob}", t.blob),
+                                                        (n4, 1, 1), (n4,))))
         for i, (layer, vl) in enumerate(vlayers):
             if vl is not None and not vl.aliases_input:
                 todo.extend((i, layer, d) for d in vl.dispatches())
@@ -405,7 +430,7 @@ class Plan:
             for name in d.bindings:
                 binding = self._binding(i, layer, name, label)
                 bindings.append(binding)
-                if binding.weights:
+                if binding.buffer != "arena":
                     continue
                 span = (binding.offset, binding.offset + binding.size)
                 (writes if name in layer.outputs or name.startswith("s:") else reads).append(span)
@@ -426,34 +451,26 @@ class Plan:
             self.steps.append(_Step(pipeline, bindings, push[:pipeline.push_constant_size],
                                     groups, barrier, label, d.shader,  # type: ignore[arg-type]
                                     default))
-        offset = 0
-        self.copy_in: list[_Transfer] = []
-        self.copy_out: list[_Transfer] = []
-        for names, out in ((self.inputs_staged, self.copy_in), (self.readback_names, self.copy_out)):
-            for b in names:
-                shape = self.blob_shapes[b]
-                nbytes = math.prod(shape) * self.elem
-                out.append(_Transfer(b, shape, self._storages[self._storage_of[b]].offset,
-                                     offset, nbytes))
-                offset = align_up(offset + nbytes, STAGING_ALIGN)
-        self.staging_bytes = max(offset, STAGING_ALIGN)
 
     def _binding(self, i: int, layer: Layer, name: str, label: str) -> _Binding:
+        if name.startswith("staging:"):
+            t = next(t for t in self.copy_in if t.blob == name[8:])
+            return _Binding("staging", t.staging_offset, align_up(t.nbytes, 16))
         if name.startswith("w:"):
             key = (i, name[2:])
             if key not in self._weight_at:
                 raise PlanError(f"{label}: binding {name!r} names no weight of the layer")
             off, size = self._weight_at[key]
-            return _Binding(True, off, size)
+            return _Binding("weights", off, size)
         if name.startswith("s:"):
             sid = self._scratch.get((i, name[2:]))
             if sid is None:
                 raise PlanError(f"{label}: binding {name!r} names no scratch blob of the layer")
             st = self._storages[sid]
-            return _Binding(False, st.offset, st.nbytes)
+            return _Binding("arena", st.offset, st.nbytes)
         if name not in layer.inputs and name not in layer.outputs:
             raise PlanError(f"{label}: binding {name!r} is not a blob of the layer")
-        return _Binding(False, self._storages[self._storage_of[name]].offset,
+        return _Binding("arena", self._storages[self._storage_of[name]].offset,
                         self._padded_bytes(self.blob_shapes[name]))
 
     # -- instances ------------------------------------------------------------------------------
@@ -576,8 +593,9 @@ class PlanInstance:
                                                  "commandBufferCount": 1,
                                                  "pCommandBuffers": self._cmds})
         dtype = plan.dtype
-        self._inputs = [(t.blob, t.shape, self.staging.array(dtype, math.prod(t.shape),
-                                                             t.staging_offset).reshape(t.shape))
+        self._inputs = [(t.blob, t.shape,
+                         self.staging.array(plan.input_dtype, math.prod(t.shape),
+                                            t.staging_offset).reshape(t.shape))
                         for t in plan.copy_in]
         self._outputs = [(t.blob, self.staging.array(dtype, math.prod(t.shape),
                                                      t.staging_offset).reshape(t.shape))
@@ -589,8 +607,9 @@ class PlanInstance:
         self.descriptors = DescriptorPool(self.ctx, max(1, len(plan.steps)),
                                           sum(len(s.bindings) for s in plan.steps))
         self.sets = []
+        buffers = {"weights": plan.weights, "arena": self.arena, "staging": self.staging}
         for step in plan.steps:
-            bufs = [(plan.weights if b.weights else self.arena, b.offset, b.size)
+            bufs = [(buffers[b.buffer], b.offset, b.size)
                     for b in step.bindings[:step.pipeline.binding_count]]
             self.sets.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
 
@@ -605,7 +624,7 @@ class PlanInstance:
             mb = vk.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)
             vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
 
-        if plan.copy_in:
+        if plan.copy_in and plan.input_dtype == plan.dtype:  # else cast_input dispatches
             regions = [vk.VkBufferCopy(srcOffset=t.staging_offset, dstOffset=t.arena_offset,
                                        size=t.nbytes) for t in plan.copy_in]
             vk.vkCmdCopyBuffer(cmd, self.staging.handle, self.arena.handle, len(regions), regions)

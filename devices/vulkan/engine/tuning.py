@@ -483,7 +483,7 @@ class DispatchResult:
         return self.best_local_size != self.default_local_size
 
 
-def _measure(plan: Plan, arena: Any, step: Any, dispatch: Dispatch, sizes: list[LocalSize],
+def _measure(plan: Plan, instance: Any, step: Any, dispatch: Dispatch, sizes: list[LocalSize],
              runs: int, warmup: int) -> list[float]:
     """Median GPU time (ms) of `dispatch` with each local size, on the plan's real buffers."""
     from devices.vulkan.descriptors import DescriptorPool  # noqa: PLC0415
@@ -494,7 +494,8 @@ def _measure(plan: Plan, arena: Any, step: Any, dispatch: Dispatch, sizes: list[
     with concurrent.futures.ThreadPoolExecutor(workers) as ex:
         pipelines = list(ex.map(lambda ls: device.pipeline(
             dispatch.shader, plan.precision, ls, tuple(dispatch.spec_constants)), sizes))
-    bufs = [(plan.weights if b.weights else arena, b.offset, b.size) for b in step.bindings]
+    buffers = {"weights": plan.weights, "arena": instance.arena, "staging": instance.staging}
+    bufs = [(buffers[b.buffer], b.offset, b.size) for b in step.bindings]
     pool = DescriptorPool(ctx, len(sizes), len(sizes) * max(1, len(bufs)))
     timed = len(sizes) * runs
     profiler = DispatchProfiler(ctx, 2 * timed)
@@ -564,13 +565,13 @@ def tune_plan(plan: Plan, inputs: Mapping[str, np.ndarray], table: TuningTable,
             d: Dispatch = step.dispatch
             default = tuple(d.local_size)
             sizes = [default] + [c for c in candidates(d.global_size, limits, mode) if c != default]
-            times = _measure(plan, inst.arena, step, d, sizes, runs, warmup)  # type: ignore[arg-type]
+            times = _measure(plan, inst, step, d, sizes, runs, warmup)  # type: ignore[arg-type]
             best = min(range(len(sizes)), key=lambda i: times[i])
             default_ms, best_ms = times[0], times[best]
             if best and best_ms < default_ms * (1.0 - margin):
                 # The minimum of many noisy medians is biased low (the winner's curse): the
                 # finalist must beat the default again, head to head, with more runs.
-                default_ms, best_ms = _measure(plan, inst.arena, step, d,  # type: ignore[arg-type]
+                default_ms, best_ms = _measure(plan, inst, step, d,  # type: ignore[arg-type]
                                                [default, sizes[best]], CONFIRM_RUNS * runs, warmup)
             if not (best and best_ms < default_ms * (1.0 - margin)):
                 best, best_ms = 0, default_ms
