@@ -95,9 +95,9 @@ def test_device_limits(engine_device: VulkanDevice) -> None:  # noqa: F811
 
 
 def test_fixed_local_size_shaders_are_not_tuned() -> None:
-    for shader in ("innerproduct", "pooling_global", "softmax"):
+    for shader in ("innerproduct", "pooling_global", "softmax", "conv_gemm"):
         assert not tunable(Dispatch(shader, (), (64, 1, 1), local_size=(64, 1, 1)))
-    for shader in ("conv", "conv1x1", "convdw", "pooling", "unaryop", "copy_strided"):
+    for shader in ("conv", "convdw", "pooling", "unaryop", "copy_strided"):
         assert tunable(Dispatch(shader, (), (64, 1, 1)))
 
     @dataclasses.dataclass(frozen=True)
