@@ -16,7 +16,6 @@ from devices.cpu.kernels.base import (
     activate,
     check_activation,
     register,
-    widen,
 )
 from devices.cpu.bf16 import widen_into
 

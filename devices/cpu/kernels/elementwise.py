@@ -11,7 +11,6 @@ from devices.cpu.kernels.base import (
     hardswish,
     leaky_relu,
     register,
-    sigmoid,
 )
 
 
