@@ -3,6 +3,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,11 +137,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-FILL = """#version 450
-layout (binding = 0) writeonly buffer out_blob { float data[]; };
-layout (push_constant) uniform parameter { float value; } p;
-void main() { data[gl_GlobalInvocationID.x] = p.value; }
-"""
+FILL = (Path(__file__).parent / "shaders" / "fill.comp").read_text()
 
 
 def test_context_teardown_leaks_nothing(vulkan_caps):
