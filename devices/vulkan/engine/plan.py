@@ -20,6 +20,14 @@ staging buffer (converting to fp16 on the way when needed), one vkQueueSubmit of
 recorded command buffer (staging->arena copies, all dispatches, arena->staging copies),
 a sliced fence wait, and the outputs are copied out of staging. No per-layer Python work.
 
+Host-finished layers (data-dependent outputs, e.g. detection output): a VulkanLayer may also
+define `host_readback() -> {scratch key: bytes}` and `finish_on_host({key: uint8 view}) ->
+[outputs]`. Its dispatches run in the command buffer like any other; those scratch bytes are
+read back with the outputs, and `finish_on_host` turns them into the layer's outputs after the
+fence (before the CPU tail). Its outputs get no arena bytes, so no dispatch may read them. A
+trailing such layer whose class says `usable(caps, layer, in_shapes)` is False runs on the CPU
+tail instead.
+
 Instances own an arena, a staging buffer, descriptor sets, a command buffer and a fence;
 they come from `Plan.acquire()` (several may run at once, each on its own thread), and their
 buffers come from the device's MemoryPool.
@@ -174,15 +182,19 @@ class _CpuTail:
             blobs.update(zip(layer.outputs, (np.asarray(y, dtype=np.float32) for y in ys)))
 
 
-def _split_tail(layers: Sequence[Layer]) -> int:
-    """Index where the trailing run of layers without a Vulkan implementation starts."""
+def _split_tail(layers: Sequence[Layer], on_vulkan: Callable[[Layer], bool]) -> int:
+    """Index where the trailing run of layers without a (usable) Vulkan implementation starts."""
     k = len(layers)
     while k > 0:
-        kind = layers[k - 1].type
-        if kind in VULKAN_LAYERS or kind == "Input" or kind not in CPU_KERNELS:
+        layer = layers[k - 1]
+        if layer.type == "Input" or layer.type not in CPU_KERNELS or on_vulkan(layer):
             break
         k -= 1
     return k
+
+
+def _host_finished(vl: VulkanLayer | None) -> bool:
+    return vl is not None and hasattr(vl, "finish_on_host")
 
 
 class Plan:
@@ -232,12 +244,18 @@ class Plan:
 
     # -- compile ------------------------------------------------------------------------------
 
+    def _on_vulkan(self, layer: Layer) -> bool:
+        cls = VULKAN_LAYERS.get(layer.type)
+        usable = getattr(cls, "usable", None)
+        return cls is not None and (usable is None or bool(usable(
+            self.ctx.caps, layer, [self.blob_shapes[b] for b in layer.inputs])))
+
     def _compile(self, graph: Graph) -> None:
         layers = graph.layers
-        k = _split_tail(layers)
+        k = _split_tail(layers, self._on_vulkan)
         body, tail_layers = layers[:k], layers[k:]
         problems: list[str] = []
-        missing = [lay for lay in body if lay.type != "Input" and lay.type not in VULKAN_LAYERS]
+        missing = [lay for lay in body if lay.type != "Input" and not self._on_vulkan(lay)]
         if missing:
             types = sorted({lay.type for lay in missing})
             problems.append("no Vulkan implementation for: " + "; ".join(
@@ -248,8 +266,8 @@ class Plan:
             if layer.type == "Input":
                 vlayers.append((layer, None))
                 continue
-            if layer.type not in VULKAN_LAYERS:
-                continue  # named in `missing`
+            if any(layer is lay for lay in missing):
+                continue  # named above
             try:
                 vl = VULKAN_LAYERS[layer.type](
                     layer, [self.blob_shapes[b] for b in layer.inputs],
@@ -258,7 +276,14 @@ class Plan:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
             vlayers.append((layer, vl))
-        produced_body = {b for lay in body for b in lay.outputs}
+        self.finishers = [(i, layer, vl) for i, (layer, vl) in enumerate(vlayers)
+                          if _host_finished(vl)]
+        finished = {b for _, lay, _ in self.finishers for b in lay.outputs}
+        for lay in body:
+            if set(lay.inputs) & finished:
+                problems.append(f"{lay.name} ({lay.type}, line {lay.line}) reads a host-side "
+                                f"output ({', '.join(sorted(set(lay.inputs) & finished))})")
+        produced_body = {b for lay in body for b in lay.outputs} - finished
         self.tail = _CpuTail(tail_layers, self.blob_shapes, problems) if tail_layers else None
         needed = [n for n in self.output_names if n in produced_body]
         if tail_layers:
@@ -333,7 +358,7 @@ class Plan:
                     self._storage_of[b] = sid
                     self._storages[sid].blobs.append(b)
                 continue
-            for j, b in enumerate(layer.outputs):
+            for j, b in enumerate(() if _host_finished(vl) else layer.outputs):
                 nbytes = self._padded_bytes(self.blob_shapes[b])
                 sid = inplace_source(layer, vl, b, step) if j == 0 else None
                 if sid is None:
@@ -347,6 +372,9 @@ class Plan:
                                                       max(1, -(-count // 4)) * 4 * self.elem, step)
         for b in readback:
             self._storages[self._storage_of[b]].end = final + 1
+        for i, _, vl in self.finishers:
+            for key in vl.host_readback():  # type: ignore[attr-defined]
+                self._storages[self._scratch[(i, key)]].end = final + 1
         offsets, total = plan_offsets([Interval(s.nbytes, s.start, s.end) for s in self._storages],
                                       self.alignment)
         for st, off in zip(self._storages, offsets):
@@ -387,6 +415,15 @@ class Plan:
                 nbytes = math.prod(shape) * elem
                 out.append(_Transfer(b, shape, self._storages[self._storage_of[b]].offset,
                                      offset, nbytes))
+                offset = align_up(offset + nbytes, STAGING_ALIGN)
+        self.copy_raw: list[tuple[int, _Transfer]] = []  # (index in finishers, scratch bytes)
+        for f, (i, _, vl) in enumerate(self.finishers):
+            for key, nbytes in vl.host_readback().items():  # type: ignore[attr-defined]
+                st = self._storages[self._scratch[(i, key)]]
+                if nbytes > st.nbytes:
+                    raise PlanError(f"{vl.layer.name}: reads back {nbytes} bytes of scratch "
+                                    f"{key!r}, which has {st.nbytes}")
+                self.copy_raw.append((f, _Transfer(key, (nbytes,), st.offset, offset, nbytes)))
                 offset = align_up(offset + nbytes, STAGING_ALIGN)
         self.staging_bytes = max(offset, STAGING_ALIGN)
 
@@ -550,7 +587,8 @@ class Plan:
                 "barriers": self.barrier_count, "arena_bytes": self.arena_bytes,
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
-                "cpu_tail": [layer.name for _, layer in self.tail.steps] if self.tail else []}
+                "cpu_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],
+                "host_finish": [layer.name for _, layer, _ in self.finishers]}
 
 
 def _overlaps(spans: list[tuple[int, int]], others: list[tuple[int, int]]) -> bool:
@@ -600,6 +638,9 @@ class PlanInstance:
         self._outputs = [(t.blob, self.staging.array(dtype, math.prod(t.shape),
                                                      t.staging_offset).reshape(t.shape))
                          for t in plan.copy_out]
+        self._finish_views: list[dict[str, np.ndarray]] = [{} for _ in plan.finishers]
+        for f, t in plan.copy_raw:
+            self._finish_views[f][t.blob] = self.staging.array(np.uint8, t.nbytes, t.staging_offset)
 
     def _write_sets(self) -> None:
         plan = self.plan
@@ -647,11 +688,12 @@ class PlanInstance:
             vk.vkCmdDispatch(cmd, *step.groups)
             if self.profiler:
                 self.profiler.record_step(cmd, k)
-        if plan.copy_out:
+        copies = [*plan.copy_out, *(t for _, t in plan.copy_raw)]
+        if copies:
             barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
                     transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
             regions = [vk.VkBufferCopy(srcOffset=t.arena_offset, dstOffset=t.staging_offset,
-                                       size=t.nbytes) for t in plan.copy_out]
+                                       size=t.nbytes) for t in copies]
             vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
             barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
                     vk.VK_ACCESS_HOST_READ_BIT)
@@ -700,6 +742,8 @@ class PlanInstance:
         if not staging.coherent:
             staging.invalidate()
         out = {name: view.astype(np.float32) for name, view in self._outputs}
+        for (_, layer, vl), views in zip(self.plan.finishers, self._finish_views):
+            out.update(zip(layer.outputs, vl.finish_on_host(views)))  # type: ignore[attr-defined]
         tail = self.plan.tail
         if tail is not None:
             tail.run(out)
