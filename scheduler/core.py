@@ -175,6 +175,8 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     try:
         executors = load_executors(handle, graph, spec, instances)
         compiled = handle.glsl_compiles() > compiles
+        if compiled:
+            handle.save_pipeline_cache()  # a crash later still finds this load's pipelines
         for executor in executors:
             for _ in range(warmup):
                 timings.append(_run_blocking(handle, executor, inputs)[1])

@@ -98,6 +98,12 @@ class DeviceHandle:
         device = self.opened_vulkan_device()
         return None if device is None else device.pipelines.stats.as_dict()
 
+    def save_pipeline_cache(self) -> bool:
+        """Persist the device's pipeline cache if it changed (after a model load; the file
+        write is atomic and only the writer process writes). False on the CPU."""
+        device = self.opened_vulkan_device()
+        return False if device is None else bool(device.pipelines.save())
+
     def memory_stats(self) -> dict[str, int] | None:
         """Bytes of the device's memory pool: ``in_use_bytes`` (held by loaded models and
         running jobs), ``pooled_bytes`` (idle, kept for reuse), ``budget_bytes``; None before

@@ -549,3 +549,20 @@ async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -
         await until(sched, lambda: sched.status()["in_flight"] == 0)
         assert sched.status()["queue_depth"] == 0
         assert sum(d["completed"] for d in sched.status()["devices"]) == codes.count("OK")
+
+
+async def test_a_cold_model_load_saves_the_pipeline_cache(tmp_path: Path) -> None:
+    from cache.cache_file import inspect_cache_file
+
+    write_model(tmp_path, config='precision = "fp32"\n')
+    cache_dir = tmp_path / "pipeline-cache"
+    handles = discover_handles(use_vulkan=True, cache_dir=cache_dir)
+    assert any(not h.is_cpu for h in handles), "lavapipe expected"
+    async with serving(handles, tmp_path) as sched:
+        assert sched.models()[0]["state"] == "ready"
+        # saved after the load, while the daemon still runs (not only at shutdown)
+        files = list(cache_dir.glob("vkserve-*.cache"))
+        assert len(files) == 1
+        info = inspect_cache_file(files[0].read_bytes())
+        assert info["valid"], info["reason"]
+        assert len(info["entries"]) >= 2  # the model's shaders (conv, innerproduct, ...)
