@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from devices.cpu.arena import Interval, Scratch, plan_offsets
-from devices.cpu.bf16 import from_bf16, to_bf16, widen_into
+from devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
 from devices.cpu.kernels import REGISTRY, Kernel, Shape, UnsupportedError
 
 BYTES_PER_ELEMENT = 2
@@ -33,12 +33,23 @@ class PlanError(ValueError):
     """The graph cannot be compiled for the CPU engine (all offending layers named at once)."""
 
 
+#: activation layers that can run on their producer's fp32 result before its single store
+FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoid", "HardSwish"})
+#: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
+#: slot or a new array, never a slot those activations use, never a view of an input)
+FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp"})
+
+
 @dataclass
 class _Step:
     kernel: Kernel
     name: str
     inputs: list[str]
     outputs: list[str]
+    #: activation kernels fused into this step: applied in order to its fp32 result
+    post: list[Kernel] = field(default_factory=list)
+    #: names of the layers fused in (for reports)
+    fused: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +67,7 @@ class Plan:
         graph: Any,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         outputs: Sequence[str] | None = None,
+        fuse: bool = True,
     ) -> None:
         self.input_names: list[str] = list(graph.input_names)
         self.output_names: list[str] = list(outputs) if outputs is not None else list(graph.output_names)
@@ -64,7 +76,9 @@ class Plan:
         self._steps: list[_Step] = []
         self.scratch = Scratch()
         self._compile(graph, given)
+        self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
         self._lay_out()
+        self._prepare()
         self._lock = threading.Lock()
 
     # -- compile ---------------------------------------------------------------------------
@@ -111,16 +125,56 @@ class Plan:
         if problems:
             raise PlanError("cannot run on the CPU engine:\n  " + "\n  ".join(problems))
 
+    def _fuse_activations(self) -> list[tuple[str, str]]:
+        """Fold an activation layer into the step producing its input, when that blob is read by
+        nothing else and is not a requested output: the activation then runs on the producer's
+        fp32 result before the one bf16 store (one store, one widen and one pass fewer; the
+        result differs from running them apart only by the bf16 rounding of the blob between).
+        Returns (producer, activation) layer names."""
+        readers: dict[str, int] = {}
+        for step in self._steps:
+            for b in step.inputs:
+                readers[b] = readers.get(b, 0) + 1
+        producer: dict[str, _Step] = {}
+        for step in self._steps:
+            for b in step.outputs:
+                producer[b] = step
+        keep: list[_Step] = []
+        fused: list[tuple[str, str]] = []
+        protected = set(self.output_names) | self._dynamic
+        for step in self._steps:
+            k = step.kernel
+            if k.layer.type in FUSABLE_ACTIVATIONS and len(step.inputs) == 1 and len(step.outputs) == 1:
+                blob = step.inputs[0]
+                src = producer.get(blob)
+                if (
+                    src is not None and not src.post and len(src.outputs) == 1
+                    and src.kernel.layer.type in FUSABLE_PRODUCERS and not src.kernel.alias
+                    and readers.get(blob) == 1 and blob not in protected
+                    and step.outputs[0] not in self._dynamic
+                ):
+                    src.post.append(k)
+                    src.fused.append(step.name)
+                    src.outputs = list(step.outputs)
+                    producer[step.outputs[0]] = src
+                    fused.append((src.name, step.name))
+                    continue
+            keep.append(step)
+        self._steps = keep
+        return fused
+
     def _lay_out(self) -> None:
         """Group aliasing blobs into storages, give each a lifetime and pack them into the arena."""
         self._storage_of: dict[str, int] = {}
         storages: list[_Storage] = []
         end_of_run = len(self._steps)
         for step_index, step in enumerate(self._steps):
+            # a bf16-native step reads its inputs while it writes its outputs: no sharing
+            last = step_index + 1 if self._native(step) else step_index
             for blob in step.inputs:
                 sid = self._storage_of.get(blob)
                 if sid is not None:
-                    storages[sid].end = max(storages[sid].end, step_index)
+                    storages[sid].end = max(storages[sid].end, last)
             for i, blob in enumerate(step.outputs):
                 if blob in self._dynamic:
                     continue
@@ -148,6 +202,41 @@ class Plan:
             n = int(np.prod(self.blob_shapes[blob]))
             self._views[blob] = self._arena[start : start + n].reshape(self.blob_shapes[blob])
 
+    def _native(self, step: _Step) -> bool:
+        return (
+            step.kernel.bf16_native and not step.post
+            and not any(b in self._dynamic for b in step.inputs + step.outputs)
+        )
+
+    def _prepare(self) -> None:
+        """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post).
+
+        kind: 0 alias (nothing to do unless data-dependent), 1 bf16-native (views in, uint16
+        out), 2 raw inputs (bf16 views in, fp32 out), 3 widened inputs (fp32 in, fp32 out).
+        Inputs are arena views, or a name for data-dependent (fp32, by name) blobs; outputs
+        are (view or name, exact store)."""
+        self._program: list[tuple[int, Kernel, list[Any], list[Any], list[Kernel], str]] = []
+        for step in self._steps:
+            k = step.kernel
+            ins: list[Any] = [b if b in self._dynamic else self._views[b] for b in step.inputs]
+            outs: list[Any] = []
+            for i, b in enumerate(step.outputs):
+                if b in self._dynamic:
+                    outs.append((b, False))
+                else:
+                    outs.append((self._views.get(b), bool(k.exact_store) and not step.post))
+            if k.alias:
+                kind = 0
+                ins = list(step.inputs)
+                outs = [(b, b in self._dynamic) for b in step.outputs]
+            elif self._native(step):
+                kind = 1
+            elif k.raw_inputs:
+                kind = 2
+            else:
+                kind = 3
+            self._program.append((kind, k, ins, outs, list(step.post), step.name))
+
     # -- run -------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -163,34 +252,43 @@ class Plan:
                     raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
                 to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
             dynamic: dict[str, np.ndarray] = {}
-            scratch = self.scratch
-            views = self._views
-            for step in self._steps:
-                kernel = step.kernel
-                if kernel.alias:
+            scratch_get = self.scratch.get
+            for kind, kernel, ins, outs, post, name in self._program:
+                if kind == 0:
                     # no compute; only data-dependent blobs need passing along by name
-                    for i, blob in enumerate(step.outputs):
-                        if blob in self._dynamic:
-                            dynamic[blob] = dynamic[step.inputs[kernel.source(i)]]
+                    for i, (blob, dyn) in enumerate(outs):
+                        if dyn:
+                            dynamic[blob] = dynamic[ins[kernel.source(i)]]
                     continue
-                if kernel.raw_inputs:
-                    xs = [dynamic[b] if b in dynamic else views[b] for b in step.inputs]
-                    ys = kernel.forward_bf16(xs)
-                else:
-                    xs = [
-                        dynamic[b] if b in dynamic
-                        else widen_into(views[b], scratch.get(f"in{i}", views[b].shape))
-                        for i, b in enumerate(step.inputs)
-                    ]
-                    ys = kernel.forward(xs)
-                for blob, y in zip(step.outputs, ys):
-                    if blob in self._dynamic:
-                        dynamic[blob] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
+                if kind == 1:
+                    into = getattr(kernel, "forward_into", None)
+                    if into is not None:
+                        into(ins, [view for view, _ in outs])
                         continue
-                    view = views[blob]
+                    ys = kernel.forward(ins)
+                    for (view, _), y in zip(outs, ys):
+                        np.copyto(view, y)
+                    continue
+                if kind == 2:
+                    ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])
+                else:
+                    ys = kernel.forward([
+                        dynamic[x] if isinstance(x, str)
+                        else widen_into(x, scratch_get(f"in{i}", x.shape))
+                        for i, x in enumerate(ins)
+                    ])
+                for act in post:
+                    ys = act.forward(ys)
+                for (view, exact), y in zip(outs, ys):
+                    if isinstance(view, str):
+                        dynamic[view] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
+                        continue
                     if y.shape != view.shape:
-                        raise RuntimeError(f"{step.name}: produced {y.shape}, planned {view.shape}")
-                    to_bf16(y, out=view, scratch=scratch.get("narrow", y.size, np.uint32))
+                        raise RuntimeError(f"{name}: produced {y.shape}, planned {view.shape}")
+                    if exact:
+                        narrow_exact_into(y, view)
+                    else:
+                        to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))
             return {
                 name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
                 for name in self.output_names

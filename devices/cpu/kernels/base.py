@@ -30,6 +30,12 @@ class Kernel:
     #: the executor calls ``forward_bf16`` with the bf16 (uint16) arena views of the inputs
     #: (read-only) instead of widening them into fp32 for ``forward``
     raw_inputs: ClassVar[bool] = False
+    #: ``forward`` only moves values (any dtype in, the same dtype out): the executor hands it
+    #: the bf16 arena views and copies its uint16 results, with no widening or narrowing
+    bf16_native: bool = False
+    #: every fp32 result is a bf16 value already (maxima, ReLU, copies): the executor stores
+    #: the high halves instead of rounding (an exact shortcut, same bits)
+    exact_store: bool = False
     #: the Plan's reusable work buffers (None when a kernel runs outside a Plan)
     scratch: Any = None
 

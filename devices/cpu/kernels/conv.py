@@ -18,6 +18,7 @@ from devices.cpu.kernels.base import (
     register,
 )
 from devices.cpu.bf16 import widen_into
+from devices.cpu.threads import run_chunks, split
 
 
 def cdiv(a: int, b: int) -> int:
@@ -316,14 +317,30 @@ class Convolution(Kernel):
         elif cg == 1:
             # depthwise: per channel a (1 x taps) @ (taps x pixels) product over that channel's
             # im2col, batched over channels (chunks of channels bound the column buffer)
+            # The channels are split over the engine's threads (numpy and BLAS release the GIL;
+            # each thread has its own column buffer) and each thread adds the bias and applies
+            # the activation to its channels while they are in cache.
             per = max(1, COLS_BUDGET // max(1, taps * oh * ow))
             wt = weight.reshape(oc, 1, taps)
             y3 = y.reshape(oc, 1, oh * ow)
-            for c0 in range(0, oc, per):
-                c1 = min(oc, c0 + per)
-                cols = self.buf("cols", (c1 - c0, kh, kw, oh, ow))
-                im2col(xp[c0:c1], kh, kw, dh, dw, sh, sw, oh, ow, out=cols)
-                np.matmul(wt[c0:c1], cols.reshape(c1 - c0, taps, oh * ow), out=y3[c0:c1])
+            pieces = split(oc, oc * taps * oh * ow)
+            bufs = [self.buf(f"cols{i}", (min(per, hi - lo), kh, kw, oh, ow)) for i, (lo, hi) in enumerate(pieces)]
+
+            def channels(i: int, lo: int, hi: int) -> None:
+                for c0 in range(lo, hi, per):
+                    c1 = min(hi, c0 + per)
+                    cols = bufs[i][: c1 - c0]
+                    im2col(xp[c0:c1], kh, kw, dh, dw, sh, sw, oh, ow, out=cols)
+                    np.matmul(wt[c0:c1], cols.reshape(c1 - c0, taps, oh * ow), out=y3[c0:c1])
+                part = y[lo:hi]
+                if self.bias is not None:
+                    part += self.bias[lo:hi, None, None]
+                act = activate(part, p.activation_type, p.activation_params)
+                if act is not part:
+                    part[...] = act
+
+            run_chunks(channels, pieces)
+            return [y]
         elif taps == 1 and sh == 1 and sw == 1:
             # 1x1 stride 1: the (padded) input is already the GEMM's right-hand side
             np.matmul(weight.reshape(g, og, cg), xp.reshape(g, cg, oh * ow), out=y.reshape(g, og, oh * ow))

@@ -21,6 +21,10 @@ class Unary(Kernel):
 
 @register("ReLU")
 class ReLU(Unary):
+    @property
+    def exact_store(self) -> bool:  # type: ignore[override]
+        return self.p.slope == 0.0
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x, slope = xs[0], self.p.slope
         if slope == 0.0:
@@ -80,19 +84,20 @@ class Dropout(Unary):
         return [xs[0] if scale == 1.0 else xs[0] * np.float32(scale)]
 
 
+#: op_type -> (ufunc, operands swapped)
 _BINARY = {
-    0: np.add,
-    1: np.subtract,
-    2: np.multiply,
-    3: np.divide,
-    4: np.maximum,
-    5: np.minimum,
-    6: np.power,
-    7: lambda a, b: np.subtract(b, a),
-    8: lambda a, b: np.divide(b, a),
-    9: lambda a, b: np.power(b, a),
-    10: np.arctan2,
-    11: lambda a, b: np.arctan2(b, a),
+    0: (np.add, False),
+    1: (np.subtract, False),
+    2: (np.multiply, False),
+    3: (np.divide, False),
+    4: (np.maximum, False),
+    5: (np.minimum, False),
+    6: (np.power, False),
+    7: (np.subtract, True),
+    8: (np.divide, True),
+    9: (np.power, True),
+    10: (np.arctan2, False),
+    11: (np.arctan2, True),
 }
 
 
@@ -135,12 +140,16 @@ class BinaryOp(Kernel):
         return [tuple(int(v) for v in out)]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        """One ufunc pass into this step's "out" scratch buffer (no per-run allocation)."""
+        ufunc, swap = self.op
+        y = self.buf("out", self.out_shapes[0])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if self.p.with_scalar:
-                return [self.op(xs[0], np.float32(self.p.b)).astype(np.float32, copy=False)]
-            a = xs[0].reshape(self.a_shape)
-            b = xs[1].reshape(self.b_shape)
-            return [self.op(a, b).astype(np.float32, copy=False)]
+                a, b = xs[0], np.float32(self.p.b)
+            else:
+                a, b = xs[0].reshape(self.a_shape), xs[1].reshape(self.b_shape)
+            ufunc(*((b, a) if swap else (a, b)), out=y)
+        return [y]
 
 
 @register("Eltwise")
@@ -154,14 +163,18 @@ class Eltwise(Kernel):
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
-        y = xs[0].copy()
+        y = self.buf("out", self.out_shapes[0])
         if op == 1 and coeffs:
-            y *= np.float32(coeffs[0])
+            np.multiply(xs[0], np.float32(coeffs[0]), out=y)
             for x, k in zip(xs[1:], coeffs[1:]):
                 y += np.float32(k) * x
             return [y]
         ufunc = {0: np.multiply, 1: np.add, 2: np.maximum}[op]
-        for x in xs[1:]:
+        if len(xs) == 1:
+            np.copyto(y, xs[0])
+            return [y]
+        ufunc(xs[0], xs[1], out=y)
+        for x in xs[2:]:
             ufunc(y, x, out=y)
         return [y]
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from devices.cpu.kernels.base import Kernel, Shape, UnsupportedError, register
-from devices.cpu.kernels.conv import border, cdiv
+from devices.cpu.kernels.conv import border, cdiv, fill_border
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def pool_windows(
-    xp: np.ndarray, kh: int, kw: int, sh: int, sw: int, oh: int, ow: int, is_max: bool
+    xp: np.ndarray, kh: int, kw: int, sh: int, sw: int, oh: int, ow: int, is_max: bool,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max or sum over each window; a loop over kernel taps, vectorised over channels/pixels."""
     acc: np.ndarray | None = None
@@ -26,7 +27,11 @@ def pool_windows(
         for kx in range(kw):
             win = xp[..., ky : ky + sh * (oh - 1) + 1 : sh, kx : kx + sw * (ow - 1) + 1 : sw]
             if acc is None:
-                acc = win.astype(np.float32, copy=True)
+                if out is None:
+                    acc = win.astype(np.float32, copy=True)
+                else:
+                    acc = out
+                    np.copyto(acc, win)
             elif is_max:
                 np.maximum(acc, win, out=acc)
             else:
@@ -46,6 +51,7 @@ class Pooling(Kernel):
             raise UnsupportedError(f"input of {len(shape)} dims (need c,h,w)")
         c, h, w = shape
         if p.global_pooling:
+            self.exact_store = p.pooling_type == 0
             return [(c,)]
         if p.adaptive_pooling:
             raise UnsupportedError("adaptive_pooling (used by no shipped model)")
@@ -78,6 +84,12 @@ class Pooling(Kernel):
         oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
         if oh <= 0 or ow <= 0:
             raise UnsupportedError(f"empty output for input {shape}")
+        # a maximum of bf16 values is one, unless a window lies wholly in the -FLT_MAX border
+        # (never when every border is narrower than the window and windows do not skip rows)
+        self.exact_store = (
+            p.pooling_type == 0 and max(pads[0], pads[1]) < kh and max(pads[2], pads[3]) < kw
+            and sh <= kh and sw <= kw
+        )
         self.divisor: np.ndarray | None = None
         if p.pooling_type == 1 and not p.avgpool_count_include_pad:
             # count the window cells inside [declared pads, size - declared pads - tail)
@@ -93,9 +105,20 @@ class Pooling(Kernel):
         if p.global_pooling:
             flat = x.reshape(x.shape[0], -1)
             return [flat.max(axis=1) if is_max else flat.mean(axis=1, dtype=np.float32)]
-        _, oh, ow = self.out_shapes[0]
-        xp = border(x, *self.pads, -FLT_MAX if is_max else 0.0)
-        y = pool_windows(xp, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, oh, ow, is_max)
+        c, oh, ow = self.out_shapes[0]
+        t, b, l, r = self.pads
+        if min(t, b, l, r) < 0:
+            xp = border(x, t, b, l, r, -FLT_MAX if is_max else 0.0)  # negative pads crop
+        elif t or b or l or r:
+            # the padded input in a reusable scratch buffer (no per-run allocation)
+            h, w = x.shape[1:]
+            xp = self.buf("pad", (c, h + t + b, w + l + r))
+            np.copyto(xp[:, t : t + h, l : l + w], x)
+            fill_border(xp, t, b, l, r, -FLT_MAX if is_max else 0.0)
+        else:
+            xp = x
+        y = pool_windows(xp, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, oh, ow, is_max,
+                         out=self.buf("out", (c, oh, ow)))
         if not is_max:
             if self.divisor is not None:
                 y /= self.divisor

@@ -92,6 +92,8 @@ class Flatten(Alias):
 
 @register("Concat")
 class Concat(Kernel):
+    bf16_native = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         ndim = len(in_shapes[0])
         axis = self.p.axis + ndim if self.p.axis < 0 else self.p.axis
@@ -108,9 +110,14 @@ class Concat(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [np.concatenate(xs, axis=self.axis)]
 
+    def forward_into(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        np.concatenate(xs, axis=self.axis, out=outs[0])
+
 
 @register("Slice")
 class Slice(Kernel):
+    bf16_native = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
         shape = in_shapes[0]
@@ -156,6 +163,8 @@ _PERMUTE = {
 
 @register("Permute")
 class Permute(Kernel):
+    bf16_native = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         shape = in_shapes[0]
         if len(shape) == 1:
@@ -173,6 +182,8 @@ class Permute(Kernel):
 
 @register("ShuffleChannel")
 class ShuffleChannel(Kernel):
+    bf16_native = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         shape = in_shapes[0]
         if len(shape) != 3 or shape[0] % self.p.group:
@@ -186,10 +197,18 @@ class ShuffleChannel(Kernel):
         x = xs[0].reshape(self.groups, c // self.groups, h, w)
         return [np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(c, h, w)]
 
+    def forward_into(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        c, h, w = xs[0].shape
+        x = xs[0].reshape(self.groups, c // self.groups, h, w)
+        np.copyto(outs[0].reshape(c // self.groups, self.groups, h, w), x.transpose(1, 0, 2, 3))
+
 
 @register("Crop")
 class Crop(Kernel):
     """Three forms: numpy-style starts/ends/axes; offsets + out sizes; a reference blob."""
+
+    bf16_native = True
+
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
@@ -313,6 +332,7 @@ class Interp(Kernel):
         if oh <= 0 or ow <= 0:
             raise UnsupportedError(f"empty output for input {shape}")
         if p.resize_type == 1:
+            self.bf16_native = True  # nearest: a gather, any dtype
             explicit = p.dynamic_target_size or p.output_height
             hs = np.float32(h) / np.float32(oh) if explicit else np.float32(1.0) / np.float32(p.height_scale)
             ws = np.float32(w) / np.float32(ow) if explicit else np.float32(1.0) / np.float32(p.width_scale)
