@@ -8,7 +8,6 @@ from devices.cpu.kernels.base import (
     Kernel,
     Shape,
     UnsupportedError,
-    hardswish,
     leaky_relu,
     register,
 )
@@ -67,14 +66,25 @@ class Swish(Unary):
 @register("HardSigmoid")
 class HardSigmoid(Unary):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        y = xs[0] * np.float32(self.p.alpha) + np.float32(self.p.beta)
-        return [np.clip(y, 0.0, 1.0, out=y)]
+        return [hard_sigmoid_into(xs[0], self.p.alpha, self.p.beta, self.buf("tmp", xs[0].shape))]
+
+
+def hard_sigmoid_into(x: np.ndarray, alpha: float, beta: float, out: np.ndarray) -> np.ndarray:
+    """clip(x * alpha + beta, 0, 1) into ``out`` (in place, no temporaries)."""
+    np.multiply(x, np.float32(alpha), out=out)
+    np.add(out, np.float32(beta), out=out)
+    np.maximum(out, np.float32(0.0), out=out)
+    return np.minimum(out, np.float32(1.0), out=out)
 
 
 @register("HardSwish")
 class HardSwish(Unary):
+    """x * clip(x * alpha + beta, 0, 1), in a scratch buffer (no per-run allocation)."""
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        return [hardswish(xs[0], self.p.alpha, self.p.beta)]
+        x = xs[0]
+        t = hard_sigmoid_into(x, self.p.alpha, self.p.beta, self.buf("tmp", x.shape))
+        return [np.multiply(x, t, out=t)]
 
 
 @register("Dropout")
