@@ -324,7 +324,7 @@ class Convolution(Kernel):
             wt = weight.reshape(oc, 1, taps)
             y3 = y.reshape(oc, 1, oh * ow)
             pieces = split(oc, oc * taps * oh * ow)
-            bufs = [self.buf(f"cols{i}", (min(per, hi - lo), kh, kw, oh, ow)) for i, (lo, hi) in enumerate(pieces)]
+            bufs = [self.buf("cols" if i == 0 else f"cols{i}", (min(per, hi - lo), kh, kw, oh, ow)) for i, (lo, hi) in enumerate(pieces)]
 
             def channels(i: int, lo: int, hi: int) -> None:
                 for c0 in range(lo, hi, per):
