@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import devices.cpu.threads as threads
+from devices.cpu import threads
 from devices.cpu.bf16 import narrow_exact_into, round_bf16, to_bf16
 from devices.cpu.executor import Plan
 from models.graph import load_model

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from devices.cpu.bf16 import widen_into
 from devices.cpu.kernels.base import (
     Kernel,
     Shape,
@@ -17,7 +18,6 @@ from devices.cpu.kernels.base import (
     check_activation,
     register,
 )
-from devices.cpu.bf16 import widen_into
 from devices.cpu.threads import run_chunks, split
 
 
