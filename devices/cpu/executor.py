@@ -169,12 +169,10 @@ class Plan:
         storages: list[_Storage] = []
         end_of_run = len(self._steps)
         for step_index, step in enumerate(self._steps):
-            # a bf16-native step reads its inputs while it writes its outputs: no sharing
-            last = step_index + 1 if self._native(step) else step_index
             for blob in step.inputs:
                 sid = self._storage_of.get(blob)
                 if sid is not None:
-                    storages[sid].end = max(storages[sid].end, last)
+                    storages[sid].end = max(storages[sid].end, step_index)
             for i, blob in enumerate(step.outputs):
                 if blob in self._dynamic:
                     continue
@@ -216,6 +214,11 @@ class Plan:
         Inputs are arena views, or a name for data-dependent (fp32, by name) blobs; outputs
         are (view or name, exact store)."""
         self._program: list[tuple[int, Kernel, list[Any], list[Any], list[Kernel], str]] = []
+        #: bf16-native steps with several inputs or outputs whose bytes overlap in the arena
+        #: (a blob last read by a step may share bytes with its outputs): their inputs are
+        #: copied first, since an early write could clobber a later read. One copy from one
+        #: input to one output needs nothing: numpy's copyto detects overlap and buffers.
+        self._copy_inputs: set[int] = set()
         for step in self._steps:
             k = step.kernel
             ins: list[Any] = [b if b in self._dynamic else self._views[b] for b in step.inputs]
@@ -231,6 +234,10 @@ class Plan:
                 outs = [(b, b in self._dynamic) for b in step.outputs]
             elif self._native(step):
                 kind = 1
+                if (len(ins) > 1 or len(outs) > 1) and any(
+                    np.may_share_memory(o, x) for o, _ in outs for x in ins
+                ):
+                    self._copy_inputs.add(len(self._program))
             elif k.raw_inputs:
                 kind = 2
             else:
@@ -253,7 +260,8 @@ class Plan:
                 to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
             dynamic: dict[str, np.ndarray] = {}
             scratch_get = self.scratch.get
-            for kind, kernel, ins, outs, post, name in self._program:
+            copy_inputs = self._copy_inputs
+            for index, (kind, kernel, ins, outs, post, name) in enumerate(self._program):
                 if kind == 0:
                     # no compute; only data-dependent blobs need passing along by name
                     for i, (blob, dyn) in enumerate(outs):
@@ -261,6 +269,8 @@ class Plan:
                             dynamic[blob] = dynamic[ins[kernel.source(i)]]
                     continue
                 if kind == 1:
+                    if index in copy_inputs:
+                        ins = [x.copy() for x in ins]
                     into = getattr(kernel, "forward_into", None)
                     if into is not None:
                         into(ins, [view for view, _ in outs])
