@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
 
 from .framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
-from .messages import Request, Response, parse_response
+from .messages import InferRequest, Request, Response, parse_response
 
 __all__ = ["DEADLINE_GRACE", "ClientConnection", "answer_wait_budget"]
 
@@ -45,6 +49,15 @@ class ClientConnection:
     def next_id(self) -> int:
         """A fresh request id (>= 1). Safe to call from several threads (``count`` is atomic)."""
         return next(self._ids)
+
+    def infer_request(self, model: str, inputs: Mapping[str, npt.ArrayLike], *,
+                      priority: int, deadline: float | None, timeout: float | None,
+                      outputs: list[str] | None) -> InferRequest:
+        """An infer request with a fresh id (the same for the sync and the trio client)."""
+        return InferRequest(self.next_id(), model,
+                            {name: np.asarray(value) for name, value in inputs.items()},
+                            priority=priority, deadline=deadline, timeout=timeout,
+                            outputs=outputs)
 
     def encode(self, request: Request) -> bytes:
         return encode_frame(request.to_message(), self.max_frame_size)

@@ -22,7 +22,6 @@ from .messages import (
     CONNECTION_ERROR_ID,
     AuthRequest,
     CancelRequest,
-    InferRequest,
     ListModelsRequest,
     LoadModelRequest,
     PingRequest,
@@ -115,15 +114,8 @@ class Client:
         then (plus :data:`client.connection.DEADLINE_GRACE`) the request is cancelled and
         DeadlineExceeded is raised.
         """
-        request = InferRequest(
-            self._conn.next_id(),
-            model,
-            {name: np.asarray(value) for name, value in inputs.items()},
-            priority=priority,
-            deadline=deadline,
-            timeout=timeout,
-            outputs=outputs,
-        )
+        request = self._conn.infer_request(model, inputs, priority=priority, deadline=deadline,
+                                           timeout=timeout, outputs=outputs)
         return decode_infer_result(self._call(request, answer_wait_budget(deadline, timeout)))
 
     def models(self) -> list[dict[str, Any]]:

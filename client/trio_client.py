@@ -22,7 +22,6 @@ from .messages import (
     AuthRequest,
     CancelRequest,
     InferReply,
-    InferRequest,
     ListModelsRequest,
     LoadModelRequest,
     PingRequest,
@@ -143,15 +142,8 @@ class TrioClient:
         outputs: list[str] | None = None,
     ) -> InferReply:
         """Like :meth:`infer`, with the server's device and queue/run timings."""
-        request = InferRequest(
-            self._conn.next_id(),
-            model,
-            {name: np.asarray(value) for name, value in inputs.items()},
-            priority=priority,
-            deadline=deadline,
-            timeout=timeout,
-            outputs=outputs,
-        )
+        request = self._conn.infer_request(model, inputs, priority=priority, deadline=deadline,
+                                           timeout=timeout, outputs=outputs)
         budget = answer_wait_budget(deadline, timeout)
         return decode_infer_reply(await self._call(request, math.inf if budget is None else budget))
 
