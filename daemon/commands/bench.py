@@ -14,7 +14,8 @@ import trio
 from client import Client, TrioClient
 from client.loadgen import BenchSettings, LevelResult, Window, sweep
 from daemon.commands._client import add_address_arguments, run_client_command
-from daemon.commands.infer import UsageError, load_inputs, random_inputs
+from daemon.commands._inputs import UsageError, load_inputs
+from daemon.commands.infer import random_inputs
 
 NAME = "bench"
 HELP = "load generator: concurrency sweep or fixed rate against a running daemon"

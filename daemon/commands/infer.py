@@ -12,16 +12,13 @@ import numpy as np
 
 from client import Client
 from daemon.commands._client import add_address_arguments, run_client_command
+from daemon.commands._inputs import UsageError, load_inputs
 
 NAME = "infer"
 HELP = "run a model on the daemon: print output shapes (and the class of a score vector)"
 
 #: Outputs up to this many elements have their values in --json.
 JSON_VALUES_MAX = 4096
-
-
-class UsageError(ValueError):
-    pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,19 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help=f"print one JSON object (values of outputs up to {JSON_VALUES_MAX} elements)")
     add_address_arguments(parser)
-
-
-def load_inputs(items: list[str]) -> dict[str, np.ndarray]:
-    arrays: dict[str, np.ndarray] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise UsageError(f"--input {item!r}: expected NAME=file.npy")
-        try:
-            arrays[name] = np.load(path, allow_pickle=False).astype(np.float32)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--input {item!r}: {exc}") from None
-    return arrays
 
 
 def model_input_shapes(model: dict[str, Any]) -> dict[str, list[int] | None]:

@@ -8,7 +8,8 @@ import json
 import sys
 from collections import defaultdict
 
-from daemon.commands.run import UsageError, add_common_arguments, prepare
+from daemon.commands._inputs import UsageError
+from daemon.commands.run import add_common_arguments, prepare
 from devices.vulkan.engine import DeviceNotFound, load_plan
 from devices.vulkan.engine.plan import PlanError
 from devices.vulkan.engine.profile import profile_plan

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from daemon.commands._inputs import UsageError, load_inputs
 from devices.cpu.executor import Plan, PlanError
 from devices.cpu.reference import random_inputs
 from devices.vulkan.engine import DeviceNotFound, load_plan
@@ -27,10 +28,6 @@ from models.graph import Graph, load_model
 
 NAME = "run"
 HELP = "run a model on one device outside the daemon; print outputs, latency and arena size"
-
-
-class UsageError(Exception):
-    """Bad command-line input (reported as one line, exit status 2)."""
 
 
 @dataclass
@@ -80,17 +77,6 @@ def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         except ValueError:
             raise UsageError(f"--shape {item!r}: dims must be integers like 3,224,224") from None
     return shapes
-
-
-def load_inputs(items: list[str]) -> dict[str, np.ndarray]:
-    arrays = {}
-    for item in items:
-        name, path = _name_value(item, "--input")
-        try:
-            arrays[name] = np.load(path, allow_pickle=False).astype(np.float32)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--input {item!r}: {e}") from None
-    return arrays
 
 
 def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.ndarray]]:

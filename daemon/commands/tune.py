@@ -22,7 +22,8 @@ import numpy as np
 
 from cache.cache_file import DeviceIdentity
 from cache.persist import default_cache_dir
-from daemon.commands.run import UsageError, add_common_arguments, prepare
+from daemon.commands._inputs import UsageError
+from daemon.commands.run import add_common_arguments, prepare
 from devices.capabilities import DeviceKind
 from devices.discovery import discover_devices
 from devices.vulkan.engine import DeviceNotFound

@@ -7,7 +7,8 @@ import argparse
 import json
 import sys
 
-from daemon.commands.run import UsageError, add_common_arguments, prepare
+from daemon.commands._inputs import UsageError
+from daemon.commands.run import add_common_arguments, prepare
 from devices.cpu.executor import PlanError
 from devices.cpu.reference import verify_graph
 from devices.vulkan.engine import DeviceNotFound

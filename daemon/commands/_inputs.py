@@ -1,0 +1,24 @@
+"""Shared by the commands that take model inputs on the command line (run, verify, profile,
+tune, infer, bench): the usage error and `--input NAME=file.npy` loading."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class UsageError(ValueError):
+    """Bad command-line input (reported as one line, exit status 2)."""
+
+
+def load_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    """`--input NAME=file.npy` values as float32 arrays (no pickle)."""
+    arrays: dict[str, np.ndarray] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--input {item!r}: expected NAME=file.npy")
+        try:
+            arrays[name] = np.load(path, allow_pickle=False).astype(np.float32)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--input {item!r}: {exc}") from None
+    return arrays
