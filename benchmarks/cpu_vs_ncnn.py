@@ -43,10 +43,10 @@ def main() -> int:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
-    from devices.cpu.executor import Plan
-    from devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net, random_inputs
-    from models.graph import load_model
-    from models.weights import write_random_bin
+    from vkserve.devices.cpu.executor import Plan
+    from vkserve.devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net, random_inputs
+    from vkserve.models.graph import load_model
+    from vkserve.models.weights import write_random_bin
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

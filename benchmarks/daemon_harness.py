@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import Client  # noqa: E402
+from vkserve.client import Client  # noqa: E402
 
 
 def start_daemon(tmp: Path, repo: Path, timeout: float = 300) -> tuple[subprocess.Popen, Path]:
@@ -20,7 +20,7 @@ def start_daemon(tmp: Path, repo: Path, timeout: float = 300) -> tuple[subproces
     config.write_text(f'[server]\nsocket = "{sock}"\n[models]\nrepository = "{repo}"\n'
                       '[metrics]\nlisten = "off"\n')
     log = tmp / "daemon.log"
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "serve", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "vkserve", "serve", "--config",
                              str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=log.open("w"))
     deadline = time.monotonic() + timeout

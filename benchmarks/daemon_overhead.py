@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
-from client import Client, TrioClient  # noqa: E402
-from client.loadgen import BenchSettings, sweep  # noqa: E402
+from vkserve.client import Client, TrioClient  # noqa: E402
+from vkserve.client.loadgen import BenchSettings, sweep  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -40,7 +40,7 @@ def pct(values: list[float], q: float) -> float:
 
 def digits_repository(tmp: Path, devices: str) -> Path:
     repo = tmp / "models"
-    shutil.copytree(ROOT / "examples" / "digits", repo / "digits")
+    shutil.copytree(ROOT / "vkserve" / "examples" / "digits", repo / "digits")
     cfg = repo / "digits" / "config.toml"
     cfg.write_text(cfg.read_text().replace("warmup = 2", f'warmup = 2\ndevices = "{devices}"'))
     return repo
@@ -48,16 +48,16 @@ def digits_repository(tmp: Path, devices: str) -> Path:
 
 def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
     """Median run time of the digits model on the engine the daemon would use."""
-    from models.graph import load_model
+    from vkserve.models.graph import load_model
 
-    graph = load_model(ROOT / "examples/digits/model.param", ROOT / "examples/digits/model.bin")
+    graph = load_model(ROOT / "vkserve/examples/digits/model.param", ROOT / "vkserve/examples/digits/model.bin")
     if devices == "cpu":
-        from devices.cpu.executor import Plan
+        from vkserve.devices.cpu.executor import Plan
 
         plan = Plan(graph)
         run, engine = (lambda: plan.run({"data": x})), "cpu (bf16)"
     else:
-        from devices.vulkan.engine import load_plan
+        from vkserve.devices.vulkan.engine import load_plan
 
         loaded = load_plan(graph, 0, "fp16")
         run, engine = (lambda: loaded.plan.run({"data": x})), f"vulkan {loaded.device.caps.name}"
@@ -76,7 +76,7 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    x = np.load(ROOT / "examples/digits/samples/3.npy").astype(np.float32)
+    x = np.load(ROOT / "vkserve/examples/digits/samples/3.npy").astype(np.float32)
     with tempfile.TemporaryDirectory() as d:
         proc, sock = start_daemon(Path(d), digits_repository(Path(d), args.devices))
         try:

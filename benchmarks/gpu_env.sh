@@ -5,6 +5,6 @@ ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD VKSERVE_GLSLANG_LIBDIR=/tmp/site/cmeel.prefix/lib PYTHONUNBUFFERED=1
-if ! python3 -c 'import vulkan' 2>/dev/null || ! python3 -m daemon.cli devices --json | grep -q '"vulkan"'; then
+if ! python3 -c 'import vulkan' 2>/dev/null || ! python3 -m vkserve devices --json | grep -q '"vulkan"'; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
-from client import TrioClient  # noqa: E402
-from client.loadgen import BenchSettings, sweep  # noqa: E402
+from vkserve.client import TrioClient  # noqa: E402
+from vkserve.client.loadgen import BenchSettings, sweep  # noqa: E402
 
 
 def repository(tmp: Path, param: Path, devices: str) -> Path:
@@ -47,8 +47,8 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from devices.discovery import discover_devices
-    from models.graph import load_model
+    from vkserve.devices.discovery import discover_devices
+    from vkserve.models.graph import load_model
 
     gpus = [d.index for d in discover_devices() if d.kind.value == "vulkan"]
     param = args.models / f"{args.model}.param"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def warm(cache_dir: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "daemon.cli", "cache", "warm", "--cache-dir",
+    out = subprocess.run([sys.executable, "-m", "vkserve", "cache", "warm", "--cache-dir",
                           cache_dir, "--json"], capture_output=True, text=True, cwd=ROOT,
                          check=True)
     return json.loads(out.stdout)

@@ -43,7 +43,7 @@ def median_ms(fn, repeat: int, warmup: int = 3) -> float:
 
 def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp16: bool,
               device: int, repeat: int) -> dict:
-    from devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net
+    from vkserve.devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net
 
     t0 = time.perf_counter()
     net = ncnn_net(param, bin_path, vulkan_device=device, fp16=fp16)
@@ -56,7 +56,7 @@ def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp1
 
 
 def vkserve_case(graph, inputs: dict, precision: str, device: int, repeat: int) -> dict:
-    from devices.vulkan.engine import load_plan
+    from vkserve.devices.vulkan.engine import load_plan
 
     with tempfile.TemporaryDirectory() as cache_dir:
         cold = load_plan(graph, device, precision, cache_dir=Path(cache_dir))
@@ -83,10 +83,10 @@ def main() -> int:
     args = ap.parse_args()
     import ncnn
 
-    from devices.cpu.reference import random_inputs
-    from devices.discovery import discover_devices
-    from models.graph import load_model
-    from models.weights import write_random_bin
+    from vkserve.devices.cpu.reference import random_inputs
+    from vkserve.devices.discovery import discover_devices
+    from vkserve.models.graph import load_model
+    from vkserve.models.weights import write_random_bin
 
     ncnn.create_gpu_instance()
     caps = discover_devices()[args.device]

@@ -37,7 +37,7 @@ install -d -m 0755 /etc/vkserve
 [ -e /etc/vkserve/vkserve.toml ] || install -m 0640 -g vkserve "$src/deploy/vkserve.toml" /etc/vkserve/vkserve.toml
 install -d -m 0750 -o vkserve -g vkserve /var/lib/vkserve /var/lib/vkserve/models
 if [ -z "$(ls -A /var/lib/vkserve/models)" ]; then
-  cp -r "$src/examples/." /var/lib/vkserve/models/
+  cp -r "$src/vkserve/examples/." /var/lib/vkserve/models/
   chown -R vkserve:vkserve /var/lib/vkserve/models
 fi
 

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from devices.capabilities import DeviceCaps, DeviceKind
-from devices.discovery import discover_devices
+from vkserve.devices.capabilities import DeviceCaps, DeviceKind
+from vkserve.devices.discovery import discover_devices
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +17,7 @@ def vulkan_caps() -> DeviceCaps:
 
 @pytest.fixture(scope="session")
 def vulkan_ctx(vulkan_caps):
-    from devices.vulkan.context import VulkanContext
+    from vkserve.devices.vulkan.context import VulkanContext
 
     ctx = VulkanContext(vulkan_caps)
     yield ctx

@@ -1,6 +1,0 @@
-"""ncnn .param/.bin reading, typed layer params, graph IR, shape inference, weight writer."""
-
-from models.errors import ModelFormatError
-from models.graph import Graph, Layer, load_model
-
-__all__ = ["Graph", "Layer", "ModelFormatError", "load_model"]

@@ -1,0 +1,187 @@
+"""One daemon connection in-process, over a trio memory stream, with a scripted backend:
+failures of the backend become answers, oversized answers, drain and idle timeouts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import trio
+import trio.testing
+
+from vkserve.client.protocol import FrameDecoder, Response, encode_frame, encode_tensors, parse_response
+from vkserve.daemon.config import Config, ServerConfig
+from vkserve.daemon.server import Server
+
+
+class CodeError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass
+class Result:
+    outputs: dict[str, np.ndarray]
+    device: str = "test"
+    queue_seconds: float = 0.0
+    run_seconds: float = 0.0
+
+
+class ScriptedBackend:
+    """Test double of the scheduler: ``infer`` does what the model name says."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], **kw: Any) -> Result:
+        if model == "boom":
+            raise RuntimeError("kaboom")
+        if model == "busy":
+            raise CodeError("queue full", "OVERLOADED")
+        if model == "sleep":
+            try:
+                await trio.sleep(1000)
+            except trio.Cancelled:
+                self.cancelled += 1
+                raise
+        if model == "big":
+            return Result({"y": np.zeros(10_000, np.float32)})
+        return Result({"y": np.asarray(inputs["x"]) * 2})
+
+    async def load_model(self, name: str, devices: list[int] | None = None) -> dict[str, Any]:
+        return {"name": name, "devices": devices}
+
+    async def unload_model(self, name: str) -> dict[str, Any]:
+        return {"name": name}
+
+    def models(self) -> list[dict[str, Any]]:
+        return [{"name": "m", "inputs": {"x": (2,)}, "dtype": np.dtype("float32"), "n": np.int64(3)}]
+
+    def status(self) -> dict[str, Any]:
+        return {"devices": [{"index": 0, "kind": "cpu"}], "in_flight": 0}
+
+    def ready(self) -> bool:
+        return True
+
+
+class Peer:
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(2**30)
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        await self.stream.send_all(encode_frame(msg))
+
+    async def recv(self) -> Response | None:
+        while (msg := self.decoder.next_message()) is None:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.decoder.feed(data)
+        return parse_response(msg)
+
+
+@asynccontextmanager
+async def connected(**server_cfg: Any) -> AsyncIterator[tuple[Peer, Server, Callable[[], bool]]]:
+    backend = ScriptedBackend()
+    server = Server(Config(server=ServerConfig(**server_cfg)), backend, token=None)  # type: ignore[arg-type]
+    ours, theirs = trio.testing.memory_stream_pair()
+    done = trio.Event()
+
+    async def serve() -> None:  # as trio.serve_listeners runs a handler
+        try:
+            await server.handle_unix(theirs)  # type: ignore[arg-type]
+        finally:
+            await trio.aclose_forcefully(theirs)
+            done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        yield Peer(ours), server, done.is_set
+        nursery.cancel_scope.cancel()
+
+
+def infer(rid: int, model: str, x: Any = (1.0, 2.0)) -> dict[str, Any]:
+    return {"v": 1, "id": rid, "op": "infer", "model": model,
+            "inputs": encode_tensors({"x": np.asarray(x, np.float32)})}
+
+
+async def test_backend_failures_become_answers_and_the_connection_goes_on() -> None:
+    async with connected() as (peer, server, _):
+        await peer.send(infer(1, "boom"))
+        r = await peer.recv()
+        assert r is not None and r.id == 1 and r.error is not None
+        assert r.error.code == "INTERNAL" and "RuntimeError: kaboom" in r.error.message
+        await peer.send(infer(2, "busy"))
+        r = await peer.recv()
+        assert r is not None and r.error is not None and r.error.code == "OVERLOADED"
+        await peer.send(infer(3, "double"))
+        r = await peer.recv()
+        assert r is not None and r.ok and r.result["device"] == "test"
+        await peer.send({"v": 1, "id": 4, "op": "list_models"})
+        r = await peer.recv()
+        assert r is not None and r.ok
+        assert r.result["models"] == [{"name": "m", "inputs": {"x": [2]}, "dtype": "float32", "n": 3}]
+        await peer.send({"v": 1, "id": 5, "op": "load_model", "name": "m", "devices": ["cpu", "0"]})
+        r = await peer.recv()
+        assert r is not None and r.result == {"name": "m", "devices": [0, 0]}
+        await peer.send({"v": 1, "id": 6, "op": "load_model", "name": "m", "devices": ["gpu9"]})
+        r = await peer.recv()
+        assert r is not None and r.error is not None and r.error.code == "BAD_REQUEST"
+        assert server.infer_in_flight == 0
+
+
+async def test_an_answer_above_the_frame_limit_is_an_error_answer() -> None:
+    async with connected(max_frame_size=4096) as (peer, _, _):
+        await peer.send(infer(1, "big"))
+        r = await peer.recv()
+        assert r is not None and r.error is not None and r.error.code == "INTERNAL"
+        assert "too large" in r.error.message
+
+
+async def test_eof_cancels_the_jobs_of_the_connection() -> None:
+    async with connected() as (peer, server, closed):
+        await peer.send(infer(1, "sleep"))
+        await peer.send(infer(2, "sleep"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.infer_in_flight == 2
+        await peer.stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert closed() and server.infer_in_flight == 0
+        assert server.backend.cancelled == 2  # type: ignore[attr-defined]
+
+
+async def test_drain_refuses_new_work_and_closes_when_idle() -> None:
+    async with connected() as (peer, server, closed):
+        await peer.send(infer(1, "sleep"))
+        await trio.testing.wait_all_tasks_blocked()
+        server.begin_drain()
+        await peer.send(infer(2, "double"))
+        r = await peer.recv()
+        assert r is not None and r.id == 2 and r.error is not None and r.error.code == "UNAVAILABLE"
+        assert not closed()
+        await peer.send({"v": 1, "id": 3, "op": "cancel", "target": 1})
+        answers = {(await peer.recv()).id for _ in range(2)}  # type: ignore[union-attr]
+        assert answers == {1, 3}
+        assert await peer.recv() is None  # nothing in flight: the daemon closes the connection
+        await trio.testing.wait_all_tasks_blocked()
+        assert closed()
+
+
+async def test_idle_connections_close(autojump_clock: trio.testing.MockClock) -> None:
+    async with connected(idle_timeout=60.0) as (peer, _, closed):
+        await peer.send(infer(1, "sleep"))  # in flight: not idle, however long it takes
+        with trio.move_on_after(300):
+            await peer.recv()
+        assert not closed()
+        await peer.send({"v": 1, "id": 2, "op": "cancel", "target": 1})
+        assert {(await peer.recv()).id for _ in range(2)} == {1, 2}  # type: ignore[union-attr]
+        start = trio.current_time()
+        assert await peer.recv() is None
+        assert 59 < trio.current_time() - start < 61
+        await trio.testing.wait_all_tasks_blocked()
+        assert closed()

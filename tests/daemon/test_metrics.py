@@ -1,0 +1,78 @@
+import pytest
+import trio
+
+from vkserve.daemon.metrics import DaemonMetrics, DeviceState, StateSnapshot
+from vkserve.daemon.metrics_http import parse_listen, route, serve_metrics
+
+
+def snapshot() -> StateSnapshot:
+    return StateSnapshot(
+        devices=[DeviceState("vulkan0", True, in_flight=2, memory_in_use_bytes=1000,
+                             memory_pooled_bytes=24, memory_budget_bytes=4096,
+                             cache={"pipeline": (5, 3), "spirv": (3, 0)}, compile_seconds=1.5),
+                 DeviceState("cpu", False)],
+        queue_depth={"digits": 4})
+
+
+def test_exposition_has_every_family():
+    m = DaemonMetrics(snapshot)
+    m.observe_request("digits", "vulkan0", "ok", total=0.004, queue=0.001, execution=0.002)
+    m.observe_request("digits", "cpu", "deadline_exceeded", total=0.5)
+    m.rejected.labels("overloaded").inc()
+    m.model_load_seconds.labels("digits", "vulkan0", "warm").observe(0.2)
+    text = m.exposition().decode()
+    for line in [
+        'vkserve_requests_total{device="vulkan0",model="digits",outcome="ok"} 1.0',
+        'vkserve_requests_total{device="cpu",model="digits",outcome="deadline_exceeded"} 1.0',
+        'vkserve_rejected_requests_total{reason="overloaded"} 1.0',
+        'vkserve_queue_seconds_count{model="digits"} 1.0',
+        'vkserve_execution_seconds_bucket{le="0.002",model="digits"} 1.0',
+        'vkserve_request_seconds_count{model="digits"} 2.0',
+        'vkserve_model_load_seconds_count{cache="warm",device="vulkan0",model="digits"} 1.0',
+        'vkserve_queue_depth{model="digits"} 4.0',
+        'vkserve_in_flight{device="vulkan0"} 2.0',
+        'vkserve_device_healthy{device="cpu"} 0.0',
+        'vkserve_device_memory_budget_bytes{device="vulkan0"} 4096.0',
+        'vkserve_pipeline_cache_hits_total{device="vulkan0",tier="pipeline"} 5.0',
+        'vkserve_pipeline_cache_misses_total{device="vulkan0",tier="pipeline"} 3.0',
+        'vkserve_pipeline_compile_seconds_total{device="vulkan0"} 1.5',
+    ]:
+        assert line in text, line
+
+
+def test_route_and_listen_parsing():
+    ready = lambda: (False, "digits: loading")  # noqa: E731
+    assert route(b"GET /readyz HTTP/1.1\r\n\r\n", bytes, ready).startswith(b"HTTP/1.0 503")
+    assert route(b"GET /healthz HTTP/1.1\r\n\r\n", bytes, ready).startswith(b"HTTP/1.0 200")
+    assert route(b"POST /metrics HTTP/1.1\r\n\r\n", bytes, ready).startswith(b"HTTP/1.0 405")
+    assert route(b"\xff\xfe\r\n\r\n", bytes, ready).startswith(b"HTTP/1.0 400")
+    assert route(b"GET /nope HTTP/1.1\r\n\r\n", bytes, ready).startswith(b"HTTP/1.0 404")
+    assert parse_listen("off") is None
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:80") == ("::1", 80)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_listen("localhost")
+
+
+async def http_get(port: int, path: str) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def test_metrics_listener_serves_scrapes():
+    m = DaemonMetrics(snapshot)
+    state = {"ready": False}
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_metrics, "127.0.0.1", 0, m.exposition,
+                                   lambda: (state["ready"], "models loading"))
+        body = await http_get(port, "/metrics")
+        assert body.startswith(b"HTTP/1.0 200") and b"vkserve_queue_depth" in body
+        assert (await http_get(port, "/readyz")).startswith(b"HTTP/1.0 503")
+        state["ready"] = True
+        assert (await http_get(port, "/readyz")).startswith(b"HTTP/1.0 200")
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,58 @@
+"""The systemd unit is checked with systemd's own tools (installed by the test command)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO
+
+DEPLOY = REPO / "deploy"
+
+
+@pytest.fixture
+def unit(tmp_path) -> Path:
+    """The unit with ExecStart pointing at this checkout's vkserve, so `verify` can stat it."""
+    exe = Path(sys.executable).parent / "vkserve"
+    text = (DEPLOY / "vkserve.service").read_text()
+    text = text.replace("/opt/vkserve/venv/bin/vkserve", str(exe))
+    path = tmp_path / "vkserve.service"
+    path.write_text(text)
+    return path
+
+
+def systemd_analyze() -> str:
+    exe = shutil.which("systemd-analyze")
+    assert exe, "systemd-analyze missing: deploy/dev.sh installs Debian's systemd package"
+    return exe
+
+
+def test_unit_verifies_without_warnings(unit):
+    out = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stderr
+
+
+def test_unit_hardening_score(unit):
+    out = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--threshold=25",
+                          str(unit)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "Overall exposure level" in out.stdout
+
+
+def test_unit_has_the_required_settings():
+    text = (DEPLOY / "vkserve.service").read_text()
+    for line in ["Type=notify", "CacheDirectory=vkserve", "RuntimeDirectory=vkserve",
+                 "StateDirectory=vkserve", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "ProtectHome=yes", "PrivateTmp=yes", "DevicePolicy=closed",
+                 "DeviceAllow=char-drm rw", "SupplementaryGroups=render video",
+                 "WatchdogSec=", "MemoryDenyWriteExecute=yes"]:
+        assert line in text, line
+    assert "PrivateDevices=yes" not in text  # it would hide /dev/dri
+
+
+def test_install_script_parses():
+    subprocess.run(["bash", "-n", str(DEPLOY / "install.sh")], check=True)

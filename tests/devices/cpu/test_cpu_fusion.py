@@ -1,0 +1,130 @@
+"""Plan-time rewrites and shortcuts of the CPU executor (issue 4, second speed-up round).
+
+- activation layers fused into the producing Convolution / InnerProduct / Eltwise / BinaryOp
+  (one bf16 store instead of two): still within the verify tolerance against ncnn, equal to
+  the unfused plan up to the one bf16 rounding removed, and not done when the blob between is
+  read elsewhere or requested as an output;
+- data-movement layers run on the bf16 bits (no widen / narrow): bit-exact;
+- exact stores (max pooling, ReLU) give the same bits as RNE narrowing;
+- work split over threads gives the same bits as one thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cpu_layers import check, conv_line, rand, write_param
+
+from vkserve.devices.cpu import threads
+from vkserve.devices.cpu.bf16 import narrow_exact_into, round_bf16, to_bf16
+from vkserve.devices.cpu.executor import Plan
+from vkserve.models.graph import load_model
+
+ACTIVATIONS = [
+    "ReLU act 1 1 mid out",
+    "ReLU act 1 1 mid out 0=0.1",
+    "Clip act 1 1 mid out 0=-0.2 1=0.3",
+    "Sigmoid act 1 1 mid out",
+    "Swish act 1 1 mid out",
+    "HardSigmoid act 1 1 mid out 0=0.2 1=0.5",
+    "HardSwish act 1 1 mid out 0=0.2 1=0.5",
+]
+
+
+def plans(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray], **kw: object) -> tuple[Plan, Plan]:
+    param = tmp_path / "case.param"
+    write_param(param, inputs, lines)
+    graph = load_model(param, None, {n: a.shape for n, a in inputs.items()}, seed=7)
+    return Plan(graph, **kw), Plan(graph, fuse=False, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("producer", ["conv", "dw", "fc", "eltwise", "binary"])
+def test_fused_activation_matches_ncnn_and_unfused(tmp_path: Path, producer: str, act: str) -> None:
+    x = rand(4, 9, 11)
+    if producer == "conv":
+        first = [conv_line("Convolution", 4, 6, "4=1 5=1").replace(" out ", " mid ")]
+    elif producer == "dw":
+        first = [conv_line("ConvolutionDepthWise", 4, 4, "4=1 5=1", group=4).replace(" out ", " mid ")]
+    elif producer == "fc":
+        first = [f"InnerProduct fc 1 1 data mid 0=7 1=1 2={7 * 4 * 9 * 11}"]
+    elif producer == "eltwise":
+        first = ["Split sp 1 2 data a b", "Eltwise el 2 1 a b mid 0=1"]
+    else:
+        first = ["Split sp 1 2 data a b", "BinaryOp bo 2 1 a b mid 0=2"]
+    lines = first + [act]
+    check(tmp_path, lines, {"data": x})
+    fused, plain = plans(tmp_path, lines, {"data": x})
+    assert len(fused.fused) == 1 and not plain.fused
+    a, b = fused.run({"data": x})["out"], plain.run({"data": x})["out"]
+    # the unfused plan rounds the blob between to bf16 once more: at most a few bf16 ulps
+    scale = float(np.abs(b).max()) or 1.0
+    assert np.abs(a - b).max() <= 2 ** -6 * scale
+
+
+def test_no_fusion_when_blob_is_shared_or_requested(tmp_path: Path) -> None:
+    x = rand(3, 8, 8)
+    conv = conv_line("Convolution", 3, 4, "4=1 5=1").replace(" out ", " mid ")
+    shared = [conv, "Split sp 1 2 mid m1 m2", "ReLU act 1 1 m1 r", "Eltwise el 2 1 r m2 out 0=1"]
+    fused, _ = plans(tmp_path, shared, {"data": x})
+    assert fused.fused == []  # the ReLU reads a Split output, not the conv's blob
+    requested, _ = plans(tmp_path, [conv, "ReLU act 1 1 mid out"], {"data": x}, outputs=["mid", "out"])
+    assert requested.fused == []
+    out = requested.run({"data": x})
+    assert np.array_equal(out["out"], np.maximum(out["mid"], 0))
+
+
+def test_bf16_native_data_movement_is_bit_exact(tmp_path: Path) -> None:
+    x = rand(8, 5, 6)
+    lines = [
+        "Slice sl 1 2 data a b -23300=2,3,-233",
+        "ShuffleChannel sh 1 1 b bs 0=5",
+        "Concat cat 2 1 bs a c 0=0",
+        "Permute pm 1 1 c p 0=3",
+        "Crop cr 1 1 p out -23309=2,1,0 -23310=2,-1,4 -23311=2,0,1",
+    ]
+    check(tmp_path, lines, {"data": x})
+    plan, _ = plans(tmp_path, lines, {"data": x})
+    assert sum(1 for step in plan._program if step[0] == 1) == 5
+    xr = round_bf16(x)
+    a, b = xr[:3], xr[3:]
+    bs = b.reshape(5, 1, 5, 6).transpose(1, 0, 2, 3).reshape(5, 5, 6)
+    c = np.concatenate([bs, a], axis=0)
+    p = np.transpose(c, (1, 2, 0))
+    want = p[1:-1, 0:4]
+    assert np.array_equal(plan.run({"data": x})["out"], want)
+
+
+def test_exact_store_same_bits_as_rne() -> None:
+    x = round_bf16(rand(4, 7, 9) * 100)
+    out = np.empty(x.shape, np.uint16)
+    narrow_exact_into(np.maximum(x, 0), out)
+    assert np.array_equal(out, to_bf16(np.maximum(x, 0)))
+
+
+@pytest.mark.parametrize("line", [
+    "Pooling pool 1 1 data out 0=0 1=3 2=2 5=0",
+    "Pooling pool 1 1 data out 0=0 1=3 2=2 3=1",
+    "Pooling pool 1 1 data out 0=0 4=1",
+    "ReLU relu 1 1 data out",
+])
+def test_exact_store_layers_match_ncnn(tmp_path: Path, line: str) -> None:
+    check(tmp_path, [line], {"data": rand(3, 9, 10)})
+
+
+def test_thread_split_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = rand(48, 40, 40)
+    lines = [conv_line("ConvolutionDepthWise", 48, 48, "4=1 5=1 9=1", group=48)]
+    one, _ = plans(tmp_path, lines, {"data": x})
+    want = one.run({"data": x})["out"]
+    flat = rand(300_001) * 1e3
+    flat[7] = np.nan
+    want_bits = to_bf16(flat)
+    monkeypatch.setattr(threads, "THREADS", 2)
+    monkeypatch.setattr(threads, "MIN_SPLIT", 1024)
+    assert threads.split(48, 48 * 9 * 1600) == [(0, 24), (24, 48)]
+    assert np.array_equal(to_bf16(flat), want_bits)
+    two, _ = plans(tmp_path, lines, {"data": x})
+    assert np.array_equal(two.run({"data": x})["out"], want)

@@ -1,0 +1,37 @@
+"""Every model in ../shared/models passes `verify` on the Vulkan device (lavapipe in CI), in
+fp32 (cosine >= 0.9999, max abs error <= 0.5 % of the reference's max abs) and fp16 (0.999,
+2 %), against the ncnn package on the CPU in fp32 with the same seeded random weights.
+
+New .param files dropped into that folder are picked up. Inputs keep the declared sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import MODELS_DIR
+from vkserve.devices.cpu.reference import random_inputs
+from vkserve.devices.vulkan.engine.verify import TOLERANCE, verify_vulkan
+from vkserve.models.graph import load_model
+
+PARAMS = sorted(MODELS_DIR.glob("*.param"))
+
+
+def test_models_present() -> None:
+    assert PARAMS, f"no .param files in {MODELS_DIR}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("param", PARAMS, ids=[p.stem for p in PARAMS])
+def test_model_verifies_on_vulkan(param: Path, precision: str, tmp_path_factory) -> None:
+    graph = load_model(param, None)
+    inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+    cache = tmp_path_factory.getbasetemp() / "vulkan-models-cache"
+    report = verify_vulkan(graph, param, None, inputs, 0, precision, cache)
+    cosine_min, rel_max = TOLERANCE[precision]
+    assert (cosine_min, rel_max) == {"fp32": (0.9999, 0.005), "fp16": (0.999, 0.02)}[precision]
+    details = [(o.name, o.max_abs_err, o.ref_max_abs, o.cosine, o.detections)
+               for o in report.outputs]
+    assert report.ok, details

@@ -1,0 +1,1 @@
+"""Helpers shared by the test groups (imported as ``tests.support.*``)."""

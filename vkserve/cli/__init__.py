@@ -1,0 +1,1 @@
+"""The ``vkserve`` command line: one subcommand per module in ``vkserve.cli.commands``."""

@@ -1,0 +1,84 @@
+"""Shared by the client commands (infer, models, status, ping): address options and errors."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from vkserve.client import Client, ClientError, ServerError
+
+__all__ = ["add_address_arguments", "connect", "run_client_command"]
+
+
+def add_address_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--socket", metavar="PATH",
+                       help="daemon's Unix socket (default: $VKSERVE_SOCKET, then the usual places)")
+    where.add_argument("--tcp", metavar="HOST:PORT", help="connect over TCP (needs --token)")
+    parser.add_argument("--token", metavar="TOKEN",
+                        help="TCP token (default: $VKSERVE_TOKEN)")
+
+
+def connect(args: argparse.Namespace) -> Client:
+    if args.tcp:
+        address = args.tcp if args.tcp.startswith("tcp://") else f"tcp://{args.tcp}"
+        token = args.token or os.environ.get("VKSERVE_TOKEN")
+        return Client.connect(address, token=token)
+    return Client.connect(f"unix:{args.socket}" if args.socket else None)
+
+
+def run_client_command(name: str, args: argparse.Namespace, body: Callable[[Client], int]) -> int:
+    """Connect, run ``body``, report failures as one line: 1 for server and connection errors."""
+    try:
+        with connect(args) as client:
+            return body(client)
+    except ServerError as exc:
+        print(f"vkserve {name}: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except (ClientError, OSError) as exc:
+        where = args.tcp or args.socket or "the default socket"
+        print(f"vkserve {name}: cannot talk to the daemon at {where}: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"vkserve {name}: {exc}", file=sys.stderr)
+        return 2
+
+
+def print_tree(obj: Any, indent: int = 0) -> None:
+    """Nested maps and lists as indented ``key: value`` lines."""
+    pad = "  " * indent
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if isinstance(value, (dict, list)) and value and not _is_flat_list(value):
+                print(f"{pad}{key}:")
+                print_tree(value, indent + 1)
+            else:
+                print(f"{pad}{key}: {_scalar(value)}")
+    elif isinstance(obj, list):
+        for item in obj:
+            if isinstance(item, (dict, list)) and not _is_flat_list(item):
+                print(f"{pad}-")
+                print_tree(item, indent + 1)
+            else:
+                print(f"{pad}- {_scalar(item)}")
+    else:
+        print(f"{pad}{_scalar(obj)}")
+
+
+def _is_flat_list(value: Any) -> bool:
+    return isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value)

@@ -1,0 +1,134 @@
+"""`vkserve cache warm|inspect|clear`: manage the per-device pipeline cache files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from vkserve.cache.cache_file import inspect_cache_file
+from vkserve.cache.persist import WriterLock, default_cache_dir
+from vkserve.devices.capabilities import DeviceCaps, DeviceKind
+from vkserve.devices.discovery import discover_devices
+
+NAME = "cache"
+HELP = "build, inspect or clear the per-device pipeline cache files"
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    warm = sub.add_parser("warm", help="build every built-in shader in every supported mode, "
+                                       "then save")
+    warm.add_argument("--cache-dir", type=Path, default=None,
+                      help="cache folder (default: $CACHE_DIRECTORY or $XDG_CACHE_HOME/vkserve)")
+    warm.add_argument("--device", type=int, default=None, help="only this Vulkan device index")
+    warm.add_argument("--json", action="store_true")
+    inspect = sub.add_parser("inspect", help="print a cache file's header, entries and validity")
+    inspect.add_argument("file", type=Path)
+    inspect.add_argument("--json", action="store_true")
+    clear = sub.add_parser("clear", help="delete the cache files (not those in use)")
+    clear.add_argument("--cache-dir", type=Path, default=None)
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"warm": warm, "inspect": inspect, "clear": clear}[args.cache_command](args)
+
+
+def _vulkan_devices(index: int | None) -> list[DeviceCaps]:
+    gpus = [d for d in discover_devices() if d.kind is DeviceKind.VULKAN]
+    if index is None:
+        return gpus
+    chosen = [d for d in gpus if d.index == index]
+    if not chosen:
+        raise SystemExit(f"vkserve cache: no Vulkan device {index} "
+                         f"(Vulkan devices: {[d.index for d in gpus] or 'none'})")
+    return chosen
+
+
+def warm_device(caps: DeviceCaps, cache_dir: Path) -> dict[str, Any]:
+    from vkserve.devices.vulkan.device import VulkanDevice  # noqa: PLC0415 (needs Vulkan)
+    from vkserve.devices.vulkan.shader_registry import builtin_shader_ids  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    with VulkanDevice(caps, cache_dir) as dev:
+        jobs = [(s, p) for s in builtin_shader_ids() for p in caps.supported_precisions()]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            list(pool.map(lambda job: dev.pipeline(*job), jobs))
+        saved = dev.pipelines.save()
+        stats = dev.pipelines.stats
+        result = {
+            "device": caps.index,
+            "name": caps.name,
+            "file": str(dev.pipelines.path),
+            "saved": saved,
+            "writer": dev.pipelines.writable,
+            "pipelines": dev.pipelines.pipeline_count,
+            "glsl_compiles": stats.glsl_compiles,
+            "spirv_hits": stats.spirv_hits,
+            "driver_blob_bytes": stats.driver_blob_saved_bytes or stats.driver_blob_loaded_bytes,
+            "compile_seconds": round(stats.compile_seconds, 4),
+            "pipeline_seconds": round(stats.pipeline_seconds, 4),
+        }
+    result["seconds"] = round(time.perf_counter() - t0, 4)
+    return result
+
+
+def warm(args: argparse.Namespace) -> int:
+    cache_dir = args.cache_dir or default_cache_dir()
+    results = [warm_device(caps, cache_dir) for caps in _vulkan_devices(args.device)]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        if not results:
+            print("no Vulkan device: nothing to warm")
+        for r in results:
+            print(f"device {r['device']} ({r['name']}): {r['pipelines']} pipelines, "
+                  f"{r['glsl_compiles']} GLSL compiles, {r['spirv_hits']} SPIR-V hits, "
+                  f"driver blob {r['driver_blob_bytes']} bytes, {r['seconds']:.2f} s"
+                  f" -> {r['file']}{'' if r['saved'] else ' (unchanged, not written)'}")
+    return 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    try:
+        data = args.file.read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"vkserve cache inspect: cannot read {args.file}: {exc.strerror}")
+    info = inspect_cache_file(data)
+    blob = info.pop("driver_blob")
+    info["driver_blob_bytes"] = None if blob is None else len(blob)
+    info["file"] = str(args.file)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"{args.file}: {'valid' if info['valid'] else 'INVALID: ' + info['reason']}")
+        print(f"  size {info['size']} bytes, driver blob {info['driver_blob_bytes']} bytes")
+        for key, value in (info["header"] or {}).items():
+            print(f"  {key:24} {value}")
+        for e in info["entries"]:
+            print(f"  spirv {e['shader_id']:24} bits={e['option_bits']:#05b} "
+                  f"{e['spirv_bytes']:7} bytes source {e['source_hash'][:16]}")
+    return 0 if info["valid"] else 1
+
+
+def clear(args: argparse.Namespace) -> int:
+    cache_dir = args.cache_dir or default_cache_dir()
+    removed = busy = 0
+    for path in sorted(cache_dir.glob("vkserve-*.cache")):
+        lock = WriterLock(path)
+        if not lock.acquire():
+            print(f"in use by a running vkserve, kept: {path}")
+            busy += 1
+            continue
+        with lock:
+            path.unlink()
+        removed += 1
+        print(f"removed {path}")
+    print(f"{removed} cache file(s) removed from {cache_dir}")
+    return 1 if busy else 0

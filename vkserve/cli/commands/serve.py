@@ -1,0 +1,54 @@
+"""`vkserve serve`: run the daemon (trio server on a Unix socket, optional TCP, metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from vkserve.daemon.config import DEFAULT_CONFIG, ConfigError, load_config
+
+NAME = "serve"
+HELP = "run the inference daemon (default: the examples/ models on a Unix socket)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the embedded one, "
+                        "see --print-default-config)")
+    parser.add_argument("--socket", metavar="PATH", help="Unix socket path (overrides server.socket)")
+    parser.add_argument("--models", metavar="DIR", help="model repository (overrides models.repository)")
+    parser.add_argument("--tcp", metavar="HOST:PORT", help="also listen on TCP (overrides server.tcp; "
+                        "needs a token: server.token, server.token_file or $VKSERVE_TOKEN)")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT|off",
+                        help="Prometheus metrics, /healthz and /readyz (overrides metrics.listen; "
+                             "default 127.0.0.1:9464; port 0 = any free port; off = none)")
+    parser.add_argument("--print-default-config", action="store_true",
+                        help="print the embedded default config and exit")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.print_default_config:
+        print(DEFAULT_CONFIG, end="")
+        return 0
+    try:
+        config = load_config(args.config)
+        server = config.server
+        if args.socket is not None:
+            server = dataclasses.replace(server, socket=args.socket)
+        if args.tcp is not None:
+            server = dataclasses.replace(server, tcp=args.tcp)
+            server.tcp_address()
+        models = config.models
+        if args.models is not None:
+            models = dataclasses.replace(models, repository=args.models)
+        metrics = config.metrics
+        if args.metrics_listen is not None:
+            metrics = dataclasses.replace(metrics, listen=args.metrics_listen)
+            metrics.listen_address()
+        config = dataclasses.replace(config, server=server, models=models, metrics=metrics)
+    except (ConfigError, ValueError) as exc:
+        print(f"vkserve serve: {exc}", file=sys.stderr)
+        return 2
+    from vkserve.daemon.server import run_daemon  # noqa: PLC0415 (trio and the scheduler only here)
+
+    return run_daemon(config)

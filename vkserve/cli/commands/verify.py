@@ -1,0 +1,56 @@
+"""`vkserve verify`: run the same input through vkserve and through the ``ncnn`` package
+(CPU, fp32) and compare every output (tolerances in ``vkserve.devices.cpu.reference``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vkserve.cli.commands._inputs import UsageError
+from vkserve.cli.commands.run import add_common_arguments, prepare
+from vkserve.devices.cpu.executor import PlanError
+from vkserve.devices.cpu.reference import verify_graph
+from vkserve.devices.vulkan.engine import DeviceNotFound
+from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
+from vkserve.devices.vulkan.engine.verify import verify_vulkan
+from vkserve.models.errors import ModelFormatError
+
+NAME = "verify"
+HELP = "compare a model's outputs on vkserve with the ncnn package (CPU fp32); non-zero exit if off"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(args: argparse.Namespace) -> int:
+    args.random_input = True
+    try:
+        files, graph, inputs = prepare(args)
+        if args.device == "cpu":
+            report = verify_graph(graph, files.param, files.bin, inputs, seed=args.seed)
+        else:
+            report = verify_vulkan(graph, files.param, files.bin, inputs, int(args.device),
+                                   args.precision or "fp32", args.cache_dir)
+    except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound) as e:
+        print(f"vkserve verify: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(f"{report.model}: device {report.device}, precision {report.precision}")
+        print(f"  {'output':<24} {'shape':<18} {'max_abs_err':>12} {'ref_max_abs':>12} {'cosine':>10}  ok")
+        for o in report.outputs:
+            print(f"  {o.name:<24} {str(tuple(o.shape)):<18} {_fmt(o.max_abs_err, '12.3e')} "
+                  f"{_fmt(o.ref_max_abs, '12.3e')} {_fmt(o.cosine, '10.6f')}  {'yes' if o.ok else 'NO'}")
+            if o.detections is not None:
+                d = o.detections
+                print(f"  {'':<24} detections: {d['matched']} matched of {d['reference']} (ncnn) "
+                      f"/ {d['ours']} (vkserve)")
+        print("OK" if report.ok else "MISMATCH")
+    return 0 if report.ok else 1

@@ -1,0 +1,479 @@
+"""One client connection: read frames, run each request as a task, write answers.
+
+Per connection (DESIGN §8):
+
+- a reader decodes frames with the sans-I/O :class:`~client.framing.FrameDecoder` under an idle
+  timeout; a header above the frame limit gets an id-0 error frame and the connection is closed;
+  a payload that is not a msgpack map gets an id-0 ``BAD_REQUEST`` and reading goes on; a
+  request that fails validation gets ``BAD_REQUEST`` with its own id when it had a valid one;
+- a nursery owns one task per request, so many requests are in flight at once; a ``cancel`` op
+  cancels the target's task, which then answers ``CANCELLED``;
+- a send lock keeps frames whole on the stream; a peer that stops reading is dropped after
+  ``send_timeout``;
+- when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs.
+
+Nothing a client sends escapes :meth:`Connection.run`: errors in a request become an
+``INTERNAL`` answer and a log line; errors of the connection itself close only it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import trio
+
+from vkserve.client.protocol import (
+    CONNECTION_ERROR_ID,
+    AuthRequest,
+    BadRequest,
+    CancelRequest,
+    ErrorCode,
+    FrameDecoder,
+    FrameTooLarge,
+    InferRequest,
+    ListModelsRequest,
+    LoadModelRequest,
+    MalformedFrame,
+    PingRequest,
+    Request,
+    Response,
+    StatusRequest,
+    UnloadModelRequest,
+    encode_frame,
+    encode_infer_result,
+    parse_request,
+)
+
+if TYPE_CHECKING:
+    from vkserve.daemon.server import Server
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Backend", "Connection", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed", "to_plain"]
+
+RECV_SIZE = 256 * 1024
+#: Largest frame a TCP peer may send before it has authenticated.
+PREAUTH_MAX_FRAME_SIZE = 64 * 1024
+#: How long past a job's deadline the daemon waits for the scheduler's own answer before it
+#: cancels the job and answers DEADLINE_EXCEEDED itself (never a late result).
+DEADLINE_GRACE = 0.25
+_KNOWN_CODES = {c.value for c in ErrorCode}
+
+
+class Backend(Protocol):
+    """What the daemon needs from the scheduler (``scheduler.Scheduler``)."""
+
+    async def infer(
+        self,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
+        outputs: list[str] | None = None,
+    ) -> Any: ...
+
+    async def load_model(self, name: str, devices: list[str] | None = None) -> dict[str, Any]: ...
+
+    async def unload_model(self, name: str) -> dict[str, Any]: ...
+
+    def models(self) -> list[dict[str, Any]]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def ready(self) -> bool: ...
+
+
+class RequestFailed(Exception):
+    """Answer the request with this error code and message."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def error_code_of(exc: BaseException) -> ErrorCode | None:
+    """The wire error code an exception carries (``SchedulerError.code``), if it is a known one."""
+    code = getattr(exc, "code", None)
+    code = getattr(code, "value", code)
+    return ErrorCode(code) if isinstance(code, str) and code in _KNOWN_CODES else None
+
+
+def to_plain(obj: Any, depth: int = 0) -> Any:
+    """``obj`` as msgpack-safe plain data (str-keyed maps, lists, scalars, bin)."""
+    if depth > 32:
+        return repr(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, enum.Enum):
+        return to_plain(obj.value, depth + 1)
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_plain(v, depth + 1) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist() if obj.size <= 4096 else f"<array {obj.dtype} {obj.shape}>"
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_plain(dataclasses.asdict(obj), depth + 1)
+    if isinstance(obj, PurePath):
+        return str(obj)
+    return str(obj)
+
+
+class _Closing(Exception):
+    """Internal: the reader stops and the connection closes (reason in the message)."""
+
+
+class Connection:
+    def __init__(self, server: Server, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+        self.server = server
+        self.cfg = server.config.server
+        self.stream = stream
+        self.peer = peer
+        self.needs_auth = needs_auth
+        self.authenticated = not needs_auth
+        self.decoder = FrameDecoder(
+            min(PREAUTH_MAX_FRAME_SIZE, self.cfg.max_frame_size) if needs_auth else self.cfg.max_frame_size
+        )
+        self.send_lock = trio.StrictFIFOLock()
+        #: request id -> the cancel scope of its task (requests in flight on this connection)
+        self.tasks: dict[int, trio.CancelScope] = {}
+        self.infer_in_flight = 0
+        #: request id -> the scheduler's InferResult (device, queue and run seconds), kept
+        #: from the answer until the request's metrics are recorded
+        self._results: dict[int, Any] = {}
+        self.opened_at = trio.current_time()
+        self._reader_scope = trio.CancelScope()
+        self._broken = False
+        self._aborting = False  # the daemon's drain timed out: cancelled = UNAVAILABLE
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until the peer leaves, breaks framing or the daemon drains."""
+        reason = "closed"
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    reason = await self._read_loop(nursery)
+                finally:
+                    # Whatever ended the reader, the client is gone or being dropped:
+                    # its requests in flight are cancelled (their jobs with them).
+                    nursery.cancel_scope.cancel()
+        except Exception as exc:  # a bug here must cost this connection only
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            log.exception("connection %s failed", self.peer)
+        finally:
+            log.debug("connection %s: %s", self.peer, reason)
+
+    def abort_in_flight(self) -> None:
+        """The drain timed out: cancel every request in flight; each answers UNAVAILABLE."""
+        self._aborting = True
+        for scope in list(self.tasks.values()):
+            scope.cancel()
+
+    def begin_drain(self) -> None:
+        """The daemon is shutting down: close as soon as nothing is in flight."""
+        self._maybe_close_idle_drain()
+
+    def _maybe_close_idle_drain(self) -> None:
+        if self.server.draining and not self.tasks:
+            self._reader_scope.cancel()
+
+    # ------------------------------------------------------------------ reading
+
+    async def _receive(self) -> bytes | None:
+        """Next chunk, ``b""`` at EOF, ``None`` when the idle/auth timer ran out."""
+        now = trio.current_time()
+        deadline = now + self.cfg.idle_timeout
+        if not self.authenticated:
+            deadline = min(deadline, self.opened_at + self.cfg.auth_timeout)
+        with trio.move_on_at(deadline):
+            return await self.stream.receive_some(RECV_SIZE)
+        return None
+
+    async def _read_loop(self, nursery: trio.Nursery) -> str:
+        with self._reader_scope:
+            while True:
+                try:
+                    data = await self._receive()
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    return f"connection lost: {exc!r}"
+                if data is None:
+                    if not self.authenticated:
+                        self.server.reject("unauthenticated")
+                        await self._send_connection_error(ErrorCode.UNAUTHENTICATED, "authentication timed out")
+                        return "authentication timed out"
+                    if self.tasks and not self.decoder.buffered:
+                        continue  # the client is waiting for answers, not idle
+                    if self.decoder.buffered:
+                        await self._send_connection_error(
+                            ErrorCode.BAD_REQUEST,
+                            f"incomplete frame ({self.decoder.buffered} bytes) timed out",
+                        )
+                    return "idle timeout"
+                if not data:
+                    if self.decoder.buffered:
+                        return f"client closed mid-frame ({self.decoder.buffered} bytes)"
+                    return "client closed the connection"
+                try:
+                    self.decoder.feed(data)
+                    await self._drain_decoder(nursery)
+                except FrameTooLarge as exc:
+                    self.server.reject("frame_too_large")
+                    await self._send_connection_error(ErrorCode.BAD_REQUEST, str(exc))
+                    return f"frame too large: {exc}"
+                except _Closing as exc:
+                    return str(exc)
+                if self._broken:
+                    return "send failed"
+        return "daemon shutting down"
+
+    async def _drain_decoder(self, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                msg = self.decoder.next_message()
+            except MalformedFrame as exc:
+                self.server.reject("bad_request")
+                await self._send_response(Response.failure(CONNECTION_ERROR_ID, ErrorCode.BAD_REQUEST, str(exc)))
+                continue
+            if msg is None:
+                return
+            await self._handle_message(msg, nursery)
+
+    async def _handle_message(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
+        received_at = time.time()
+        try:
+            request = parse_request(msg)
+        except BadRequest as exc:
+            self.server.reject("bad_request")
+            rid = exc.request_id if exc.request_id is not None else CONNECTION_ERROR_ID
+            await self._send_response(Response.failure(rid, ErrorCode.BAD_REQUEST, str(exc)))
+            return
+        if isinstance(request, AuthRequest):
+            await self._authenticate(request)
+            return
+        if not self.authenticated:
+            self.server.reject("unauthenticated")
+            await self._send_response(
+                Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "authenticate first (op 'auth' with the token)")
+            )
+            raise _Closing("request before authentication")
+        if isinstance(request, CancelRequest):
+            scope = self.tasks.get(request.target)
+            if scope is not None:
+                scope.cancel()
+            await self._send_response(Response.success(request.id, {"cancelled": scope is not None}))
+            return
+        if request.id in self.tasks:
+            self.server.reject("bad_request")
+            await self._send_response(
+                Response.failure(request.id, ErrorCode.BAD_REQUEST, f"request id {request.id} is already in flight")
+            )
+            return
+        if self.server.draining and not isinstance(request, (PingRequest, StatusRequest)):
+            self.server.reject("shutting_down")
+            await self._send_response(
+                Response.failure(request.id, ErrorCode.UNAVAILABLE, "the daemon is shutting down")
+            )
+            return
+        if len(self.tasks) >= self.cfg.max_requests_per_connection:
+            self.server.reject("overloaded")
+            await self._send_response(
+                Response.failure(
+                    request.id, ErrorCode.OVERLOADED,
+                    f"{len(self.tasks)} requests in flight on this connection (limit "
+                    f"{self.cfg.max_requests_per_connection})",
+                )
+            )
+            return
+        scope = trio.CancelScope()
+        self.tasks[request.id] = scope
+        nursery.start_soon(self._run_request, request, received_at, scope)
+
+    async def _authenticate(self, request: AuthRequest) -> None:
+        token = self.server.token
+        if not self.needs_auth:
+            await self._send_response(Response.success(request.id, {"authenticated": True}))
+            return
+        assert token is not None
+        if hmac.compare_digest(request.token.encode("utf-8"), token.encode("utf-8")):
+            self.authenticated = True
+            self.decoder.max_frame_size = self.cfg.max_frame_size
+            await self._send_response(Response.success(request.id, {"authenticated": True}))
+            return
+        log.warning("connection %s: wrong token", self.peer)
+        self.server.reject("unauthenticated")
+        await self._send_response(Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "wrong token"))
+        raise _Closing("wrong token")
+
+    # ------------------------------------------------------------------ requests
+
+    async def _run_request(self, request: Request, received_at: float, scope: trio.CancelScope) -> None:
+        # The request stays in ``tasks`` until its answer is written, so a drain closes the
+        # connection only after the last answer went out.
+        try:
+            await self._answer_request(request, received_at, scope)
+        finally:
+            self.tasks.pop(request.id, None)
+        self._maybe_close_idle_drain()
+
+    async def _answer_request(self, request: Request, received_at: float,
+                              scope: trio.CancelScope) -> None:
+        is_infer = isinstance(request, InferRequest)
+        if is_infer:
+            self.infer_in_flight += 1
+            self.server.infer_in_flight += 1
+        response: Response | None = None
+        frame: bytes | None = None
+        outcome = ErrorCode.CANCELLED.value  # unless it ends otherwise (teardown cancels)
+        try:
+            with scope:
+                try:
+                    result = await self._execute(request, received_at)
+                    frame = encode_frame(Response.success(request.id, result).to_message(), self.cfg.max_frame_size)
+                    outcome = "ok"
+                except RequestFailed as exc:
+                    response = Response.failure(request.id, exc.code, exc.message)
+                except FrameTooLarge as exc:
+                    response = Response.failure(request.id, ErrorCode.INTERNAL, f"answer too large to send: {exc}")
+                except Exception as exc:
+                    code = error_code_of(exc)
+                    if code is None:
+                        log.exception("request %s %s from %s failed", request.id, request.op, self.peer)
+                        response = Response.failure(
+                            request.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+                        )
+                    else:
+                        response = Response.failure(request.id, code, str(exc) or code.value)
+            if scope.cancelled_caught:
+                frame = None
+                if self._aborting:
+                    response = Response.failure(
+                        request.id, ErrorCode.UNAVAILABLE,
+                        "the daemon is shutting down (drain timeout): the request was cancelled")
+                else:
+                    response = Response.failure(request.id, ErrorCode.CANCELLED, "cancelled by the client")
+            if response is not None and response.error is not None:
+                outcome = str(response.error.code)
+        finally:
+            if is_infer:
+                self.infer_in_flight -= 1
+                self.server.infer_in_flight -= 1
+                assert isinstance(request, InferRequest)
+                self.server.observe_infer(request.model, self._results.pop(request.id, None),
+                                          outcome.lower(), time.time() - received_at)
+            self.server.requests_done += 1
+        if frame is None:
+            assert response is not None
+            frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
+        await self._send_frame(frame)
+
+    async def _execute(self, request: Request, received_at: float) -> Any:
+        backend = self.server.backend
+        if isinstance(request, InferRequest):
+            return await self._infer(request, received_at)
+        if isinstance(request, PingRequest):
+            return {"pong": True, "time": time.time(), "version": self.server.version}
+        if isinstance(request, StatusRequest):
+            status = to_plain(backend.status())
+            if not isinstance(status, dict):
+                status = {"scheduler": status}
+            return {**status, "server": self.server.server_status()}
+        if isinstance(request, ListModelsRequest):
+            return {"models": to_plain(backend.models())}
+        if isinstance(request, LoadModelRequest):
+            devices = None if request.devices is None else self._device_indices(request.devices)
+            return to_plain(await backend.load_model(request.name, devices))
+        if isinstance(request, UnloadModelRequest):
+            return to_plain(await backend.unload_model(request.name))
+        raise RequestFailed(ErrorCode.BAD_REQUEST, f"op {request.op!r} is not served")
+
+    def _device_indices(self, names: list[str]) -> list[int]:
+        """Wire device names (``"0"``, ``"1"``, ``"cpu"``) as the scheduler's device indices."""
+        status = self.server.backend.status()
+        devices = status.get("devices", []) if isinstance(status, dict) else []
+        cpu = [d.get("index") for d in devices if isinstance(d, dict) and d.get("kind") == "cpu"]
+        out: list[int] = []
+        for name in names:
+            if name.isdigit():
+                out.append(int(name))
+            elif name == "cpu" and cpu and isinstance(cpu[0], int):
+                out.append(cpu[0])
+            else:
+                raise RequestFailed(ErrorCode.BAD_REQUEST,
+                                    f"field 'devices': {name!r} is not a device index or 'cpu'")
+        return out
+
+    async def _infer(self, request: InferRequest, received_at: float) -> dict[str, Any]:
+        deadline = request.effective_deadline(received_at)
+        trio_deadline = math.inf
+        if deadline is not None:
+            trio_deadline = trio.current_time() + (deadline - time.time()) + DEADLINE_GRACE
+        with trio.move_on_at(trio_deadline) as timer:
+            result = await self.server.backend.infer(
+                request.model,
+                dict(request.inputs),
+                priority=request.priority,
+                deadline=deadline,
+                outputs=request.outputs,
+            )
+        if timer.cancelled_caught:
+            raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED, "no result by the request's deadline")
+        self._results[request.id] = result
+        outputs = getattr(result, "outputs", result)
+        extra: dict[str, Any] = {}
+        for key in ("device", "queue_seconds", "run_seconds"):
+            value = getattr(result, key, None)
+            if value is not None:
+                extra[key] = to_plain(value)
+        return encode_infer_result(outputs, **extra)
+
+    # ------------------------------------------------------------------ writing
+
+    async def _send_response(self, response: Response) -> None:
+        await self._send_frame(encode_frame(response.to_message(), self.cfg.max_frame_size))
+
+    async def _send_connection_error(self, code: ErrorCode, message: str) -> None:
+        await self._send_response(Response.failure(CONNECTION_ERROR_ID, code, message))
+
+    async def _send_frame(self, frame: bytes) -> None:
+        """Write one whole frame, or mark the connection broken and stop its reader."""
+        if self._broken:
+            return
+        async with self.send_lock:
+            if self._broken:
+                return
+            # Only the connection's own teardown can cancel a send (answers are sent outside
+            # their request's cancel scope); a frame torn that way marks the stream unusable.
+            completed = False
+            try:
+                with trio.move_on_after(self.cfg.send_timeout) as timer:
+                    await self.stream.send_all(frame)
+                    completed = True
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._mark_broken(f"send failed: {exc!r}")
+                return
+            finally:
+                if not completed and not self._broken:
+                    self._broken = True
+            if timer.cancelled_caught:
+                self._mark_broken(f"client did not read for {self.cfg.send_timeout} s")
+
+    def _mark_broken(self, reason: str) -> None:
+        log.info("connection %s: %s; closing it", self.peer, reason)
+        self._broken = True
+        self._reader_scope.cancel()
+

@@ -1,0 +1,640 @@
+"""The daemon process: listeners, connections, scheduler, signals, shutdown.
+
+Start: bind the sockets (a live socket is an error before anything slow happens), discover
+devices, start the scheduler (models load and warm up), accept connections, print where it
+listens, notify systemd. SIGINT/SIGTERM: stop accepting (the socket file goes away), let the
+requests in flight finish for up to ``server.drain_timeout`` (new ones get ``UNAVAILABLE``),
+cancel what is left, close the scheduler (which saves the pipeline caches), exit 0. A second
+signal skips the drain. SIGHUP rescans the model repository (new folders load, removed ones
+unload, changed ones reload; other models keep serving).
+
+Operations (DESIGN §9): Prometheus metrics, ``/healthz`` and ``/readyz`` on their own HTTP
+listener (``metrics.listen``) in the root nursery; systemd ``Type=notify`` (READY, STATUS
+lines with devices and models, WATCHDOG pings from the trio loop, STOPPING) and socket
+activation (``LISTEN_FDS``: the inherited sockets replace the ones the config names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from vkserve.client.protocol import CONNECTION_ERROR_ID, ErrorCode, Response, encode_frame
+from vkserve.daemon import systemd
+from vkserve.daemon.config import Config, ConfigError, resolve_token, scheduler_config
+from vkserve.daemon.connection import Backend, Connection
+from vkserve.daemon.listeners import (
+    ListenError,
+    UnixSocket,
+    bind_unix_socket,
+    open_tcp_listeners,
+    tcp_listen_address,
+)
+from vkserve.daemon.metrics import (
+    DaemonMetrics,
+    LoadRecorder,
+    StateSnapshot,
+    device_label,
+    snapshot_from_status,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Server", "run_daemon", "serve"]
+
+
+def vkserve_version() -> str:
+    try:
+        return metadata.version("vkserve")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Server:
+    """Connections and their bookkeeping; the accept loops hand streams to :meth:`handle_unix`
+    and :meth:`handle_tcp`."""
+
+    def __init__(self, config: Config, backend: Backend, token: str | None) -> None:
+        self.config = config
+        self.backend = backend
+        self.token = token
+        self.version = vkserve_version()
+        self.connections: set[Connection] = set()
+        self.draining = False
+        self.infer_in_flight = 0
+        self.requests_done = 0
+        self.connections_total = 0
+        self.started_at = time.time()
+        self.listening: list[str] = []
+        self.repository: Path | None = None
+        self._all_closed = trio.Event()
+        self.metrics = DaemonMetrics(self.snapshot)
+        self._loads = LoadRecorder(self.metrics)
+        self._device_labels: dict[int, str] = {}
+        self.ready_announced = False
+
+    # ------------------------------------------------------------------ metrics and health
+
+    def _backend_status(self) -> dict[str, Any]:
+        status = self.backend.status()
+        return status if isinstance(status, dict) else {}
+
+    def device_labels(self) -> dict[int, str]:
+        """Device index -> metrics label (``vulkan0``, ``cpu``); devices never change."""
+        if not self._device_labels:
+            for d in self._backend_status().get("devices", []):
+                if isinstance(d, dict) and isinstance(d.get("index"), int):
+                    self._device_labels[d["index"]] = device_label(str(d.get("kind")), d["index"])
+        return self._device_labels
+
+    def snapshot(self) -> StateSnapshot:
+        """Scrape time: the scheduler's queues, devices, memory pools and pipeline caches."""
+        return snapshot_from_status(self._backend_status())
+
+    def exposition(self) -> bytes:
+        """``/metrics``: loads finished since the last scrape are observed first."""
+        self._loads.record(self.backend.models(), self.device_labels())
+        return self.metrics.exposition()
+
+    def reject(self, reason: str) -> None:
+        """A request refused before it reached the scheduler's queue."""
+        self.metrics.rejected.labels(reason).inc()
+
+    def observe_infer(self, model: str, result: Any, outcome: str, total: float) -> None:
+        """One finished infer request: ``result`` is the scheduler's InferResult or None."""
+        device = "none"
+        queue = execution = None
+        if result is not None:
+            index = getattr(result, "device_index", None)
+            if isinstance(index, int) and index >= 0:
+                device = self.device_labels().get(index, str(index))
+            queue = getattr(result, "queue_seconds", None)
+            execution = getattr(result, "run_seconds", None)
+        self.metrics.observe_request(model, device, outcome, total=total, queue=queue,
+                                     execution=execution)
+        if outcome == "overloaded":
+            self.reject("overloaded")  # the scheduler's queue was full: refused, never ran
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: every configured model ready on at least one healthy device."""
+        if self.draining:
+            return False, "not ready: shutting down"
+        try:
+            ready = bool(self.backend.ready())
+            models = [m for m in self.backend.models() if isinstance(m, dict)]
+        except Exception as exc:  # the answer is "not ready", with the reason
+            return False, f"not ready: {type(exc).__name__}: {exc}"
+        waiting = [m for m in models if m.get("state") not in ("ready", "unloading")]
+        if waiting:
+            parts = []
+            for m in waiting:
+                error = f": {m['error']}" if m.get("error") else ""
+                parts.append(f"{m.get('name')} ({m.get('state')}{error})")
+            return False, "not ready: " + "; ".join(parts)
+        if not ready:
+            return False, "not ready: the scheduler is starting or has no healthy device"
+        names = ", ".join(str(m.get("name")) for m in models) or "no models configured"
+        return True, f"ready: {names}"
+
+    def systemd_status(self) -> str:
+        """One STATUS= line: devices (health) and models (state)."""
+        try:
+            status = self._backend_status()
+            models = [m for m in self.backend.models() if isinstance(m, dict)]
+        except Exception as exc:  # advisory text only
+            return f"status unavailable: {exc}"
+        devices = ", ".join(
+            f"{d.get('name')}{'' if d.get('healthy') else ' (FAILED)'}"
+            for d in status.get("devices", []) if isinstance(d, dict)) or "none"
+        names = ", ".join(f"{m.get('name')} ({m.get('state')})" for m in models) or "none"
+        return f"devices: {devices}; models: {names}; requests served: {self.requests_done}"
+
+    async def handle_unix(self, stream: trio.SocketStream) -> None:
+        await self._handle(stream, "unix", needs_auth=False)
+
+    async def handle_tcp(self, stream: trio.SocketStream) -> None:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"tcp {host}:{port}"
+        except OSError:
+            peer = "tcp ?"
+        await self._handle(stream, peer, needs_auth=True)
+
+    async def _handle(self, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+        self.connections_total += 1
+        peer = f"{peer}#{self.connections_total}"
+        if self.draining or len(self.connections) >= self.config.server.max_connections:
+            why = "the daemon is shutting down" if self.draining else (
+                f"too many connections (limit {self.config.server.max_connections})")
+            log.warning("refusing connection %s: %s", peer, why)
+            self.reject("shutting_down" if self.draining else "too_many_connections")
+            frame = encode_frame(Response.failure(CONNECTION_ERROR_ID, ErrorCode.UNAVAILABLE, why).to_message())
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(frame)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            return
+        conn = Connection(self, stream, peer, needs_auth=needs_auth)
+        self.connections.add(conn)
+        log.debug("connection %s opened", peer)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            if self.draining and not self.connections:
+                self._all_closed.set()
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        for conn in list(self.connections):
+            conn.begin_drain()
+        if not self.connections:
+            self._all_closed.set()
+
+    def abort_in_flight(self) -> None:
+        """Drain timeout: every request still in flight ends now, answered UNAVAILABLE."""
+        for conn in list(self.connections):
+            conn.abort_in_flight()
+
+    async def wait_all_closed(self) -> None:
+        await self._all_closed.wait()
+
+    def server_status(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "pid": os.getpid(),
+            "uptime_seconds": round(time.time() - self.started_at, 3),
+            "listening": list(self.listening),
+            "connections": len(self.connections),
+            "connections_total": self.connections_total,
+            "requests_in_flight": sum(len(c.tasks) for c in self.connections),
+            "infer_in_flight": self.infer_in_flight,
+            "requests_done": self.requests_done,
+            "draining": self.draining,
+        }
+
+
+def _example_command(
+    models: list[dict[str, Any]], repository: Path | None, socket_path: Path, default_socket: Path
+) -> str:
+    """``vkserve infer ...`` for the first model, with a sample input when the folder has one."""
+    if not models:
+        return "vkserve models"
+    first = models[0]
+    name = str(first.get("name", "MODEL"))
+    args = f"vkserve infer {name}"
+    sample = None
+    folder = first.get("path")
+    if not isinstance(folder, str) and repository is not None:
+        folder = str(repository / name)
+    if isinstance(folder, str):
+        samples = sorted(Path(folder, "samples").glob("*.npy"))
+        sample = next((s for s in samples if s.stem == "3"), samples[0] if samples else None)
+    inputs = _input_names(first)
+    if sample is not None and len(inputs) == 1:
+        shown = os.path.relpath(sample)
+        if shown.startswith(".."):
+            shown = str(sample)
+        args += f" --input {inputs[0]}={shown}"
+    else:
+        args += " --random-input"
+    if socket_path != default_socket:
+        args += f" --socket {socket_path}"
+    return args
+
+
+def _input_names(model: dict[str, Any]) -> list[str]:
+    inputs = model.get("inputs")
+    if isinstance(inputs, dict):
+        return [str(k) for k in inputs]
+    if isinstance(inputs, list):
+        return [str(i.get("name")) if isinstance(i, dict) else str(i) for i in inputs]
+    return []
+
+
+async def _rescan(backend: Any) -> None:
+    """SIGHUP: load the models whose folders appeared (or were fixed) in the repository."""
+    rescan = getattr(backend, "rescan", None)
+    if rescan is None:
+        log.warning("SIGHUP: this scheduler cannot rescan the model repository; ignored")
+        return
+    try:
+        result = await rescan()
+    except Exception as exc:  # e.g. not running yet; the daemon goes on either way
+        log.warning("SIGHUP: rescan failed: %s", exc)
+        return
+    log.info("SIGHUP: repository rescanned: %s", result)
+
+
+async def _watch_signals(
+    signals: Any, stop: trio.Event, startup: trio.CancelScope, root: trio.Nursery, backend: Any
+) -> None:
+    hard = root.cancel_scope
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            if not stop.is_set():
+                root.start_soon(_rescan, backend)
+            continue
+        if not stop.is_set():
+            log.info("%s: shutting down (draining requests in flight)", signal.Signals(signum).name)
+            stop.set()
+            startup.cancel()
+        else:
+            log.warning("%s again: stopping now", signal.Signals(signum).name)
+            hard.cancel()
+
+
+async def _wait_ready(backend: Any, stop: trio.Event, scope: trio.CancelScope) -> None:
+    """Until the scheduler reports ready (start-up loads done) or a stop signal arrives."""
+    async def stop_on_signal() -> None:
+        await stop.wait()
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_on_signal)
+        wait_until = getattr(backend, "wait_until", None)
+        if wait_until is not None:
+            await wait_until(backend.ready)
+        else:
+            while not backend.ready():
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+#: Seconds the UNAVAILABLE answers of a drain timeout may take to go out.
+ABORT_GRACE = 2.0
+#: Seconds between STATUS= refreshes (sent only when the text changed).
+STATUS_INTERVAL = 5.0
+
+
+async def _systemd_pings(server: Server, interval: float | None) -> None:
+    """WATCHDOG=1 every ``interval`` (half of ``$WATCHDOG_USEC``) from the trio loop itself,
+    so a stuck loop stops the pings and systemd restarts the daemon; a STATUS= line when the
+    devices' or models' state changed."""
+    last_status = ""
+    next_status = 0.0
+    while True:
+        now = trio.current_time()
+        lines = []
+        if interval:
+            lines.append("WATCHDOG=1")
+        if now >= next_status and server.ready_announced:
+            text = server.systemd_status()
+            if text != last_status:
+                lines.append(f"STATUS={text}")
+                last_status = text
+            next_status = now + STATUS_INTERVAL
+        if lines:
+            systemd.notify("\n".join(lines))
+        await trio.sleep(min(interval or STATUS_INTERVAL, STATUS_INTERVAL))
+
+
+@dataclasses.dataclass
+class _Listening:
+    """Where the daemon listens: its own Unix socket or the ones systemd passed, TCP, metrics."""
+
+    socket_path: Path  # for the banner's example command
+    unix: UnixSocket | None = None  # bound here (removed at exit); None when inherited
+    unix_listeners: list[trio.SocketListener] = dataclasses.field(default_factory=list)
+    tcp_listeners: list[trio.SocketListener] = dataclasses.field(default_factory=list)
+    metrics: list[trio.SocketListener] = dataclasses.field(default_factory=list)
+    metrics_host: str = ""
+    described: list[str] = dataclasses.field(default_factory=list)
+    inherited: list[socket.socket] = dataclasses.field(default_factory=list)
+
+    def close(self) -> None:
+        """Idempotent: remove our socket file and close every socket (served ones are
+        closed already; those never served, e.g. after a start-up failure, are not)."""
+        if self.unix is not None:
+            self.unix.unlink()
+            self.unix.sock.close()
+        for listener in self.unix_listeners + self.tcp_listeners + self.metrics:
+            listener.socket.close()
+        for sock in self.inherited:
+            sock.close()
+
+
+def _adopt_inherited(sockets: list[socket.socket], config: Config, where: _Listening) -> None:
+    """Socket activation: serve the listening sockets systemd passed (Unix and/or TCP)."""
+    for sock in sockets:
+        if sock.type != socket.SOCK_STREAM:
+            raise ListenError(f"socket activation: fd {sock.fileno()} is not a stream socket")
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        if sock.family == socket.AF_UNIX:
+            name = sock.getsockname()
+            path = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            where.unix_listeners.append(listener)
+            where.described.append(f"unix:{path or '(unnamed)'}")
+            if path and not path.startswith("\0"):
+                where.socket_path = Path(path)
+        elif sock.family in (socket.AF_INET, socket.AF_INET6):
+            where.tcp_listeners.append(listener)
+            where.described.append("tcp:{}:{}".format(*tcp_listen_address(listener)))
+        else:
+            raise ListenError(f"socket activation: fd {sock.fileno()}: unsupported family "
+                              f"{sock.family!r}")
+    log.info("socket activation: serving %d inherited socket(s): %s", len(sockets),
+             ", ".join(where.described))
+
+
+def _resolve_token(config: Config, tcp_inherited: bool) -> str | None:
+    if not tcp_inherited or config.server.tcp:
+        return resolve_token(config.server)
+    try:  # systemd passed a TCP socket: it needs a token as server.tcp does
+        return resolve_token(dataclasses.replace(config.server, tcp="inherited"))
+    except ConfigError as exc:
+        raise ConfigError(f"socket activation passed a TCP socket: {exc}") from None
+
+
+async def _open_listeners(config: Config) -> tuple[_Listening, str | None]:
+    """Bind (or inherit) every socket before anything slow, so a taken address fails fast."""
+    where = _Listening(config.server.socket_path())
+    inherited = systemd.listen_fds()
+    where.inherited = inherited
+    try:
+        if inherited:
+            _adopt_inherited(inherited, config, where)
+            token = _resolve_token(config, bool(where.tcp_listeners))
+        else:
+            token = resolve_token(config.server)
+            where.unix = bind_unix_socket(where.socket_path, config.server.socket_mode)
+            where.unix_listeners.append(where.unix.listener())
+            where.described.append(f"unix:{where.socket_path}")
+            tcp = config.server.tcp_address()
+            if tcp is not None:
+                where.tcp_listeners = await open_tcp_listeners(tcp.host, tcp.port)
+                where.described += ["tcp:{}:{}".format(*tcp_listen_address(ls))
+                                    for ls in where.tcp_listeners]
+        metrics = config.metrics.listen_address()
+        if metrics is not None:
+            host, port = metrics
+            try:
+                where.metrics = await trio.open_tcp_listeners(port, host=host)
+            except OSError as exc:
+                raise ListenError(f"metrics.listen {host}:{port}: cannot listen: {exc}") from None
+            where.metrics_host = host
+    except BaseException:
+        where.close()
+        raise
+    return where, token
+
+
+async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | None = None,
+                announce: Callable[[str], None] | None = None) -> int:
+    """Run the daemon until SIGINT/SIGTERM; returns the exit status.
+
+    ``backend_factory`` builds the scheduler (default: ``scheduler.Scheduler`` over the
+    discovered devices and ``config.models.repository``). Raises ConfigError / ListenError
+    for problems found before serving.
+    """
+    say = announce or (lambda line: print(line, flush=True))
+    repo_path = config.models.repository_path()
+    if backend_factory is None:
+        backend_factory = _default_backend_factory(config, repo_path)
+    where, token = await _open_listeners(config)
+    try:
+        backend = await backend_factory()
+        server = Server(config, backend, token)
+        server.repository = repo_path
+        server.listening = list(where.described)
+        listeners: list[tuple[Any, list[trio.SocketListener]]] = []
+        if where.unix_listeners:
+            listeners.append((server.handle_unix, where.unix_listeners))
+        if where.tcp_listeners:
+            listeners.append((server.handle_tcp, where.tcp_listeners))
+        return await _run(config, server, backend, where, listeners, say)
+    finally:
+        where.close()
+
+
+def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Any]]:
+    from vkserve.scheduler import ModelRepository, Scheduler, SchedulerConfig  # noqa: PLC0415
+
+    if not repo_path.is_dir():
+        raise ConfigError(f"models.repository: {repo_path} is not a directory")
+    table = dict(config.scheduler)
+    if "cache_dir" not in table:  # persistent pipeline caches unless the config says ""
+        from vkserve.cache.persist import default_cache_dir  # noqa: PLC0415
+
+        table["cache_dir"] = str(default_cache_dir())
+    sched_cfg = scheduler_config(table, SchedulerConfig)
+
+    async def build() -> Any:
+        hooks = parse_test_hooks(os.environ)
+        devices = None  # the scheduler discovers them itself (in a worker thread) when it runs
+        if hooks:
+            devices = await trio.to_thread.run_sync(_hooked_devices, sched_cfg, hooks)
+        return Scheduler(devices, sched_cfg, ModelRepository(repo_path))
+
+    return build
+
+
+#: Test hooks (DESIGN issue 6: faults are injected in the device worker, not by mocking
+#: Vulkan), reached from outside the process: ``VKSERVE_TEST_DEVICE_DELAY="cpu=0.3,0=0.05"``
+#: adds seconds to every run on those devices, ``VKSERVE_TEST_DEVICE_FAULT="0=3"`` makes the
+#: next runs on device 0 fail as a lost device. Devices are indices or ``cpu``.
+TEST_HOOK_VARS = {"VKSERVE_TEST_DEVICE_DELAY": "delay", "VKSERVE_TEST_DEVICE_FAULT": "fault"}
+
+
+def parse_test_hooks(env: Mapping[str, str]) -> list[tuple[str, str, float]]:
+    """``[(kind, device, value)]`` from the test-hook variables; ConfigError when malformed."""
+    hooks = []
+    for var, kind in TEST_HOOK_VARS.items():
+        for item in filter(None, (p.strip() for p in env.get(var, "").split(","))):
+            device, sep, value = item.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                number = -1.0
+            if not sep or not (device == "cpu" or device.isdigit()) or number < 0:
+                raise ConfigError(f"${var}: {item!r} is not DEVICE=NUMBER (DEVICE an index or cpu)")
+            hooks.append((kind, device, number))
+    return hooks
+
+
+def _hooked_devices(sched_cfg: Any, hooks: list[tuple[str, str, float]]) -> list[Any]:
+    from vkserve.scheduler import discover_handles, vulkan_engine_available  # noqa: PLC0415
+
+    use_vulkan = bool(sched_cfg.use_vulkan) and vulkan_engine_available()
+    handles = discover_handles(use_vulkan=use_vulkan, cache_dir=sched_cfg.cache_dir)
+    for kind, device, value in hooks:
+        for h in handles:
+            if (device == "cpu" and h.is_cpu) or (device.isdigit() and h.index == int(device)):
+                log.warning("TEST HOOK: device %d (%s): %s %g", h.index, h.name, kind, value)
+                if kind == "delay":
+                    h.inject_delay(value)
+                else:
+                    h.inject_fault(int(value))
+    return handles
+
+
+async def _run(
+    config: Config,
+    server: Server,
+    backend: Any,
+    where: _Listening,
+    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    say: Callable[[str], None],
+) -> int:
+    stop = trio.Event()
+    startup = trio.CancelScope()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as root:
+            root.start_soon(_watch_signals, signals, stop, startup, root, backend)
+            if os.environ.get("NOTIFY_SOCKET"):
+                root.start_soon(_systemd_pings, server, systemd.watchdog_interval())
+            if where.metrics:
+                from vkserve.daemon.metrics_http import serve_metrics  # noqa: PLC0415
+
+                port = await root.start(functools.partial(
+                    serve_metrics, where.metrics_host, 0, server.exposition, server.readiness,
+                    listeners=where.metrics))
+                host = where.metrics_host
+                shown = f"[{host}]" if ":" in host else host
+                say(f"vkserve: metrics on http://{shown}:{port}/metrics (also /healthz, /readyz)")
+            with startup:
+                systemd.notify("STATUS=starting the scheduler")
+                await root.start(backend.run)
+            if stop.is_set():
+                systemd.notify("STOPPING=1\nSTATUS=stopped during start-up")
+                say("vkserve: stopped during start-up")
+            else:
+                await _accept_and_drain(config, server, where, listeners, stop, say)
+            systemd.notify("STATUS=closing the scheduler (saving pipeline caches)")
+            await backend.aclose()
+            root.cancel_scope.cancel()
+    return 0
+
+
+async def _accept_and_drain(
+    config: Config,
+    server: Server,
+    where: _Listening,
+    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    stop: trio.Event,
+    say: Callable[[str], None],
+) -> None:
+    async with trio.open_nursery() as handlers:
+        async with trio.open_nursery() as acceptors:
+            for handler, group in listeners:
+                await acceptors.start(
+                    functools.partial(trio.serve_listeners, handler, group, handler_nursery=handlers)
+                )
+            for listening in server.listening:
+                kind, _, addr = listening.partition(":")
+                say(f"vkserve: listening on {kind} {addr}{' (token required)' if kind == 'tcp' else ''}")
+            with trio.CancelScope() as loading:
+                systemd.notify("STATUS=loading models")
+                await _wait_ready(server.backend, stop, loading)
+            if stop.is_set():
+                acceptors.cancel_scope.cancel()
+            else:
+                _announce(server, where.socket_path, say)
+                systemd.notify(f"READY=1\nSTATUS=serving on {', '.join(server.listening)}; "
+                               f"{server.systemd_status()}")
+                server.ready_announced = True
+                await stop.wait()
+                acceptors.cancel_scope.cancel()  # closes the listeners
+        if where.unix is not None:
+            where.unix.unlink()
+        in_flight = server.server_status()["requests_in_flight"]
+        say(f"vkserve: stopping; draining {in_flight} request(s) in flight "
+            f"(up to {config.server.drain_timeout:g} s)")
+        systemd.notify(f"STOPPING=1\nSTATUS=draining {in_flight} request(s)")
+        server.begin_drain()
+        with trio.move_on_after(config.server.drain_timeout) as drain:
+            await server.wait_all_closed()
+        if drain.cancelled_caught:
+            left = server.server_status()["requests_in_flight"]
+            log.warning("drain timeout: cancelling %d request(s) still in flight "
+                        "(answered UNAVAILABLE)", left)
+            server.abort_in_flight()
+            with trio.move_on_after(ABORT_GRACE):  # the answers go out, connections close
+                await server.wait_all_closed()
+        handlers.cancel_scope.cancel()
+    say(f"vkserve: stopped ({server.requests_done} requests served)")
+
+
+def _announce(server: Server, socket_path: Path, say: Callable[[str], None]) -> None:
+    from vkserve.client.paths import default_socket_path  # noqa: PLC0415
+
+    try:
+        models = [m for m in server.backend.models() if isinstance(m, dict)]
+    except Exception:  # only for the banner; serving goes on
+        log.exception("listing models for the start-up banner failed")
+        models = []
+    names = ", ".join(f"{m.get('name')} ({m.get('state', '?')})" for m in models) or "none"
+    say(f"vkserve {server.version}: models: {names}")
+    say(f"vkserve: send a job:  {_example_command(models, server.repository, socket_path, default_socket_path())}")
+
+
+def run_daemon(config: Config) -> int:
+    """``trio.run(serve)`` with one-line reporting of start-up problems (exit status 1/2)."""
+    try:
+        return trio.run(serve, config)
+    except ConfigError as exc:
+        print(f"vkserve serve: config: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        print(f"vkserve serve: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        config_errors, rest = group.split((ConfigError, ListenError))
+        if rest is None and config_errors is not None:
+            print(f"vkserve serve: {config_errors.exceptions[0]}", file=sys.stderr)
+            return 2
+        log.error("vkserve serve failed", exc_info=group)
+        return 1

@@ -1,0 +1,305 @@
+"""CPU executor: a Plan compiles a Graph for fixed input shapes into a list of kernels over
+one bf16 arena.
+
+Storage is bf16 (uint16) and compute fp32: before a step runs, each of its inputs is widened
+from the arena into a reusable fp32 scratch buffer (``vkserve.devices.cpu.arena.Scratch``; kernels that
+define ``forward_bf16`` instead read the bf16 arena views and widen what they need themselves,
+e.g. straight into a padded or im2col buffer); the kernel's fp32 results are narrowed (RNE)
+into the outputs' arena slots. After the first run nothing large is allocated per run. Because every input is read before any output is written, a blob last
+read by a step may share bytes with that step's outputs (see ``vkserve.devices.cpu.arena``).
+Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
+Data-dependent outputs (detections) live outside the arena, in fp32.
+
+A Plan is not re-entrant: ``run`` holds a lock; use one Plan per concurrent job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vkserve.devices.cpu.arena import Interval, Scratch, plan_offsets
+from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
+from vkserve.devices.cpu.kernels import REGISTRY, Kernel, Shape, UnsupportedError
+
+BYTES_PER_ELEMENT = 2
+
+
+class PlanError(ValueError):
+    """The graph cannot be compiled for the CPU engine (all offending layers named at once)."""
+
+
+#: activation layers that can run on their producer's fp32 result before its single store
+FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoid", "HardSwish"})
+#: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
+#: slot or a new array, never a slot those activations use, never a view of an input)
+FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp"})
+
+
+@dataclass
+class _Step:
+    kernel: Kernel
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    #: activation kernels fused into this step: applied in order to its fp32 result
+    post: list[Kernel] = field(default_factory=list)
+    #: names of the layers fused in (for reports)
+    fused: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Storage:
+    size: int
+    start: int
+    end: int
+
+
+class Plan:
+    """A Graph compiled for given input shapes: kernels in order plus an arena layout."""
+
+    def __init__(
+        self,
+        graph: Any,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        outputs: Sequence[str] | None = None,
+        fuse: bool = True,
+    ) -> None:
+        self.input_names: list[str] = list(graph.input_names)
+        self.output_names: list[str] = list(outputs) if outputs is not None else list(graph.output_names)
+        given = {k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()}
+        self.blob_shapes: dict[str, Shape] = {}
+        self._steps: list[_Step] = []
+        self.scratch = Scratch()
+        self._compile(graph, given)
+        self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
+        self._lay_out()
+        self._prepare()
+        self._lock = threading.Lock()
+
+    # -- compile ---------------------------------------------------------------------------
+
+    def _compile(self, graph: Any, given: dict[str, Shape]) -> None:
+        unknown = sorted({layer.type for layer in graph.layers if layer.type not in REGISTRY})
+        if unknown:
+            names = ", ".join(
+                f"{t} ({', '.join(lay.name for lay in graph.layers if lay.type == t)})" for t in unknown
+            )
+            raise PlanError(f"unsupported layer types for the CPU engine: {names}")
+        problems: list[str] = []
+        self._dynamic: set[str] = set()
+        for layer in graph.layers:
+            if layer.type == "Input":
+                blob = layer.outputs[0]
+                shape = given.get(blob) or given.get(layer.name) or graph.blob_shapes.get(blob)
+                if not shape:
+                    problems.append(f"{layer.name} (Input): no shape given for input '{blob}'")
+                    continue
+                in_shapes: list[Shape] = [tuple(shape)]
+            elif any(b not in self.blob_shapes for b in layer.inputs):
+                continue  # an upstream layer already failed
+            else:
+                in_shapes = [self.blob_shapes[b] for b in layer.inputs]
+            try:
+                kernel = REGISTRY[layer.type](layer, in_shapes)
+                kernel.scratch = self.scratch
+            except UnsupportedError as e:
+                problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
+                continue
+            if len(kernel.out_shapes) != len(layer.outputs):
+                problems.append(f"{layer.name} ({layer.type}): {len(layer.outputs)} outputs, kernel makes {len(kernel.out_shapes)}")
+                continue
+            for blob, shape in zip(layer.outputs, kernel.out_shapes):
+                self.blob_shapes[blob] = tuple(shape)
+            sources = [layer.inputs[kernel.source(i)] for i in range(len(layer.outputs))] if kernel.alias and layer.inputs else []
+            if kernel.dynamic or any(s in self._dynamic for s in sources):
+                self._dynamic.update(layer.outputs)
+            self._steps.append(_Step(kernel, layer.name, list(layer.inputs), list(layer.outputs)))
+        missing = [n for n in self.output_names if n not in self.blob_shapes and not problems]
+        if missing:
+            problems.append(f"requested outputs not produced by the graph: {', '.join(missing)}")
+        if problems:
+            raise PlanError("cannot run on the CPU engine:\n  " + "\n  ".join(problems))
+
+    def _fuse_activations(self) -> list[tuple[str, str]]:
+        """Fold an activation layer into the step producing its input, when that blob is read by
+        nothing else and is not a requested output: the activation then runs on the producer's
+        fp32 result before the one bf16 store (one store, one widen and one pass fewer; the
+        result differs from running them apart only by the bf16 rounding of the blob between).
+        Returns (producer, activation) layer names."""
+        readers: dict[str, int] = {}
+        for step in self._steps:
+            for b in step.inputs:
+                readers[b] = readers.get(b, 0) + 1
+        producer: dict[str, _Step] = {}
+        for step in self._steps:
+            for b in step.outputs:
+                producer[b] = step
+        keep: list[_Step] = []
+        fused: list[tuple[str, str]] = []
+        protected = set(self.output_names) | self._dynamic
+        for step in self._steps:
+            k = step.kernel
+            if k.layer.type in FUSABLE_ACTIVATIONS and len(step.inputs) == 1 and len(step.outputs) == 1:
+                blob = step.inputs[0]
+                src = producer.get(blob)
+                if (
+                    src is not None and not src.post and len(src.outputs) == 1
+                    and src.kernel.layer.type in FUSABLE_PRODUCERS and not src.kernel.alias
+                    and readers.get(blob) == 1 and blob not in protected
+                    and step.outputs[0] not in self._dynamic
+                ):
+                    src.post.append(k)
+                    src.fused.append(step.name)
+                    src.outputs = list(step.outputs)
+                    producer[step.outputs[0]] = src
+                    fused.append((src.name, step.name))
+                    continue
+            keep.append(step)
+        self._steps = keep
+        return fused
+
+    def _lay_out(self) -> None:
+        """Group aliasing blobs into storages, give each a lifetime and pack them into the arena."""
+        self._storage_of: dict[str, int] = {}
+        storages: list[_Storage] = []
+        end_of_run = len(self._steps)
+        for step_index, step in enumerate(self._steps):
+            for blob in step.inputs:
+                sid = self._storage_of.get(blob)
+                if sid is not None:
+                    storages[sid].end = max(storages[sid].end, step_index)
+            for i, blob in enumerate(step.outputs):
+                if blob in self._dynamic:
+                    continue
+                if step.kernel.alias and step.kernel.layer.type != "Input":
+                    self._storage_of[blob] = self._storage_of[step.inputs[step.kernel.source(i)]]
+                    continue
+                size = int(np.prod(self.blob_shapes[blob])) * BYTES_PER_ELEMENT
+                self._storage_of[blob] = len(storages)
+                storages.append(_Storage(size, step_index, step_index + 1))
+        for blob in self.output_names:
+            if blob in self._storage_of:
+                storages[self._storage_of[blob]].end = end_of_run + 1
+        offsets, total = plan_offsets([Interval(s.size, s.start, s.end) for s in storages])
+        self.arena_bytes: int = total
+        self.naive_bytes: int = sum(
+            int(np.prod(self.blob_shapes[b])) * BYTES_PER_ELEMENT for b in self._storage_of
+        )
+        self.storage_intervals: list[tuple[int, Interval]] = [
+            (off, Interval(s.size, s.start, s.end)) for off, s in zip(offsets, storages)
+        ]
+        self._arena = np.zeros(total // BYTES_PER_ELEMENT, dtype=np.uint16)
+        self._views: dict[str, np.ndarray] = {}
+        for blob, sid in self._storage_of.items():
+            start = offsets[sid] // BYTES_PER_ELEMENT
+            n = int(np.prod(self.blob_shapes[blob]))
+            self._views[blob] = self._arena[start : start + n].reshape(self.blob_shapes[blob])
+
+    def _native(self, step: _Step) -> bool:
+        return (
+            step.kernel.bf16_native and not step.post
+            and not any(b in self._dynamic for b in step.inputs + step.outputs)
+        )
+
+    def _prepare(self) -> None:
+        """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post).
+
+        kind: 0 alias (nothing to do unless data-dependent), 1 bf16-native (views in, uint16
+        out), 2 raw inputs (bf16 views in, fp32 out), 3 widened inputs (fp32 in, fp32 out).
+        Inputs are arena views, or a name for data-dependent (fp32, by name) blobs; outputs
+        are (view or name, exact store)."""
+        self._program: list[tuple[int, Kernel, list[Any], list[Any], list[Kernel], str]] = []
+        #: bf16-native steps with several inputs or outputs whose bytes overlap in the arena
+        #: (a blob last read by a step may share bytes with its outputs): their inputs are
+        #: copied first, since an early write could clobber a later read. One copy from one
+        #: input to one output needs nothing: numpy's copyto detects overlap and buffers.
+        self._copy_inputs: set[int] = set()
+        for step in self._steps:
+            k = step.kernel
+            ins: list[Any] = [b if b in self._dynamic else self._views[b] for b in step.inputs]
+            outs: list[Any] = []
+            for i, b in enumerate(step.outputs):
+                if b in self._dynamic:
+                    outs.append((b, False))
+                else:
+                    outs.append((self._views.get(b), bool(k.exact_store) and not step.post))
+            if k.alias:
+                kind = 0
+                ins = list(step.inputs)
+                outs = [(b, b in self._dynamic) for b in step.outputs]
+            elif self._native(step):
+                kind = 1
+                if (len(ins) > 1 or len(outs) > 1) and any(
+                    np.may_share_memory(o, x) for o, _ in outs for x in ins
+                ):
+                    self._copy_inputs.add(len(self._program))
+            elif k.raw_inputs:
+                kind = 2
+            else:
+                kind = 3
+            self._program.append((kind, k, ins, outs, list(step.post), step.name))
+
+    # -- run -------------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once; ``inputs`` maps every input blob name to a float32-convertible array."""
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(f"missing inputs: {', '.join(missing)}")
+        with self._lock, np.errstate(over="ignore", under="ignore"):
+            for name in self.input_names:
+                arr = np.asarray(inputs[name], dtype=np.float32)
+                want = self.blob_shapes[name]
+                if arr.shape != want:
+                    raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
+                to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
+            dynamic: dict[str, np.ndarray] = {}
+            scratch_get = self.scratch.get
+            copy_inputs = self._copy_inputs
+            for index, (kind, kernel, ins, outs, post, name) in enumerate(self._program):
+                if kind == 0:
+                    # no compute; only data-dependent blobs need passing along by name
+                    for i, (blob, dyn) in enumerate(outs):
+                        if dyn:
+                            dynamic[blob] = dynamic[ins[kernel.source(i)]]
+                    continue
+                if kind == 1:
+                    if index in copy_inputs:
+                        ins = [x.copy() for x in ins]
+                    into = getattr(kernel, "forward_into", None)
+                    if into is not None:
+                        into(ins, [view for view, _ in outs])
+                        continue
+                    ys = kernel.forward(ins)
+                    for (view, _), y in zip(outs, ys):
+                        np.copyto(view, y)
+                    continue
+                if kind == 2:
+                    ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])
+                else:
+                    ys = kernel.forward([
+                        dynamic[x] if isinstance(x, str)
+                        else widen_into(x, scratch_get(f"in{i}", x.shape))
+                        for i, x in enumerate(ins)
+                    ])
+                for act in post:
+                    ys = act.forward(ys)
+                for (view, exact), y in zip(outs, ys):
+                    if isinstance(view, str):
+                        dynamic[view] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
+                        continue
+                    if y.shape != view.shape:
+                        raise RuntimeError(f"{name}: produced {y.shape}, planned {view.shape}")
+                    if exact:
+                        narrow_exact_into(y, view)
+                    else:
+                        to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))
+            return {
+                name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
+                for name in self.output_names
+            }

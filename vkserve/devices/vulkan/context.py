@@ -1,0 +1,351 @@
+"""A Vulkan device context: logical device, one compute queue, buffers, submission.
+
+cffi releases the GIL on every C call, so the queue and the command pool (both
+externally synchronised objects in Vulkan) are guarded by locks here. Every
+object the context creates is counted in `live_objects`, so tests can prove that
+teardown leaks nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vkserve.devices.capabilities import DeviceCaps
+from vkserve.devices.vulkan.errors import VulkanError, check, result_name, vk_errors
+from vkserve.devices.vulkan.instance import get_instance
+
+# Process-wide count of live objects of every context, by type (for leak tests).
+LIVE_OBJECTS: collections.Counter[str] = collections.Counter()
+_live_lock = threading.Lock()
+
+
+def _track(kind: str, delta: int) -> None:
+    with _live_lock:
+        LIVE_OBJECTS[kind] += delta
+
+
+class MemoryKind(enum.Enum):
+    DEVICE = "device"  # device-local; host-visible only if the device happens to offer it
+    HOST = "host"  # host-visible, for staging and readback
+
+
+_DEVICE_FEATURE_STRUCTS = (
+    # (ctype, sType, extension that provides it before it became core, its fields)
+    ("VkPhysicalDevice16BitStorageFeatures",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES", "VK_KHR_16bit_storage",
+     ("storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storagePushConstant16")),
+    ("VkPhysicalDevice8BitStorageFeatures",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES", "VK_KHR_8bit_storage",
+     ("storageBuffer8BitAccess", "uniformAndStorageBuffer8BitAccess", "storagePushConstant8")),
+    ("VkPhysicalDeviceShaderFloat16Int8Features",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES",
+     "VK_KHR_shader_float16_int8", ("shaderFloat16", "shaderInt8")),
+)
+_OPTIONAL_EXTENSIONS = ("VK_EXT_memory_budget", "VK_KHR_16bit_storage", "VK_KHR_8bit_storage",
+                        "VK_KHR_shader_float16_int8", "VK_KHR_storage_buffer_storage_class")
+
+
+class Buffer:
+    """A VkBuffer bound to its own VkDeviceMemory; host-visible ones stay mapped."""
+
+    def __init__(self, ctx: "VulkanContext", size: int, memory: MemoryKind) -> None:
+        vk = ctx.vk
+        self.ctx = ctx
+        self.size = size
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        info = vk.VkBufferCreateInfo(size=max(size, 4), usage=usage,
+                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+        with vk_errors("vkCreateBuffer"):
+            self.handle = vk.vkCreateBuffer(ctx.device, info, None)
+        _track("VkBuffer", +1)
+        self.memory = None
+        self._mapped: Any = None
+        try:
+            req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
+            type_index, flags = ctx.pick_memory_type(req.memoryTypeBits, memory)
+            self.host_visible = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+            self.coherent = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
+            alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=type_index)
+            with vk_errors(f"vkAllocateMemory({req.size} bytes, {memory.value})"):
+                self.memory = vk.vkAllocateMemory(ctx.device, alloc, None)
+            _track("VkDeviceMemory", +1)
+            self.allocation_size = int(req.size)
+            with vk_errors("vkBindBufferMemory"):
+                vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
+            if self.host_visible:
+                with vk_errors("vkMapMemory"):
+                    self._mapped = vk.vkMapMemory(ctx.device, self.memory, 0, req.size, 0)
+        except BaseException:
+            self.destroy()
+            raise
+
+    @property
+    def view(self) -> memoryview:
+        """The mapped bytes (host-visible buffers only)."""
+        if self._mapped is None:
+            raise ValueError("buffer is not host-visible")
+        return memoryview(self._mapped)[: self.size]
+
+    def array(self, dtype: Any, count: int | None = None, offset: int = 0) -> np.ndarray:
+        """A numpy view of the mapped memory (no copy)."""
+        dt = np.dtype(dtype)
+        n = (self.size - offset) // dt.itemsize if count is None else count
+        return np.frombuffer(self.view, dtype=dt, count=n, offset=offset)
+
+    def _ranges(self, offset: int, size: int | None) -> Any:
+        vk = self.ctx.vk
+        atom = self.ctx.caps.properties.get("nonCoherentAtomSize", 1) or 1
+        start = offset // atom * atom
+        end = self.allocation_size if size is None else min(
+            self.allocation_size, -(-(offset + size) // atom) * atom)
+        return vk.VkMappedMemoryRange(memory=self.memory, offset=start, size=end - start)
+
+    def flush(self, offset: int = 0, size: int | None = None) -> None:
+        """Make host writes visible to the device (no-op on coherent memory)."""
+        if not self.coherent:
+            with vk_errors("vkFlushMappedMemoryRanges"):
+                self.ctx.vk.vkFlushMappedMemoryRanges(self.ctx.device, 1, [self._ranges(offset, size)])
+
+    def invalidate(self, offset: int = 0, size: int | None = None) -> None:
+        """Make device writes visible to the host (no-op on coherent memory)."""
+        if not self.coherent:
+            with vk_errors("vkInvalidateMappedMemoryRanges"):
+                self.ctx.vk.vkInvalidateMappedMemoryRanges(self.ctx.device, 1,
+                                                           [self._ranges(offset, size)])
+
+    def destroy(self) -> None:
+        vk, dev = self.ctx.vk, self.ctx.device
+        if self._mapped is not None:
+            vk.vkUnmapMemory(dev, self.memory)
+            self._mapped = None
+        if self.handle is not None:
+            vk.vkDestroyBuffer(dev, self.handle, None)
+            self.handle = None
+            _track("VkBuffer", -1)
+        if self.memory is not None:
+            vk.vkFreeMemory(dev, self.memory, None)
+            self.memory = None
+            _track("VkDeviceMemory", -1)
+
+
+class VulkanContext:
+    """Logical device with one compute queue for one discovered device."""
+
+    def __init__(self, caps: DeviceCaps) -> None:
+        if caps.compute_queue_family < 0:
+            raise VulkanError(f"device {caps.index} ({caps.name})", "no compute queue family")
+        self.instance = get_instance()
+        vk = self.vk = self.instance.vk
+        self.caps = caps
+        self.physical_device = self.instance.physical_devices[caps.index]
+        self.queue_lock = threading.Lock()
+        self.pool_lock = threading.Lock()
+        self.device = None
+        self.command_pool = None
+        self._create_device()
+        try:
+            self.queue = vk.vkGetDeviceQueue(self.device, caps.compute_queue_family, 0)
+            info = vk.VkCommandPoolCreateInfo(
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                queueFamilyIndex=caps.compute_queue_family)
+            with vk_errors("vkCreateCommandPool"):
+                self.command_pool = vk.vkCreateCommandPool(self.device, info, None)
+            _track("VkCommandPool", +1)
+            self._memory_types = vk.vkGetPhysicalDeviceMemoryProperties(self.physical_device)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _create_device(self) -> None:
+        vk, ffi, caps = self.vk, self.vk.ffi, self.caps
+        api12 = caps.api_version >= vk.VK_MAKE_VERSION(1, 2, 0)
+        extensions = [e for e in _OPTIONAL_EXTENSIONS if e in caps.extensions and
+                      (e == "VK_EXT_memory_budget" or not api12)]
+        chain = ffi.NULL
+        keep = []
+        for ctype, stype, ext, fields in _DEVICE_FEATURE_STRUCTS:
+            if not (api12 or ext in caps.extensions):
+                continue
+            values = {f: 1 for f in fields if caps.features.get(f)}
+            if not values:
+                continue
+            s = ffi.new(ctype + "*", {"sType": getattr(vk, stype), "pNext": chain, **values})
+            keep.append(s)
+            chain = s
+        features2 = ffi.new("VkPhysicalDeviceFeatures2*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, "pNext": chain})
+        for name in ("shaderInt64", "shaderInt16", "shaderFloat64", "robustBufferAccess"):
+            if caps.features.get(name):
+                setattr(features2.features, name, 1)
+        queue_info = vk.VkDeviceQueueCreateInfo(
+            queueFamilyIndex=caps.compute_queue_family, queueCount=1, pQueuePriorities=[1.0])
+        info = vk.VkDeviceCreateInfo(
+            pNext=features2 if caps.api_version >= vk.VK_MAKE_VERSION(1, 1, 0) else None,
+            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+            enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions)
+        with vk_errors(f"vkCreateDevice({caps.name})"):
+            self.device = vk.vkCreateDevice(self.physical_device, info, None)
+        _track("VkDevice", +1)
+        self.enabled_extensions = extensions
+
+    def pick_memory_type(self, type_bits: int, kind: MemoryKind) -> tuple[int, int]:
+        vk = self.vk
+        props = self._memory_types
+        visible = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+        if kind is MemoryKind.DEVICE:
+            want = [vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT]
+        else:  # in order of preference
+            coherent = visible | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            want = [coherent | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT, coherent, visible]
+        for flags in want:
+            for i in range(props.memoryTypeCount):
+                have = props.memoryTypes[i].propertyFlags
+                if type_bits & (1 << i) and have & flags == flags:
+                    return i, have
+        raise VulkanError(f"allocating {kind.value} memory", "no suitable memory type")
+
+    def create_buffer(self, size: int, memory: MemoryKind = MemoryKind.DEVICE) -> Buffer:
+        return Buffer(self, size, memory)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def allocate_command_buffer(self) -> Any:
+        vk = self.vk
+        info = vk.VkCommandBufferAllocateInfo(
+            commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=1)
+        with self.pool_lock, vk_errors("vkAllocateCommandBuffers"):
+            cmd = vk.vkAllocateCommandBuffers(self.device, info)[0]
+        _track("VkCommandBuffer", +1)
+        return cmd
+
+    def free_command_buffer(self, cmd: Any) -> None:
+        with self.pool_lock:
+            self.vk.vkFreeCommandBuffers(self.device, self.command_pool, 1, [cmd])
+        _track("VkCommandBuffer", -1)
+
+    def record(self, cmd: Any, body: Callable[[Any], None], one_time: bool = False) -> None:
+        """Record `body(cmd)` into `cmd` (resetting whatever it held)."""
+        vk = self.vk
+        flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT if one_time else 0
+        with self.pool_lock:  # command buffers from one pool share its synchronisation
+            with vk_errors("vkBeginCommandBuffer"):
+                vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=flags))
+            body(cmd)
+            with vk_errors("vkEndCommandBuffer"):
+                vk.vkEndCommandBuffer(cmd)
+
+    def create_fence(self) -> Any:
+        with vk_errors("vkCreateFence"):
+            fence = self.vk.vkCreateFence(self.device, self.vk.VkFenceCreateInfo(), None)
+        _track("VkFence", +1)
+        return fence
+
+    def destroy_fence(self, fence: Any) -> None:
+        self.vk.vkDestroyFence(self.device, fence, None)
+        _track("VkFence", -1)
+
+    def submit(self, cmd: Any, fence: Any) -> None:
+        vk = self.vk
+        info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+        with self.queue_lock, vk_errors("vkQueueSubmit"):
+            vk.vkQueueSubmit(self.queue, 1, [info], fence)
+
+    def wait_fence(self, fence: Any, timeout_s: float | None = None,
+                   between_waits: Callable[[], None] | None = None) -> None:
+        """Wait in short slices so a caller (e.g. a trio worker thread) can cancel in between.
+
+        `between_waits` runs after each 50 ms slice; it may raise to abandon the wait.
+        """
+        lib, ffi = self.vk.lib, self.vk.ffi
+        fences = ffi.new("VkFence[1]", [fence])
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            code = lib.vkWaitForFences(self.device, 1, fences, 1, 50_000_000)
+            if code == 0:
+                return
+            if code != self.vk.VK_TIMEOUT:
+                check(code, "vkWaitForFences")
+            if deadline is not None and time.monotonic() > deadline:
+                raise VulkanError("vkWaitForFences", result_name(code), code)
+            if between_waits is not None:
+                between_waits()
+
+    def reset_fence(self, fence: Any) -> None:
+        with vk_errors("vkResetFences"):
+            self.vk.vkResetFences(self.device, 1, [fence])
+
+    def run_once(self, body: Callable[[Any], None], timeout_s: float | None = 60.0) -> None:
+        """Record `body` into a fresh command buffer, submit it and wait."""
+        cmd = self.allocate_command_buffer()
+        fence = self.create_fence()
+        try:
+            self.record(cmd, body, one_time=True)
+            self.submit(cmd, fence)
+            self.wait_fence(fence, timeout_s)
+        finally:
+            self.destroy_fence(fence)
+            self.free_command_buffer(cmd)
+
+    def copy(self, src: Buffer, dst: Buffer, size: int, src_offset: int = 0,
+             dst_offset: int = 0) -> None:
+        vk = self.vk
+        region = vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=size)
+        self.run_once(lambda cmd: vk.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, [region]))
+
+    def upload(self, dst: Buffer, data: np.ndarray, offset: int = 0) -> None:
+        """Copy host bytes into a buffer, through a staging buffer unless it is mapped."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if dst.host_visible:
+            dst.array(np.uint8, raw.size, offset)[...] = raw  # frombuffer view is writable here
+            dst.flush(offset, raw.size)
+            return
+        staging = self.create_buffer(raw.size, MemoryKind.HOST)
+        try:
+            staging.array(np.uint8, raw.size)[...] = raw
+            staging.flush()
+            self.copy(staging, dst, raw.size, 0, offset)
+        finally:
+            staging.destroy()
+
+    def download(self, src: Buffer, dtype: Any, count: int, offset: int = 0) -> np.ndarray:
+        """Copy `count` elements out of a buffer into a new numpy array."""
+        nbytes = np.dtype(dtype).itemsize * count
+        if src.host_visible:
+            src.invalidate(offset, nbytes)
+            return src.array(dtype, count, offset).copy()
+        staging = self.create_buffer(nbytes, MemoryKind.HOST)
+        try:
+            self.copy(src, staging, nbytes, offset, 0)
+            staging.invalidate()
+            return staging.array(dtype, count).copy()
+        finally:
+            staging.destroy()
+
+    def destroy(self) -> None:
+        vk = self.vk
+        if self.device is None:
+            return
+        with self.queue_lock:
+            vk.vkDeviceWaitIdle(self.device)
+        if self.command_pool is not None:
+            vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+            self.command_pool = None
+            _track("VkCommandPool", -1)
+        vk.vkDestroyDevice(self.device, None)
+        self.device = None
+        _track("VkDevice", -1)
+
+    def __enter__(self) -> "VulkanContext":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

@@ -1,0 +1,781 @@
+"""Vulkan executor: a Graph compiled for (device, input shapes, precision) into a Plan whose
+instances replay one recorded command buffer per inference (DESIGN §7).
+
+Compile (once per Plan):
+- every layer gets its `VulkanLayer` (vkserve.devices.vulkan.layers); a trailing run of layers the
+  Vulkan side lacks (detection output) runs on the CPU engine's fp32 kernels afterwards;
+  every other layer without a Vulkan implementation is named in one `PlanError`;
+- weights are converted to the storage type (fp16 in the fp16 modes) and uploaded once into
+  one device-local buffer shared by all instances;
+- pipelines come from the device's PipelineCache (a warm cache compiles nothing), fetched in
+  parallel threads because cold builds are independent;
+- blobs are packed into ONE arena by lifetime (`vkserve.devices.cpu.arena.plan_offsets`, offsets
+  aligned to minStorageBufferOffsetAlignment); aliasing layers (Split, Reshape, ...) reuse
+  their input's bytes, and an elementwise layer takes over an input that dies there;
+- a barrier is placed only before a dispatch that touches arena bytes another dispatch
+  since the previous barrier wrote (or writes bytes one read).
+
+Run (per inference, per `PlanInstance`): numpy writes the inputs into the instance's mapped
+staging buffer (converting to fp16 on the way when needed), one vkQueueSubmit of the
+recorded command buffer (staging->arena copies, all dispatches, arena->staging copies),
+a sliced fence wait, and the outputs are copied out of staging. No per-layer Python work.
+
+Host-finished layers (data-dependent outputs, e.g. detection output): a VulkanLayer may also
+define `host_readback() -> {scratch key: bytes}` and `finish_on_host({key: uint8 view}) ->
+[outputs]`. Its dispatches run in the command buffer like any other; those scratch bytes are
+read back with the outputs, and `finish_on_host` turns them into the layer's outputs after the
+fence (before the CPU tail). Its outputs get no arena bytes, so no dispatch may read them. A
+trailing such layer whose class says `usable(caps, layer, in_shapes)` is False runs on the CPU
+tail instead.
+
+Instances own an arena, a staging buffer, descriptor sets, a command buffer and a fence;
+they come from `Plan.acquire()` (several may run at once, each on its own thread), and their
+buffers come from the device's MemoryPool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib
+import logging
+import math
+import os
+import pkgutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vkserve.devices.capabilities import DeviceCaps, Precision
+from vkserve.devices.cpu.arena import Interval, align_up, plan_offsets
+from vkserve.devices.cpu.kernels import REGISTRY as CPU_KERNELS
+from vkserve.devices.cpu.kernels import Kernel, UnsupportedError
+from vkserve.devices.vulkan import layers as layer_package
+from vkserve.devices.vulkan.context import Buffer, MemoryKind
+from vkserve.devices.vulkan.descriptors import DescriptorPool
+from vkserve.devices.vulkan.engine.profile import DispatchProfiler
+from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
+from vkserve.devices.vulkan.errors import VulkanError, check
+from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS, Dispatch, VulkanLayer
+from vkserve.devices.vulkan.pipeline import ComputePipeline, pack_scalars
+from vkserve.models.graph import Graph, Layer, infer_shapes
+from vkserve.models.layers import Shape
+
+if TYPE_CHECKING:
+    from vkserve.devices.vulkan.device import VulkanDevice
+
+log = logging.getLogger(__name__)
+
+# Every dispatch dimension must fit the Vulkan minimum of maxComputeWorkGroupCount.
+MAX_GROUPS = 65535
+STAGING_ALIGN = 64
+
+
+class PlanError(ValueError):
+    """The graph cannot be compiled for the Vulkan engine (all problems named at once)."""
+
+
+def engine_precision(caps: DeviceCaps, name: str) -> Precision:
+    """'fp32' -> FP32; 'fp16' -> fp16 arithmetic where the device has it, else fp16 storage
+    (the packed mode is not used by the engine)."""
+    if name == "fp32":
+        return Precision.FP32
+    if name != "fp16":
+        raise ValueError(f"precision {name!r}: expected fp32 or fp16")
+    if caps.fp16_arithmetic and caps.fp16_storage:
+        return Precision.FP16_ARITHMETIC
+    if caps.fp16_storage:
+        return Precision.FP16_STORAGE
+    raise PlanError(f"device {caps.index} ({caps.name}) has no 16-bit storage: use fp32")
+
+
+def storage_dtype(precision: Precision) -> np.dtype[Any]:
+    if precision is Precision.FP32:
+        return np.dtype(np.float32)
+    if precision in (Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC):
+        return np.dtype(np.float16)
+    raise PlanError(f"precision {precision.value} is not supported by the engine")
+
+
+_loaded = False
+_load_lock = threading.Lock()
+
+
+def load_layer_modules() -> None:
+    """Import every module of devices.vulkan.layers so their @register calls run."""
+    global _loaded
+    with _load_lock:
+        if not _loaded:
+            for info in pkgutil.iter_modules(layer_package.__path__):
+                importlib.import_module(f"{layer_package.__name__}.{info.name}")
+            _loaded = True
+
+
+# -------------------------------------------------------------------------------- compile
+
+
+@dataclasses.dataclass
+class _Storage:
+    """A run of arena bytes: one blob, or blobs sharing bytes (aliases, in-place outputs)."""
+
+    nbytes: int
+    start: int  # step that first writes it
+    end: int  # one past the last step that reads it
+    blobs: list[str]
+    offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    buffer: str  # "arena" (the instance's), "weights" (shared) or "staging" (the instance's)
+    offset: int
+    size: int
+
+
+@dataclasses.dataclass
+class _Step:
+    """One dispatch, resolved: everything an instance needs to write sets and record."""
+
+    pipeline: ComputePipeline
+    bindings: list[_Binding]
+    push: bytes
+    groups: tuple[int, int, int]
+    barrier_before: bool
+    label: str
+    shader: str
+    dispatch: Dispatch | None = None  # as the layer declared it (default local size): the tuner's
+
+
+@dataclasses.dataclass(frozen=True)
+class _Transfer:
+    blob: str
+    shape: Shape
+    arena_offset: int
+    staging_offset: int
+    nbytes: int
+
+
+class _CpuTail:
+    """The trailing layers the Vulkan side lacks, run with the CPU engine's fp32 kernels on
+    the Vulkan part's outputs (detection output is sequential post-processing)."""
+
+    def __init__(self, layers: Sequence[Layer], shapes: Mapping[str, Shape],
+                 problems: list[str]) -> None:
+        self.steps: list[tuple[Kernel, Layer]] = []
+        known = dict(shapes)
+        for layer in layers:
+            try:
+                kernel = CPU_KERNELS[layer.type](layer, [known[b] for b in layer.inputs])
+            except UnsupportedError as e:
+                problems.append(f"{layer.name} ({layer.type}, line {layer.line}) on the CPU "
+                                f"tail: {e}")
+                continue
+            known.update(zip(layer.outputs, kernel.out_shapes))
+            self.steps.append((kernel, layer))
+
+    def run(self, blobs: dict[str, np.ndarray]) -> None:
+        for kernel, layer in self.steps:
+            ys = kernel.forward([blobs[b] for b in layer.inputs])
+            blobs.update(zip(layer.outputs, (np.asarray(y, dtype=np.float32) for y in ys)))
+
+
+def _split_tail(layers: Sequence[Layer], on_vulkan: Callable[[Layer], bool]) -> int:
+    """Index where the trailing run of layers without a (usable) Vulkan implementation starts."""
+    k = len(layers)
+    while k > 0:
+        layer = layers[k - 1]
+        if layer.type == "Input" or layer.type not in CPU_KERNELS or on_vulkan(layer):
+            break
+        k -= 1
+    return k
+
+
+def _host_finished(vl: VulkanLayer | None) -> bool:
+    return vl is not None and hasattr(vl, "finish_on_host")
+
+
+class Plan:
+    """A Graph compiled for one Vulkan device, input shapes and precision.
+
+    `acquire()` hands out a `PlanInstance` (context manager; back to the plan on exit), creating
+    up to `max_instances`; `run()` is acquire + run + release. Close the plan before its device.
+    """
+
+    def __init__(self, device: VulkanDevice, graph: Graph,
+                 input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 precision: Precision = Precision.FP32,
+                 outputs: Sequence[str] | None = None, max_instances: int = 4,
+                 tuned: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.use_tuning = tuned  # local sizes from the device's tuning file (engine.tuning)
+        load_layer_modules()
+        self.device = device
+        self.ctx = device.ctx
+        self.pool = device.pool
+        self.precision = Precision(precision)
+        self.dtype = storage_dtype(self.precision)
+        self.elem = self.dtype.itemsize
+        # Inputs are staged in fp32 and converted by the GPU (cast_input.comp): numpy's
+        # fp32 -> fp16 pass costs more than the whole inference of a small model.
+        self.input_dtype = np.dtype(np.float32)
+        self.max_instances = max_instances
+        self.input_names = list(graph.input_names)
+        self.output_names = list(outputs) if outputs is not None else list(graph.output_names)
+        given = {n: graph.blob_shapes[n] for n in self.input_names if n in graph.blob_shapes}
+        given.update({k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()})
+        self.blob_shapes: dict[str, Shape] = infer_shapes(graph.layers, graph.file, given)
+        self.weights: Buffer | None = None
+        self._cond = threading.Condition()
+        self._idle: list[PlanInstance] = []
+        self._count = 0
+        self._closed = False
+        compiles_before = device.pipelines.stats.glsl_compiles
+        try:
+            self._compile(graph)
+            self.pool.add_reclaimer(self.drop_idle)
+        except BaseException:
+            self._release_weights()
+            raise
+        self.glsl_compiles = device.pipelines.stats.glsl_compiles - compiles_before
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- compile ------------------------------------------------------------------------------
+
+    def _on_vulkan(self, layer: Layer) -> bool:
+        cls = VULKAN_LAYERS.get(layer.type)
+        usable = getattr(cls, "usable", None)
+        return cls is not None and (usable is None or bool(usable(
+            self.ctx.caps, layer, [self.blob_shapes[b] for b in layer.inputs])))
+
+    def _compile(self, graph: Graph) -> None:
+        layers = graph.layers
+        k = _split_tail(layers, self._on_vulkan)
+        body, tail_layers = layers[:k], layers[k:]
+        problems: list[str] = []
+        missing = [lay for lay in body if lay.type != "Input" and not self._on_vulkan(lay)]
+        if missing:
+            types = sorted({lay.type for lay in missing})
+            problems.append("no Vulkan implementation for: " + "; ".join(
+                f"{t} ({', '.join(lay.name for lay in missing if lay.type == t)})"
+                for t in types))
+        vlayers: list[tuple[Layer, VulkanLayer | None]] = []
+        for layer in body:
+            if layer.type == "Input":
+                vlayers.append((layer, None))
+                continue
+            if any(layer is lay for lay in missing):
+                continue  # named above
+            try:
+                vl = VULKAN_LAYERS[layer.type](
+                    layer, [self.blob_shapes[b] for b in layer.inputs],
+                    [self.blob_shapes[b] for b in layer.outputs], self.precision)
+            except UnsupportedError as e:
+                problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
+                continue
+            vlayers.append((layer, vl))
+        self.finishers = [(i, layer, vl) for i, (layer, vl) in enumerate(vlayers)
+                          if _host_finished(vl)]
+        finished = {b for _, lay, _ in self.finishers for b in lay.outputs}
+        for lay in body:
+            if set(lay.inputs) & finished:
+                problems.append(f"{lay.name} ({lay.type}, line {lay.line}) reads a host-side "
+                                f"output ({', '.join(sorted(set(lay.inputs) & finished))})")
+        produced_body = {b for lay in body for b in lay.outputs} - finished
+        self.tail = _CpuTail(tail_layers, self.blob_shapes, problems) if tail_layers else None
+        needed = [n for n in self.output_names if n in produced_body]
+        if tail_layers:
+            needed += [b for lay in tail_layers for b in lay.inputs
+                       if b in produced_body and b not in needed]
+        unknown = [n for n in self.output_names if n not in self.blob_shapes]
+        if unknown:
+            problems.append(f"requested outputs not in the graph: {', '.join(unknown)}")
+        if problems:
+            raise PlanError("cannot run on the Vulkan engine:\n  " + "\n  ".join(problems))
+        self.readback_names = needed
+        self._lay_out(vlayers, needed)
+        self._upload_weights(vlayers)
+        self._resolve(vlayers)
+
+    def _padded_bytes(self, shape: Shape) -> int:
+        """Blobs take whole vec4s so that vec4 shaders never touch a neighbour's bytes."""
+        return max(1, -(-math.prod(shape) // 4)) * 4 * self.elem
+
+    def _lay_out(self, vlayers: list[tuple[Layer, VulkanLayer | None]],
+                 readback: list[str]) -> None:
+        """Storages for every blob and scratch, their lifetimes in steps (0 = input copies,
+        layer i = i + 1, then the readback copies), and arena offsets."""
+        final = len(vlayers) + 1
+        self.alignment = max(16, int(self.ctx.caps.properties.get(
+            "minStorageBufferOffsetAlignment", 16)))
+        last_read: dict[str, int] = {}
+        for i, (layer, _) in enumerate(vlayers):
+            for b in layer.inputs:
+                last_read[b] = i + 1
+        for b in readback:
+            last_read[b] = final + 1
+        self._storages: list[_Storage] = []
+        self._storage_of: dict[str, int] = {}
+        self._scratch: dict[tuple[int, str], int] = {}
+        self.naive_bytes = 0  # every blob and scratch but alias outputs in bytes of its own
+
+        def new_storage(blob: str, nbytes: int, step: int) -> int:
+            self._storages.append(_Storage(nbytes, step, step + 1, [blob]))
+            self.naive_bytes += align_up(nbytes, self.alignment)
+            return len(self._storages) - 1
+
+        def inplace_source(layer: Layer, vl: VulkanLayer, out: str, step: int) -> int | None:
+            """The storage of an input that `out` may take over: same element count, bound
+            to one input of this layer only, and no blob of it read after this step."""
+            bound = [self._storage_of[b] for b in layer.inputs]
+            for k in vl.inplace_inputs:
+                if k >= len(layer.inputs):
+                    continue
+                src = layer.inputs[k]
+                sid = bound[k]
+                if (bound.count(sid) == 1
+                        and math.prod(self.blob_shapes[src]) == math.prod(self.blob_shapes[out])
+                        and max(last_read.get(b, 0) for b in self._storages[sid].blobs) <= step):
+                    return sid
+            return None
+
+        self.inputs_staged: list[str] = []
+        for i, (layer, vl) in enumerate(vlayers):
+            step = i + 1
+            if vl is None:  # Input: written by the copy from staging
+                for b in layer.outputs:
+                    self._storage_of[b] = new_storage(b, self._padded_bytes(self.blob_shapes[b]), 0)
+                    self.inputs_staged.append(b)
+                continue
+            for b in layer.inputs:
+                st = self._storages[self._storage_of[b]]
+                st.end = max(st.end, step + 1)
+            if vl.aliases_input:
+                for j, b in enumerate(layer.outputs):
+                    sid = self._storage_of[layer.inputs[j if len(layer.inputs) > 1 else 0]]
+                    self._storage_of[b] = sid
+                    self._storages[sid].blobs.append(b)
+                continue
+            for j, b in enumerate(() if _host_finished(vl) else layer.outputs):
+                nbytes = self._padded_bytes(self.blob_shapes[b])
+                sid = inplace_source(layer, vl, b, step) if j == 0 else None
+                if sid is None:
+                    sid = new_storage(b, nbytes, step)
+                else:
+                    self._storages[sid].blobs.append(b)
+                    self.naive_bytes += align_up(nbytes, self.alignment)
+                self._storage_of[b] = sid
+            for key, count in vl.scratch().items():
+                self._scratch[(i, key)] = new_storage(f"{layer.name}/s:{key}",
+                                                      max(1, -(-count // 4)) * 4 * self.elem, step)
+        for b in readback:
+            self._storages[self._storage_of[b]].end = final + 1
+        for i, _, vl in self.finishers:
+            for key in vl.host_readback():  # type: ignore[attr-defined]
+                self._storages[self._scratch[(i, key)]].end = final + 1
+        offsets, total = plan_offsets([Interval(s.nbytes, s.start, s.end) for s in self._storages],
+                                      self.alignment)
+        for st, off in zip(self._storages, offsets):
+            st.offset = off
+        self.arena_bytes = max(total, self.alignment)
+
+    def _upload_weights(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> None:
+        self._weight_at: dict[tuple[int, str], tuple[int, int]] = {}
+        chunks: list[tuple[int, np.ndarray]] = []
+        total = 0
+        for i, (_, vl) in enumerate(vlayers):
+            if vl is None:
+                continue
+            for key, arr in vl.weights().items():
+                data = np.asarray(arr, dtype=np.float32).ravel().astype(self.dtype)
+                nbytes = max(1, -(-data.size // 4)) * 4 * self.elem
+                self._weight_at[(i, key)] = (total, nbytes)
+                chunks.append((total, data))
+                total = align_up(total + nbytes, self.alignment)
+        self.weight_bytes = total
+        if not total:
+            return
+        blob = np.zeros(total, dtype=np.uint8)
+        for off, data in chunks:
+            blob[off:off + data.nbytes] = data.view(np.uint8)
+        self.weights = self.pool.acquire(total, MemoryKind.DEVICE)
+        self.ctx.upload(self.weights, blob)
+
+    def _stage(self) -> None:
+        """Staging layout: inputs (fp32 when the GPU converts them) then outputs."""
+        offset = 0
+        self.copy_in: list[_Transfer] = []
+        self.copy_out: list[_Transfer] = []
+        for names, out, elem in ((self.inputs_staged, self.copy_in, self.input_dtype.itemsize),
+                                 (self.readback_names, self.copy_out, self.elem)):
+            for b in names:
+                shape = self.blob_shapes[b]
+                nbytes = math.prod(shape) * elem
+                out.append(_Transfer(b, shape, self._storages[self._storage_of[b]].offset,
+                                     offset, nbytes))
+                offset = align_up(offset + nbytes, STAGING_ALIGN)
+        self.copy_raw: list[tuple[int, _Transfer]] = []  # (index in finishers, scratch bytes)
+        for f, (i, _, vl) in enumerate(self.finishers):
+            for key, nbytes in vl.host_readback().items():  # type: ignore[attr-defined]
+                st = self._storages[self._scratch[(i, key)]]
+                if nbytes > st.nbytes:
+                    raise PlanError(f"{vl.layer.name}: reads back {nbytes} bytes of scratch "
+                                    f"{key!r}, which has {st.nbytes}")
+                self.copy_raw.append((f, _Transfer(key, (nbytes,), st.offset, offset, nbytes)))
+                offset = align_up(offset + nbytes, STAGING_ALIGN)
+        self.staging_bytes = max(offset, STAGING_ALIGN)
+
+    def _resolve(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> None:
+        """Pipelines, bindings, push constants, group counts and barriers of every dispatch."""
+        self._stage()
+        todo: list[tuple[int, Layer, Dispatch]] = []
+        if self.input_dtype != self.dtype:  # the first dispatches convert the inputs
+            for t in self.copy_in:
+                i = next(k for k, (layer, _) in enumerate(vlayers) if t.blob in layer.outputs)
+                n4 = -(-math.prod(t.shape) // 4)
+                todo.append((i, vlayers[i][0], Dispatch("cast_input", (f"staging:{t.blob}", t.blob),
+                                                        (n4, 1, 1), (n4,))))
+        for i, (layer, vl) in enumerate(vlayers):
+            if vl is not None and not vl.aliases_input:
+                todo.extend((i, layer, d) for d in vl.dispatches())
+        declared = [d for _, _, d in todo]
+        # Tuned local sizes replace the layers' defaults where the tuning file has them; a new
+        # local size is a new pipeline key and a new group count (ceil(global / local)).
+        chosen = tuned_dispatches(self.device, self.precision, declared) if self.use_tuning \
+            else declared
+        self.tuned_count = sum(a is not b for a, b in zip(chosen, declared))
+        todo = [(i, layer, d) for (i, layer, _), d in zip(todo, chosen)]
+        requests = sorted({(d.shader, d.local_size, tuple(d.spec_constants)) for _, _, d in todo},
+                          key=repr)
+        workers = max(1, min(8, os.cpu_count() or 1, len(requests)))
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            built = dict(zip(requests, ex.map(
+                lambda r: self.device.pipeline(r[0], self.precision, r[1], r[2]), requests)))
+        self.steps: list[_Step] = []
+        pending_reads: list[tuple[int, int]] = []
+        pending_writes: list[tuple[int, int]] = []
+        self.barrier_count = 0
+        for (i, layer, d), default in zip(todo, declared):
+            pipeline = built[(d.shader, d.local_size, tuple(d.spec_constants))]
+            label = f"{layer.name} ({layer.type}) {d.shader}"
+            if len(d.bindings) < pipeline.binding_count:
+                raise PlanError(f"{label}: {len(d.bindings)} bindings for a shader with "
+                                f"{pipeline.binding_count}")
+            bindings, reads, writes = [], [], []
+            for name in d.bindings:
+                binding = self._binding(i, layer, name, label)
+                bindings.append(binding)
+                if binding.buffer != "arena":
+                    continue
+                span = (binding.offset, binding.offset + binding.size)
+                (writes if name in layer.outputs or name.startswith("s:") else reads).append(span)
+            push = pack_scalars(d.push_constants)
+            if len(push) < pipeline.push_constant_size:
+                raise PlanError(f"{label}: {len(push)} bytes of push constants, the shader "
+                                f"reads {pipeline.push_constant_size}")
+            groups = tuple(max(1, -(-g // max(s, 1))) for g, s in zip(d.global_size, d.local_size))
+            if max(groups) > MAX_GROUPS:
+                raise PlanError(f"{label}: {groups} work groups exceed {MAX_GROUPS} per dimension")
+            barrier = (_overlaps(reads + writes, pending_writes)
+                       or _overlaps(writes, pending_reads))
+            if barrier:
+                pending_reads, pending_writes = [], []
+                self.barrier_count += 1
+            pending_reads += reads
+            pending_writes += writes
+            self.steps.append(_Step(pipeline, bindings, push[:pipeline.push_constant_size],
+                                    groups, barrier, label, d.shader,  # type: ignore[arg-type]
+                                    default))
+
+    def _binding(self, i: int, layer: Layer, name: str, label: str) -> _Binding:
+        if name.startswith("staging:"):
+            t = next(t for t in self.copy_in if t.blob == name[8:])
+            return _Binding("staging", t.staging_offset, align_up(t.nbytes, 16))
+        if name.startswith("w:"):
+            key = (i, name[2:])
+            if key not in self._weight_at:
+                raise PlanError(f"{label}: binding {name!r} names no weight of the layer")
+            off, size = self._weight_at[key]
+            return _Binding("weights", off, size)
+        if name.startswith("s:"):
+            sid = self._scratch.get((i, name[2:]))
+            if sid is None:
+                raise PlanError(f"{label}: binding {name!r} names no scratch blob of the layer")
+            st = self._storages[sid]
+            return _Binding("arena", st.offset, st.nbytes)
+        if name not in layer.inputs and name not in layer.outputs:
+            raise PlanError(f"{label}: binding {name!r} is not a blob of the layer")
+        return _Binding("arena", self._storages[self._storage_of[name]].offset,
+                        self._padded_bytes(self.blob_shapes[name]))
+
+    # -- instances ------------------------------------------------------------------------------
+
+    def acquire(self, timeout_s: float | None = None) -> PlanInstance:
+        """A free instance (created on demand up to max_instances, else waits for one)."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("plan is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._count < self.max_instances:
+                    self._count += 1
+                    break
+                if not self._cond.wait(timeout_s):
+                    raise TimeoutError(f"no free plan instance within {timeout_s} s")
+        try:
+            return PlanInstance(self)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
+    def release(self, instance: PlanInstance) -> None:
+        """Take an instance back; one whose wait was abandoned (timeout, cancellation, device
+        error) is settled and destroyed rather than reused."""
+        reusable = not instance.in_flight
+        if not reusable:
+            instance.settle()
+        with self._cond:
+            if not self._closed and reusable:
+                self._idle.append(instance)
+                self._cond.notify()
+                return
+            self._count -= 1
+        instance.destroy()
+
+    def drop_idle(self) -> None:
+        """Destroy idle instances (their arenas go back to the pool): the pool's reclaimer."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._cond.notify_all()
+        for inst in idle:
+            inst.destroy()
+
+    def run(self, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None,
+            between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        with self.acquire() as inst:
+            return inst.run(inputs, timeout_s, between_waits)
+
+    def close(self) -> None:
+        """Destroy idle instances now, busy ones when released, and give the weights back."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self.pool.remove_reclaimer(self.drop_idle)
+        self.drop_idle()
+        self._release_weights()
+
+    def _release_weights(self) -> None:
+        if self.weights is not None:
+            self.pool.release(self.weights)
+            self.weights = None
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def summary(self) -> dict[str, Any]:
+        return {"precision": self.precision.value, "dispatches": len(self.steps),
+                "barriers": self.barrier_count, "arena_bytes": self.arena_bytes,
+                "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
+                "staging_bytes": self.staging_bytes,
+                "cpu_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],
+                "host_finish": [layer.name for _, layer, _ in self.finishers]}
+
+
+def _overlaps(spans: list[tuple[int, int]], others: list[tuple[int, int]]) -> bool:
+    return any(a < d and c < b for a, b in spans for c, d in others)
+
+
+# -------------------------------------------------------------------------------- instance
+
+
+class PlanInstance:
+    """One replayable copy of a Plan: its own arena, staging buffer, descriptor sets,
+    recorded command buffer and fence. Not re-entrant: one inference at a time."""
+
+    def __init__(self, plan: Plan, profiler: DispatchProfiler | None = None) -> None:
+        self.plan = plan
+        ctx = self.ctx = plan.ctx
+        vk = ctx.vk
+        self.profiler = profiler
+        self.arena: Buffer | None = None
+        self.staging: Buffer | None = None
+        self.descriptors: DescriptorPool | None = None
+        self.cmd: Any = None
+        self.fence: Any = None
+        self.in_flight = False  # submitted and not waited for to the end (wait abandoned)
+        try:
+            self.arena = plan.pool.acquire(plan.arena_bytes, MemoryKind.DEVICE)
+            self.staging = plan.pool.acquire(plan.staging_bytes, MemoryKind.HOST)
+            self._write_sets()
+            self.cmd = ctx.allocate_command_buffer()
+            ctx.record(self.cmd, self._record)
+            self.fence = ctx.create_fence()
+        except BaseException:
+            self.destroy()
+            raise
+        ffi = vk.ffi
+        self._lib = vk.lib
+        self._cmds = ffi.new("VkCommandBuffer[1]", [self.cmd])
+        self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                                 "commandBufferCount": 1,
+                                                 "pCommandBuffers": self._cmds})
+        dtype = plan.dtype
+        self._inputs = [(t.blob, t.shape,
+                         self.staging.array(plan.input_dtype, math.prod(t.shape),
+                                            t.staging_offset).reshape(t.shape))
+                        for t in plan.copy_in]
+        self._outputs = [(t.blob, self.staging.array(dtype, math.prod(t.shape),
+                                                     t.staging_offset).reshape(t.shape))
+                         for t in plan.copy_out]
+        self._finish_views: list[dict[str, np.ndarray]] = [{} for _ in plan.finishers]
+        for f, t in plan.copy_raw:
+            self._finish_views[f][t.blob] = self.staging.array(np.uint8, t.nbytes, t.staging_offset)
+
+    def _write_sets(self) -> None:
+        plan = self.plan
+        assert self.arena is not None
+        self.descriptors = DescriptorPool(self.ctx, max(1, len(plan.steps)),
+                                          sum(len(s.bindings) for s in plan.steps))
+        self.sets = []
+        buffers = {"weights": plan.weights, "arena": self.arena, "staging": self.staging}
+        for step in plan.steps:
+            bufs = [(buffers[b.buffer], b.offset, b.size)
+                    for b in step.bindings[:step.pipeline.binding_count]]
+            self.sets.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
+
+    def _record(self, cmd: Any) -> None:
+        vk, plan = self.ctx.vk, self.plan
+        assert self.arena is not None and self.staging is not None
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        transfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+
+        def barrier(src_stage: int, src: int, dst_stage: int, dst: int) -> None:
+            mb = vk.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)
+            vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
+
+        if plan.copy_in and plan.input_dtype == plan.dtype:  # else cast_input dispatches
+            regions = [vk.VkBufferCopy(srcOffset=t.staging_offset, dstOffset=t.arena_offset,
+                                       size=t.nbytes) for t in plan.copy_in]
+            vk.vkCmdCopyBuffer(cmd, self.staging.handle, self.arena.handle, len(regions), regions)
+            barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
+                    shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
+        bound = None
+        if self.profiler:
+            self.profiler.record_start(cmd)
+        for k, (step, dset) in enumerate(zip(plan.steps, self.sets)):
+            if step.barrier_before and k:
+                barrier(compute, shader_rw, compute, shader_rw)
+            if step.pipeline is not bound:
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, step.pipeline.handle)
+                bound = step.pipeline
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                       step.pipeline.layout, 0, 1, [dset], 0, None)
+            if step.push:
+                vk.vkCmdPushConstants(cmd, step.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                      0, len(step.push), vk.ffi.from_buffer(step.push))
+            vk.vkCmdDispatch(cmd, *step.groups)
+            if self.profiler:
+                self.profiler.record_step(cmd, k)
+        copies = [*plan.copy_out, *(t for _, t in plan.copy_raw)]
+        if copies:
+            barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
+            regions = [vk.VkBufferCopy(srcOffset=t.arena_offset, dstOffset=t.staging_offset,
+                                       size=t.nbytes) for t in copies]
+            vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
+            barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
+                    vk.VK_ACCESS_HOST_READ_BIT)
+
+    def run(self, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None,
+            between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """One inference: `start` then `finish`."""
+        self.start(inputs)
+        return self.finish(timeout_s, between_waits)
+
+    def start(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Write the inputs into staging (converting to the storage type) and submit."""
+        if self.in_flight:
+            raise RuntimeError("plan instance already has an inference in flight")
+        for name, shape, view in self._inputs:
+            arr = inputs.get(name)
+            if arr is None:
+                raise ValueError(f"missing input {name!r}")
+            if np.shape(arr) != shape:
+                raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
+            np.copyto(view, arr, casting="unsafe")
+        staging = self.staging
+        assert staging is not None
+        if not staging.coherent:
+            staging.flush()
+        ctx, lib = self.ctx, self._lib
+        check(lib.vkResetFences(ctx.device, 1, self._fences), "vkResetFences")
+        with ctx.queue_lock:
+            code = lib.vkQueueSubmit(ctx.queue, 1, self._submit, self.fence)
+        check(code, "vkQueueSubmit")
+        self.in_flight = True
+
+    def finish(self, timeout_s: float | None = None,
+               between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """Wait for the submission and copy the outputs out (then run the CPU tail).
+
+        `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
+        cancellation there and may raise); `timeout_s` bounds the wait. After either gives
+        up, the instance is settled and destroyed when released, never reused."""
+        if not self.in_flight:
+            raise RuntimeError("no inference in flight: call start() first")
+        self.ctx.wait_fence(self.fence, timeout_s, between_waits)
+        self.in_flight = False
+        staging = self.staging
+        assert staging is not None
+        if not staging.coherent:
+            staging.invalidate()
+        out = {name: view.astype(np.float32) for name, view in self._outputs}
+        for (_, layer, vl), views in zip(self.plan.finishers, self._finish_views):
+            out.update(zip(layer.outputs, vl.finish_on_host(views)))  # type: ignore[attr-defined]
+        tail = self.plan.tail
+        if tail is not None:
+            tail.run(out)
+        return {name: out[name] for name in self.plan.output_names}
+
+    def settle(self) -> None:
+        """Wait for an abandoned submission so that the instance's objects can be destroyed."""
+        try:
+            self.ctx.wait_fence(self.fence)
+        except VulkanError as e:  # device lost: nothing of it runs any more either
+            log.warning("plan instance: waiting for an abandoned submission: %s", e)
+        self.in_flight = False
+
+    def destroy(self) -> None:
+        ctx, pool = self.ctx, self.plan.pool
+        if self.fence is not None:
+            ctx.destroy_fence(self.fence)
+            self.fence = None
+        if self.cmd is not None:
+            ctx.free_command_buffer(self.cmd)
+            self.cmd = None
+        if self.descriptors is not None:
+            self.descriptors.destroy()
+            self.descriptors = None
+        for attr in ("arena", "staging"):
+            buf = getattr(self, attr)
+            if buf is not None:
+                pool.release(buf)
+                setattr(self, attr, None)
+
+    def __enter__(self) -> PlanInstance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.plan.release(self)

@@ -1,0 +1,85 @@
+"""Per-device implementation of a layer on Vulkan (ncnn's split: a layer's parameters live
+in `vkserve.models.layers`, what runs it on a device lives here).
+
+A `VulkanLayer` is created once per Plan for fixed input shapes and a precision. It does no
+Vulkan calls itself: it declares the weights to upload, any scratch blobs it needs, and the
+dispatches to record. The executor turns those into buffers, pipelines (through the
+device's PipelineCache), descriptor sets and one recorded command buffer.
+
+Blob layout on the device: the ncnn shape in C order, densely packed ((c, h, w) ->
+index (ci*h + y)*w + x), one `sfp` element each (fp32 or fp16 by precision). Each binding
+is a whole blob (the executor binds it at its arena offset), so shaders index from 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from vkserve.devices.capabilities import Precision
+from vkserve.models.graph import Layer
+
+Shape = tuple[int, ...]
+Scalar = int | float
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    shader: str  # built-in shader id: devices/vulkan/shaders/<shader>.comp
+    # Binding i of the shader -> a name: an input/output blob of the layer, a weight
+    # ("w:<key>" for keys of `weights()`), or a scratch blob ("s:<key>" for keys of `scratch()`).
+    bindings: tuple[str, ...]
+    global_size: tuple[int, int, int]  # invocations; workgroups = ceil(global / local)
+    push_constants: tuple[Scalar, ...] = ()  # packed 4 bytes each (int32 / float32)
+    spec_constants: tuple[Scalar, ...] = ()  # constant ids 0..n-1
+    local_size: tuple[int, int, int] = (64, 1, 1)
+
+
+class VulkanLayer:
+    """Base class; subclasses register with `@register("<ncnn type>")`."""
+
+    def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                 precision: Precision) -> None:
+        self.layer = layer
+        self.params = layer.params
+        self.in_shapes = list(in_shapes)
+        self.out_shapes = list(out_shapes)
+        self.precision = precision
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """float32 arrays to upload once (the executor converts to the storage type)."""
+        return {}
+
+    def scratch(self) -> dict[str, int]:
+        """Extra intermediate blobs, key -> element count (planned into the arena)."""
+        return {}
+
+    def dispatches(self) -> list[Dispatch]:
+        raise NotImplementedError
+
+    #: Inputs whose bytes the output may take over when this layer is their last reader
+    #: (only inputs with the output's element count are taken). Safe only when every dispatch
+    #: reads element i of such an input solely to write element i of the output, and no
+    #: dispatch reads the input after another dispatch of the layer wrote the output.
+    inplace_inputs: tuple[int, ...] = ()
+
+    @property
+    def aliases_input(self) -> bool:
+        """True when the output is the input's bytes unchanged (Reshape, Flatten, Dropout,
+        Noop, Split): the executor binds the output to the input's storage and records
+        nothing."""
+        return False
+
+
+VULKAN_LAYERS: dict[str, type[VulkanLayer]] = {}
+
+
+def register(*types: str) -> Callable[[type[VulkanLayer]], type[VulkanLayer]]:
+    def deco(cls: type[VulkanLayer]) -> type[VulkanLayer]:
+        for t in types:
+            VULKAN_LAYERS[t] = cls
+        return cls
+
+    return deco

@@ -1,0 +1,68 @@
+"""Helpers shared by the compute-heavy Vulkan layers (conv, pooling, innerproduct, misc).
+
+Shader parameter convention of these layers: the shape-like parameters come first in the
+shader's constant ids and are read through ``psc()``, so they are passed twice, as
+specialization constants (folded by the driver) and, in the same order, as push constants (the
+fallback ``psc`` takes for a value of 0). Parameters that are not shapes (activation type and
+its parameters, pooling type) follow as plain specialization constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vkserve.devices.cpu.kernels.base import UnsupportedError
+from vkserve.devices.vulkan.layers.base import Dispatch, Scalar
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+# Work-group size of the shaders that reduce across a work group (they declare it themselves).
+REDUCE_LOCAL = 64
+
+
+def activation_constants(activation_type: int, activation_params: Sequence[float]) -> tuple[Scalar, ...]:
+    """(type, param 0, param 1) for the shaders' `activate()`, with ncnn's defaults filled in
+    (as the CPU engine's `activate`)."""
+    if activation_type not in range(7):
+        raise UnsupportedError(f"activation_type={activation_type}")
+    params = [float(v) for v in activation_params or ()]
+    defaults = {2: (0.0, 0.0), 3: (-FLT_MAX, FLT_MAX), 6: (0.2, 0.5)}.get(activation_type, (0.0, 0.0))
+    p0 = params[0] if params else defaults[0]
+    p1 = params[1] if len(params) > 1 else defaults[1]
+    return (int(activation_type), float(p0), float(p1))
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def local_size_3d(gx: int, gy: int, gz: int, total: int = 64, max_x: int = 8) -> tuple[int, int, int]:
+    """A power-of-two work group of `total` invocations shaped to the dispatch: up to `max_x`
+    along x (8 by default: image rows are short in these models, 7..56), then y, then z, so
+    that small outputs do not leave most of a group idle."""
+    lx = min(_pow2ceil(gx), max_x, total)
+    ly = min(_pow2ceil(gy), total // lx)
+    lz = min(_pow2ceil(gz), total // (lx * ly))
+    return (lx, ly, lz)
+
+
+def make_dispatch(
+    shader: str,
+    bindings: Sequence[str],
+    global_size: tuple[int, int, int],
+    psc: Sequence[Scalar],
+    fixed: Sequence[Scalar] = (),
+    local_size: tuple[int, int, int] | None = None,
+) -> Dispatch:
+    """A Dispatch whose `psc` values are both specialization constants 0..n-1 and the push
+    constant block, followed by the `fixed` specialization constants."""
+    return Dispatch(
+        shader=shader,
+        bindings=tuple(bindings),
+        global_size=global_size,
+        push_constants=tuple(psc),
+        spec_constants=tuple(psc) + tuple(fixed),
+        local_size=local_size if local_size is not None else local_size_3d(*global_size),
+    )

@@ -1,0 +1,54 @@
+"""InnerProduct on Vulkan: a GEMV (``innerproduct``), one 64-invocation work group per output;
+``innerproduct_vec4`` (the same reading vec4s) when num_input is a multiple of 4.
+
+Any input shape is read flat (the blob is dense), except ncnn's 2-D form whose rows are
+num_input wide and more than one: a batch of rows, one GEMV per row (work group y).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.cpu.kernels.base import UnsupportedError
+from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL, activation_constants, make_dispatch
+from vkserve.models.graph import Layer
+
+
+@register("InnerProduct")
+class VulkanInnerProduct(VulkanLayer):
+    """Weights stay in ncnn's [num_output][num_input] order: a work group reads one row."""
+
+    def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                 precision: Precision) -> None:
+        super().__init__(layer, in_shapes, out_shapes, precision)
+        p = self.params
+        if p.int8_scale_term:
+            raise UnsupportedError("int8 weights")
+        self.activation = activation_constants(p.activation_type, p.activation_params)
+        weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
+        if weight.size % p.num_output:
+            raise UnsupportedError(f"weight size {weight.size} vs num_output {p.num_output}")
+        self.num_input = weight.size // p.num_output
+        shape = self.in_shapes[0]
+        self.rows = shape[0] if len(shape) == 2 and shape[1] == self.num_input and shape[0] > 1 else 1
+        if self.rows == 1 and math.prod(shape) != self.num_input:
+            raise UnsupportedError(f"input {shape} has {math.prod(shape)} values, weights expect {self.num_input}")
+        bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
+                else np.zeros(p.num_output, np.float32))
+        self._weights = {"weight": weight, "bias": bias}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return dict(self._weights)
+
+    def dispatches(self) -> list[Dispatch]:
+        n_out = self.params.num_output
+        bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias")
+        shader = "innerproduct_vec4" if self.num_input % 4 == 0 else "innerproduct"
+        return [make_dispatch(shader, bindings, (REDUCE_LOCAL * n_out, self.rows, 1),
+                              psc=(self.num_input, n_out), fixed=self.activation,
+                              local_size=(REDUCE_LOCAL, 1, 1))]

@@ -1,0 +1,22 @@
+"""Built-in shaders: the `.comp` files under devices/vulkan/shaders/, id = file stem."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from vkserve.cache.pipeline_cache import ShaderSource
+
+SHADER_DIR = Path(__file__).parent / "shaders"
+
+
+@functools.cache
+def builtin_shader(shader_id: str) -> ShaderSource:
+    path = SHADER_DIR / f"{shader_id}.comp"
+    if not path.is_file():
+        raise KeyError(f"no built-in shader {shader_id!r} ({path} does not exist)")
+    return ShaderSource(shader_id, path.read_text())
+
+
+def builtin_shader_ids() -> list[str]:
+    return sorted(p.stem for p in SHADER_DIR.glob("*.comp"))

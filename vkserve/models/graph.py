@@ -1,0 +1,346 @@
+"""Graph IR of an ncnn model: parse a .param, read a .bin, infer blob shapes.
+
+A .param file is (docs/developer-guide/param-and-model-file-structure.md):
+
+    7767517
+    <layer count> <blob count>
+    <type> <name> <n inputs> <n outputs> <input blobs...> <output blobs...> <key=value...>
+
+ncnn reads exactly <layer count> layer lines and ignores anything after them (a warning here).
+The .bin holds each layer's weights in layer order, in the order the layer's ``load_model``
+reads them (see ``LayerParams.weight_specs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from vkserve.models.errors import ModelFormatError, Where
+from vkserve.models.layers import LAYER_TYPES, LayerParams, Shape, ShapeError, WeightSpec
+from vkserve.models.paramdict import parse_paramdict
+from vkserve.models.randinit import random_weights
+
+log = logging.getLogger(__name__)
+
+MAGIC = "7767517"
+TAG_FP32 = 0x00000000
+TAG_FP16 = 0x01306B47
+TAG_INT8 = 0x000D4B38
+TAG_FP32_RAW = 0x0002C056
+
+
+@dataclasses.dataclass
+class Layer:
+    """One layer: ``weights`` are flat float32 arrays in ncnn load order (fp16 widened)."""
+
+    type: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    params: LayerParams
+    weights: list[np.ndarray]
+    line: int
+
+    def where(self, file: str) -> Where:
+        return Where(file, self.line, self.name, self.type)
+
+
+@dataclasses.dataclass
+class Graph:
+    """Layers in topological order (file order, validated), model inputs/outputs, blob shapes."""
+
+    layers: list[Layer]
+    input_names: list[str]
+    output_names: list[str]
+    blob_shapes: dict[str, Shape]
+    file: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# .param
+
+
+def _int_token(token: str, what: str, where: Where) -> int:
+    try:
+        value = int(token, 10)
+    except ValueError:
+        raise ModelFormatError.at(where, f"{what}: expected an integer, got {token!r}") from None
+    if value < 0:
+        raise ModelFormatError.at(where, f"{what}: must not be negative, got {value}")
+    return value
+
+
+def parse_param_text(text: str, file: str) -> list[Layer]:
+    """Parse .param text into validated layers (no weights yet).
+
+    Checks: magic, counts, line syntax, param types, unknown layer types (all named in one
+    error), input/output counts per type, unique layer names, each blob produced exactly once and
+    consumed only after it is produced.
+    """
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
+        raise ModelFormatError(file, None, None, "empty .param file")
+    n, first = lines[0]
+    if first.split() != [MAGIC]:
+        raise ModelFormatError(file, n, None, f"bad magic {first.strip()[:40]!r}, expected {MAGIC}")
+    if len(lines) < 2:
+        raise ModelFormatError(file, n, None, "missing '<layer count> <blob count>' line")
+    n, counts = lines[1]
+    count_tokens = counts.split()
+    where = Where(file, n)
+    if len(count_tokens) != 2:
+        raise ModelFormatError.at(where, "expected '<layer count> <blob count>'")
+    layer_count = _int_token(count_tokens[0], "layer count", where)
+    blob_count = _int_token(count_tokens[1], "blob count", where)
+    if layer_count == 0 or blob_count == 0:
+        raise ModelFormatError.at(where, "layer count and blob count must be positive")
+    body = lines[2:]
+    if len(body) < layer_count:
+        raise ModelFormatError(
+            file, None, None, f"header declares {layer_count} layers, file has {len(body)}"
+        )
+    if len(body) > layer_count:
+        log.warning(
+            "%s: %d line(s) after the %d declared layers are ignored (as ncnn does), from line %d",
+            file, len(body) - layer_count, layer_count, body[layer_count][0],
+        )
+
+    layers: list[Layer] = []
+    unknown: list[tuple[str, int, str]] = []  # (type, line, layer name)
+    for n, line in body[:layer_count]:
+        layer = _parse_layer_line(line, n, file, unknown)
+        if layer is not None:
+            layers.append(layer)
+    if unknown:
+        listed = "; ".join(f"{t} (line {n}, layer {name!r})" for t, n, name in unknown)
+        raise ModelFormatError(
+            file, unknown[0][1], unknown[0][2],
+            f"unknown layer type(s): {listed} (supported: {', '.join(sorted(LAYER_TYPES))})",
+            unknown[0][0],
+        )
+    _check_blobs(layers, blob_count, file)
+    return layers
+
+
+def _parse_layer_line(
+    line: str, n: int, file: str, unknown: list[tuple[str, int, str]]
+) -> Layer | None:
+    tokens = line.split()
+    where = Where(file, n)
+    if len(tokens) < 4:
+        raise ModelFormatError.at(
+            where, "expected '<type> <name> <n inputs> <n outputs> <blobs...> <params...>'"
+        )
+    layer_type, name = tokens[0], tokens[1]
+    where = Where(file, n, name, layer_type)
+    num_in = _int_token(tokens[2], "input count", where)
+    num_out = _int_token(tokens[3], "output count", where)
+    if len(tokens) < 4 + num_in + num_out:
+        raise ModelFormatError.at(
+            where, f"declares {num_in} inputs and {num_out} outputs, line has "
+            f"{len(tokens) - 4} names"
+        )
+    inputs = tokens[4 : 4 + num_in]
+    outputs = tokens[4 + num_in : 4 + num_in + num_out]
+    for blob in inputs + outputs:
+        if "=" in blob:
+            raise ModelFormatError.at(where, f"blob name {blob!r} looks like a param (counts wrong?)")
+    pd = parse_paramdict(tokens[4 + num_in + num_out :], where)
+    cls = LAYER_TYPES.get(layer_type)
+    if cls is None:
+        unknown.append((layer_type, n, name))
+        return None
+    params = cls.from_paramdict(pd, where)
+    (min_in, max_in), (min_out, max_out) = params.arity()
+    if num_in < min_in or (max_in is not None and num_in > max_in):
+        raise ModelFormatError.at(where, f"takes {_range(min_in, max_in)} input(s), got {num_in}")
+    if num_out < min_out or (max_out is not None and num_out > max_out):
+        raise ModelFormatError.at(
+            where, f"produces {_range(min_out, max_out)} output(s), got {num_out}"
+        )
+    return Layer(layer_type, name, inputs, outputs, params, [], n)
+
+
+def _range(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return f"at least {lo}"
+    return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+def _check_blobs(layers: Sequence[Layer], blob_count: int, file: str) -> None:
+    producer: dict[str, Layer] = {}
+    names: set[str] = set()
+    for layer in layers:
+        where = layer.where(file)
+        if layer.name in names:
+            raise ModelFormatError.at(where, f"layer name {layer.name!r} used twice")
+        names.add(layer.name)
+        for blob in layer.inputs:
+            if blob not in producer:
+                raise ModelFormatError.at(
+                    where, f"input blob {blob!r} is not produced by any earlier layer"
+                )
+        for blob in layer.outputs:
+            if blob in producer:
+                raise ModelFormatError.at(
+                    where,
+                    f"output blob {blob!r} already produced by layer {producer[blob].name!r} "
+                    f"(line {producer[blob].line})",
+                )
+            producer[blob] = layer
+    if len(producer) > blob_count:
+        raise ModelFormatError(
+            file, None, None, f"header declares {blob_count} blobs, layers use {len(producer)}"
+        )
+
+
+def read_param(param_path: str | os.PathLike[str]) -> list[Layer]:
+    """Parse a .param file (see ``parse_param_text``)."""
+    file = os.fspath(param_path)
+    try:
+        with open(file, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ModelFormatError(file, None, None, f"cannot read: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelFormatError(file, None, None, f"not UTF-8 text ({exc.reason})") from exc
+    return parse_param_text(text, os.path.basename(file))
+
+
+# ---------------------------------------------------------------------------------------------
+# .bin
+
+
+class _BinReader:
+    def __init__(self, data: bytes, file: str) -> None:
+        self.data = data
+        self.file = file
+        self.offset = 0
+
+    def take(self, nbytes: int, what: str, layer: Layer) -> bytes:
+        left = len(self.data) - self.offset
+        if nbytes > left:
+            raise ModelFormatError.at(
+                layer.where(self.file),
+                f"{what}: expected {nbytes} bytes at offset {self.offset}, "
+                f"only {left} left (file is {len(self.data)} bytes)",
+            )
+        chunk = self.data[self.offset : self.offset + nbytes]
+        self.offset += nbytes
+        return chunk
+
+    def read_weight(self, spec: WeightSpec, layer: Layer) -> np.ndarray:
+        count = spec.count
+        if not spec.flagged:
+            return np.frombuffer(self.take(4 * count, spec.name, layer), "<f4").astype(np.float32)
+        tag_bytes = self.take(4, f"{spec.name} storage tag", layer)
+        (tag,) = struct.unpack("<I", tag_bytes)
+        what = f"{spec.name} ({count} elements, tag 0x{tag:08X})"
+        if tag == TAG_FP16:
+            raw = self.take(_align4(2 * count), what, layer)
+            return np.frombuffer(raw[: 2 * count], "<f2").astype(np.float32)
+        if tag == TAG_INT8:
+            raise ModelFormatError.at(
+                layer.where(self.file), f"{spec.name}: int8 weights are not supported"
+            )
+        if tag in (TAG_FP32, TAG_FP32_RAW):
+            return np.frombuffer(self.take(4 * count, what, layer), "<f4").astype(np.float32)
+        # any other tag: a 256-entry float table followed by uint8 indices into it
+        table = np.frombuffer(self.take(1024, what, layer), "<f4")
+        index = np.frombuffer(self.take(_align4(count), what, layer)[:count], np.uint8)
+        return table[index].astype(np.float32)
+
+
+def _align4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def read_bin(layers: Sequence[Layer], bin_path: str | os.PathLike[str]) -> None:
+    """Fill each layer's ``weights`` from a .bin (raises when it is too short)."""
+    file = os.fspath(bin_path)
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ModelFormatError(file, None, None, f"cannot read: {exc.strerror}") from exc
+    reader = _BinReader(data, os.path.basename(file))
+    for layer in layers:
+        layer.weights = [reader.read_weight(spec, layer) for spec in layer.params.weight_specs()]
+    if reader.offset != len(data):
+        log.warning("%s: %d trailing bytes after the last weight are ignored (as ncnn does)",
+                    file, len(data) - reader.offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+
+
+def infer_shapes(
+    layers: Sequence[Layer], file: str, input_shapes: dict[str, Shape] | None = None
+) -> dict[str, Shape]:
+    """Shapes of every blob; Input layers take ``input_shapes[blob]`` or their declared shape."""
+    given = dict(input_shapes or {})
+    input_blobs = {b for layer in layers if layer.type == "Input" for b in layer.outputs}
+    for name, shape in given.items():
+        if name not in input_blobs:
+            raise ModelFormatError(
+                file, None, None,
+                f"input_shapes names {name!r}, not an Input blob (inputs: {sorted(input_blobs)})",
+            )
+        if not (1 <= len(shape) <= 4 and all(isinstance(n, int) and n > 0 for n in shape)):
+            raise ModelFormatError(
+                file, None, None, f"input shape {shape!r} for {name!r} must be 1..4 positive ints"
+            )
+    shapes: dict[str, Shape] = {}
+    for layer in layers:
+        try:
+            if layer.type == "Input" and all(b in given for b in layer.outputs):
+                outs = [tuple(given[b]) for b in layer.outputs]
+            else:
+                outs = layer.params.infer_shapes(
+                    [shapes[b] for b in layer.inputs], len(layer.outputs)
+                )
+                outs = [given.get(b, s) for b, s in zip(layer.outputs, outs)]
+        except ShapeError as exc:
+            raise ModelFormatError.at(layer.where(file), f"shape inference: {exc}") from None
+        if len(outs) != len(layer.outputs):
+            raise ModelFormatError.at(
+                layer.where(file), f"shape inference gave {len(outs)} shapes for "
+                f"{len(layer.outputs)} outputs"
+            )
+        shapes.update(zip(layer.outputs, outs))
+    return shapes
+
+
+def build_graph(
+    layers: list[Layer], file: str, input_shapes: dict[str, Shape] | None = None
+) -> Graph:
+    consumed = {b for layer in layers for b in layer.inputs}
+    inputs = [b for layer in layers if layer.type == "Input" for b in layer.outputs]
+    outputs = [b for layer in layers for b in layer.outputs if b not in consumed]
+    return Graph(layers, inputs, outputs, infer_shapes(layers, file, input_shapes), file)
+
+
+def load_model(
+    param_path: str | os.PathLike[str],
+    bin_path: str | os.PathLike[str] | None = None,
+    input_shapes: dict[str, Shape] | None = None,
+    seed: int = 0,
+) -> Graph:
+    """Parse, load weights (seeded random ones when ``bin_path`` is None, the same numbers
+    ``vkserve.models.weights.write_random_bin`` writes) and infer shapes."""
+    layers = read_param(param_path)
+    if bin_path is None:
+        for layer, weights in zip(layers, random_weights(layers, seed)):
+            layer.weights = weights
+    else:
+        read_bin(layers, bin_path)
+    return build_graph(layers, os.path.basename(os.fspath(param_path)), input_shapes)

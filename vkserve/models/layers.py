@@ -1,0 +1,1090 @@
+"""Typed parameters, weight layout and shape inference for each supported ncnn layer type.
+
+Every layer type has a frozen dataclass ``<Type>Params`` whose fields carry ncnn's param names,
+ids and defaults (docs/developer-guide/operators.md and each layer's ``load_param``), including
+ncnn's fallbacks (``kernel_h`` defaults to ``kernel_w``, ``pad_right`` to ``pad_left`` ...: such
+fields default to ``None`` and are resolved on construction). Build one with
+``from_paramdict(pd, where)``; ``LAYER_TYPES`` maps the type name to the class.
+
+Shapes follow ncnn's Mat with an implicit batch of 1, written as numpy C-order tuples:
+``(w,)``, ``(h, w)``, ``(c, h, w)``, ``(c, d, h, w)``.
+
+``weight_specs()`` lists the weights in the order ncnn's ``load_model`` reads them; a *flagged*
+weight is preceded in the .bin by a 4-byte storage tag (fp32 / fp16 / quantized), an unflagged
+one is raw float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, NamedTuple, Self
+
+import numpy as np
+
+from vkserve.models.errors import ModelFormatError, Where
+from vkserve.models.paramdict import ParamDict, int_bits_to_float
+
+Shape = tuple[int, ...]
+
+FLT_MAX = float(np.finfo(np.float32).max)
+# ncnn's "not set" marker for several params (Reshape dims, Crop starts/ends, pads, ...).
+UNSET = -233
+SAME_UPPER = -233
+SAME_LOWER = -234
+
+
+class ShapeError(ValueError):
+    """A layer cannot produce outputs for the given input shapes (the graph adds file/line)."""
+
+
+class WeightSpec(NamedTuple):
+    """One weight as ``load_model`` reads it: name, element count, tagged (flagged) or raw fp32."""
+
+    name: str
+    count: int
+    flagged: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# field declarations
+
+
+def _param(kind: str, pid: int, default: Any, fallback: str | None) -> Any:
+    meta = {"pid": pid, "kind": kind, "fallback": fallback}
+    return dataclasses.field(default=None if fallback else default, metadata=meta)
+
+
+def p_int(pid: int, default: int = 0, fallback: str | None = None) -> Any:
+    return _param("int", pid, default, fallback)
+
+
+def p_float(pid: int, default: float = 0.0) -> Any:
+    return _param("float", pid, default, None)
+
+
+def p_ints(pid: int) -> Any:
+    return _param("ints", pid, (), None)
+
+
+def p_floats(pid: int) -> Any:
+    return _param("floats", pid, (), None)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, list):
+        return f"array of {len(value)}"
+    if isinstance(value, int):
+        return f"int '{value}'"
+    if isinstance(value, float):
+        return f"float '{value:g}'"
+    return f"string {value!r}"
+
+
+def _convert(kind: str, value: object) -> object:
+    """Convert a parsed value for a field of ``kind``; None when its type does not fit."""
+    if kind == "int":
+        return value if isinstance(value, int) else None
+    if kind == "float":
+        if isinstance(value, float):
+            return value
+        # int 0 has the bits of 0.0; any other int would be read by ncnn as a bit pattern
+        return 0.0 if value == 0 and isinstance(value, int) else None
+    if not isinstance(value, list):
+        return None
+    if kind == "ints":
+        return tuple(value) if all(isinstance(v, int) for v in value) else None
+    # float arrays: ncnn reads int elements through the union, i.e. as float32 bit patterns
+    return tuple(int_bits_to_float(v) if isinstance(v, int) else v for v in value)
+
+
+_EXPECTED = {"int": "int", "float": "float", "ints": "int array", "floats": "float array"}
+
+
+# ---------------------------------------------------------------------------------------------
+# shape helpers (ncnn Mat w/h/d/c <-> numpy tuples)
+
+
+def c_div(a: int, b: int) -> int:
+    """C integer division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def c_mod(a: int, b: int) -> int:
+    """C remainder (sign of the dividend)."""
+    return a - b * c_div(a, b)
+
+
+def mat_whdc(shape: Shape) -> tuple[int, int, int, int]:
+    """ncnn's (w, h, d, c) of a numpy-order shape; absent axes are 1."""
+    if len(shape) == 4:
+        c, d, h, w = shape
+        return w, h, d, c
+    if len(shape) == 3:
+        c, h, w = shape
+        return w, h, 1, c
+    if len(shape) == 2:
+        return shape[1], shape[0], 1, 1
+    return shape[0], 1, 1, 1
+
+
+def volume(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _need_dims(layer: str, shape: Shape, allowed: tuple[int, ...]) -> None:
+    if len(shape) not in allowed:
+        dims = " or ".join(f"{n}-D" for n in allowed)
+        raise ShapeError(f"{layer} expects a {dims} input, got shape {shape}")
+
+
+def _positive(layer: str, shape: Shape) -> Shape:
+    if any(n <= 0 for n in shape):
+        raise ShapeError(f"{layer} would produce an empty output of shape {shape}")
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------
+# base class
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerParams:
+    """Base of all ``<Type>Params`` classes."""
+
+    TYPE: ClassVar[str] = ""
+    # params whose presence this implementation cannot honour: id -> reason
+    UNSUPPORTED: ClassVar[dict[int, str]] = {}
+    # allowed input / output counts (inclusive bounds; None = unbounded)
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 1)
+    OUTPUTS: ClassVar[tuple[int, int | None]] = (1, 1)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            fallback = f.metadata.get("fallback")
+            if fallback and getattr(self, f.name) is None:
+                object.__setattr__(self, f.name, getattr(self, fallback))
+
+    @classmethod
+    def from_paramdict(cls, pd: ParamDict, where: Where) -> Self:
+        """Build from parsed params; type mismatches and unsupported params raise
+        ModelFormatError naming ``where`` and the param id. Unknown ids are ignored (as ncnn)."""
+        kwargs: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            if not f.metadata or f.metadata["pid"] not in pd:
+                continue
+            pid, kind = f.metadata["pid"], f.metadata["kind"]
+            value = pd[pid]
+            converted = _convert(kind, value)
+            if converted is None:
+                raise ModelFormatError.at(
+                    where,
+                    f"param {pid} ({f.name}): expected {_EXPECTED[kind]}, got {_describe(value)}",
+                )
+            kwargs[f.name] = converted
+        for pid, reason in cls.UNSUPPORTED.items():
+            if pid in pd:
+                raise ModelFormatError.at(where, f"param {pid}: {reason} is not supported")
+        params = cls(**kwargs)
+        problem = params.validate()
+        if problem:
+            raise ModelFormatError.at(where, problem)
+        return params
+
+    def validate(self) -> str | None:
+        """A message when the param values are unusable, else None."""
+        return None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        """(min, max) input count and (min, max) output count this layer accepts."""
+        return self.INPUTS, self.OUTPUTS
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return []
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        """Output shapes for ``input_shapes``; raises ShapeError when they do not fit."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class _SameShape(LayerParams):
+    """Elementwise layers: one input, output of the same shape."""
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        return [tuple(input_shapes[0])]
+
+
+_ACTIVATION_NAMES = {0: "none", 1: "relu", 2: "leakyrelu", 3: "clip", 4: "sigmoid",
+                     5: "mish", 6: "hardswish"}
+_ACTIVATION_PARAM_COUNT = {2: 1, 3: 2, 6: 2}
+
+
+def _check_activation(activation_type: int, activation_params: tuple[float, ...]) -> str | None:
+    if activation_type not in _ACTIVATION_NAMES:
+        return f"param 9 (activation_type): unknown activation type {activation_type}"
+    need = _ACTIVATION_PARAM_COUNT.get(activation_type, 0)
+    if len(activation_params) < need:
+        return (
+            f"param 10 (activation_params): activation {_ACTIVATION_NAMES[activation_type]} "
+            f"needs {need} value(s), got {len(activation_params)}"
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# layers
+
+
+@dataclasses.dataclass(frozen=True)
+class InputParams(LayerParams):
+    TYPE: ClassVar[str] = "Input"
+    INPUTS: ClassVar[tuple[int, int | None]] = (0, 0)
+    OUTPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    w: int = p_int(0)
+    h: int = p_int(1)
+    d: int = p_int(11)
+    c: int = p_int(2)
+
+    def declared_shape(self) -> Shape | None:
+        """The shape the params declare, or None when some dimension is 0 / unspecified."""
+        if self.c > 0:
+            shape: Shape = (self.c, self.d, self.h, self.w) if self.d > 0 else (self.c, self.h, self.w)
+        elif self.h > 0:
+            shape = (self.h, self.w)
+        else:
+            shape = (self.w,)
+        return shape if all(n > 0 for n in shape) else None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = self.declared_shape()
+        if shape is None:
+            raise ShapeError(
+                f"Input declares no complete shape (w={self.w} h={self.h} d={self.d} c={self.c}); "
+                "give it in input_shapes"
+            )
+        return [shape] * num_outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConvolutionBase(LayerParams):
+    UNSUPPORTED: ClassVar[dict[int, str]] = {19: "dynamic_weight"}
+    num_output: int = p_int(0)
+    kernel_w: int = p_int(1)
+    kernel_h: int = p_int(11, fallback="kernel_w")
+    dilation_w: int = p_int(2, 1)
+    dilation_h: int = p_int(12, fallback="dilation_w")
+    stride_w: int = p_int(3, 1)
+    stride_h: int = p_int(13, fallback="stride_w")
+    pad_left: int = p_int(4)
+    pad_right: int = p_int(15, fallback="pad_left")
+    pad_top: int = p_int(14, fallback="pad_left")
+    pad_bottom: int = p_int(16, fallback="pad_top")
+    pad_value: float = p_float(18)
+    bias_term: int = p_int(5)
+    weight_data_size: int = p_int(6)
+    int8_scale_term: int = p_int(8)
+    activation_type: int = p_int(9)
+    activation_params: tuple[float, ...] = p_floats(10)
+
+    def group_count(self) -> int:
+        return 1
+
+    def validate(self) -> str | None:
+        if self.num_output <= 0:
+            return f"param 0 (num_output): must be positive, got {self.num_output}"
+        for name in ("kernel_w", "kernel_h", "dilation_w", "dilation_h", "stride_w", "stride_h"):
+            if getattr(self, name) <= 0:
+                return f"{name} must be positive, got {getattr(self, name)}"
+        if self.weight_data_size <= 0:
+            return f"param 6 (weight_data_size): must be positive, got {self.weight_data_size}"
+        if self.int8_scale_term:
+            return "param 8 (int8_scale_term): int8 quantized layers are not supported"
+        return _check_activation(self.activation_type, self.activation_params)
+
+    def weight_specs(self) -> list[WeightSpec]:
+        specs = [WeightSpec("weight_data", self.weight_data_size, True)]
+        if self.bias_term:
+            specs.append(WeightSpec("bias_data", self.num_output, False))
+        return specs
+
+    def padded_size(self, w: int, h: int) -> tuple[int, int]:
+        """Input (w, h) after ncnn's padding (explicit pads, or -233/-234 SAME modes)."""
+        ext_w = self.dilation_w * (self.kernel_w - 1) + 1
+        ext_h = self.dilation_h * (self.kernel_h - 1) + 1
+        pads = (self.pad_left, self.pad_right, self.pad_top, self.pad_bottom)
+        if any(p > 0 for p in pads):
+            return w + self.pad_left + self.pad_right, h + self.pad_top + self.pad_bottom
+        if all(p == SAME_UPPER for p in pads) or all(p == SAME_LOWER for p in pads):
+            wpad = ext_w + (w - 1) // self.stride_w * self.stride_w - w
+            hpad = ext_h + (h - 1) // self.stride_h * self.stride_h - h
+            if wpad > 0 or hpad > 0:
+                return w + wpad, h + hpad
+        return w, h
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        c, h, w = shape
+        group = self.group_count()
+        if c % group:
+            raise ShapeError(f"input channels {c} not divisible by group {group}")
+        maxk = self.kernel_w * self.kernel_h
+        expected = (self.num_output // group) * (c // group) * maxk * group
+        if expected != self.weight_data_size:
+            raise ShapeError(
+                f"weight_data_size {self.weight_data_size} does not match {self.num_output} "
+                f"outputs x {c} input channels / group {group} x {self.kernel_h}x{self.kernel_w} "
+                f"kernel = {expected}"
+            )
+        pw, ph = self.padded_size(w, h)
+        ext_w = self.dilation_w * (self.kernel_w - 1) + 1
+        ext_h = self.dilation_h * (self.kernel_h - 1) + 1
+        if pw < ext_w or ph < ext_h:
+            raise ShapeError(f"padded input {ph}x{pw} smaller than kernel extent {ext_h}x{ext_w}")
+        out = (self.num_output, (ph - ext_h) // self.stride_h + 1, (pw - ext_w) // self.stride_w + 1)
+        return [_positive(self.TYPE, out)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvolutionParams(_ConvolutionBase):
+    TYPE: ClassVar[str] = "Convolution"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvolutionDepthWiseParams(_ConvolutionBase):
+    TYPE: ClassVar[str] = "ConvolutionDepthWise"
+    group: int = p_int(7, 1)
+
+    def group_count(self) -> int:
+        return self.group
+
+    def validate(self) -> str | None:
+        if self.group <= 0 or self.num_output % self.group:
+            return f"param 7 (group): {self.group} does not divide num_output {self.num_output}"
+        return super().validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolingParams(LayerParams):
+    TYPE: ClassVar[str] = "Pooling"
+    pooling_type: int = p_int(0)
+    kernel_w: int = p_int(1)
+    kernel_h: int = p_int(11, fallback="kernel_w")
+    stride_w: int = p_int(2, 1)
+    stride_h: int = p_int(12, fallback="stride_w")
+    pad_left: int = p_int(3)
+    pad_right: int = p_int(14, fallback="pad_left")
+    pad_top: int = p_int(13, fallback="pad_left")
+    pad_bottom: int = p_int(15, fallback="pad_top")
+    global_pooling: int = p_int(4)
+    pad_mode: int = p_int(5)
+    avgpool_count_include_pad: int = p_int(6)
+    adaptive_pooling: int = p_int(7)
+    out_w: int = p_int(8)
+    out_h: int = p_int(18, fallback="out_w")
+
+    def validate(self) -> str | None:
+        if self.pooling_type not in (0, 1):
+            return f"param 0 (pooling_type): expected 0 (max) or 1 (avg), got {self.pooling_type}"
+        if self.pad_mode not in (0, 1, 2, 3):
+            return f"param 5 (pad_mode): expected 0..3, got {self.pad_mode}"
+        if not self.global_pooling and not self.adaptive_pooling:
+            for name in ("kernel_w", "kernel_h", "stride_w", "stride_h"):
+                if getattr(self, name) <= 0:
+                    return f"{name} must be positive, got {getattr(self, name)}"
+        return None
+
+    def padded_size(self, w: int, h: int) -> tuple[int, int]:
+        """Input (w, h) after ncnn's padding for this pad_mode (full / valid / SAME)."""
+        kw, kh, sw, sh = self.kernel_w, self.kernel_h, self.stride_w, self.stride_h
+        if self.pad_mode == 0:
+            wtail = c_mod(w + self.pad_left + self.pad_right - kw, sw)
+            htail = c_mod(h + self.pad_top + self.pad_bottom - kh, sh)
+            wtailpad = sw - wtail if wtail else 0
+            htailpad = sh - htail if htail else 0
+            return (w + self.pad_left + self.pad_right + wtailpad,
+                    h + self.pad_top + self.pad_bottom + htailpad)
+        if self.pad_mode == 1:
+            return w + self.pad_left + self.pad_right, h + self.pad_top + self.pad_bottom
+        wpad = kw + (w - 1) // sw * sw - w
+        hpad = kh + (h - 1) // sh * sh - h
+        if wpad > 0 or hpad > 0:
+            return w + wpad, h + hpad
+        return w, h
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        c, h, w = shape
+        if self.global_pooling:
+            return [(c,)]
+        if self.adaptive_pooling:
+            out_w = w if self.out_w == UNSET else self.out_w
+            out_h = h if self.out_h == UNSET else self.out_h
+            return [_positive(self.TYPE, (c, out_h, out_w))]
+        pw, ph = self.padded_size(w, h)
+        if pw < self.kernel_w or ph < self.kernel_h:
+            raise ShapeError(
+                f"padded input {ph}x{pw} smaller than kernel {self.kernel_h}x{self.kernel_w}"
+            )
+        out = (c, (ph - self.kernel_h) // self.stride_h + 1, (pw - self.kernel_w) // self.stride_w + 1)
+        return [_positive(self.TYPE, out)]
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerProductParams(LayerParams):
+    TYPE: ClassVar[str] = "InnerProduct"
+    num_output: int = p_int(0)
+    bias_term: int = p_int(1)
+    weight_data_size: int = p_int(2)
+    int8_scale_term: int = p_int(8)
+    activation_type: int = p_int(9)
+    activation_params: tuple[float, ...] = p_floats(10)
+
+    def validate(self) -> str | None:
+        if self.num_output <= 0:
+            return f"param 0 (num_output): must be positive, got {self.num_output}"
+        if self.weight_data_size <= 0 or self.weight_data_size % self.num_output:
+            return (
+                f"param 2 (weight_data_size): {self.weight_data_size} is not a positive "
+                f"multiple of num_output {self.num_output}"
+            )
+        if self.int8_scale_term:
+            return "param 8 (int8_scale_term): int8 quantized layers are not supported"
+        return _check_activation(self.activation_type, self.activation_params)
+
+    def weight_specs(self) -> list[WeightSpec]:
+        specs = [WeightSpec("weight_data", self.weight_data_size, True)]
+        if self.bias_term:
+            specs.append(WeightSpec("bias_data", self.num_output, False))
+        return specs
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        num_input = self.weight_data_size // self.num_output
+        if len(shape) == 2 and shape[1] == num_input:
+            # ncnn treats a 2-D input as a batch of rows (gemm)
+            return [(shape[0], self.num_output)]
+        if volume(shape) != num_input:
+            raise ShapeError(
+                f"input {shape} has {volume(shape)} elements, weights expect {num_input} inputs"
+            )
+        return [(self.num_output,)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxParams(_SameShape):
+    TYPE: ClassVar[str] = "Softmax"
+    axis: int = p_int(0)
+    fixbug0: int = p_int(1)
+
+    def validate(self) -> str | None:
+        if self.fixbug0 == 0 and self.axis != 0:
+            return "Softmax with axis != 0 needs 1=1 (param too old, regenerate it)"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        if not -len(shape) <= self.axis < len(shape):
+            raise ShapeError(f"axis {self.axis} out of range for a {len(shape)}-D input")
+        return [tuple(shape)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitParams(LayerParams):
+    TYPE: ClassVar[str] = "Split"
+    OUTPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        return [tuple(input_shapes[0])] * num_outputs
+
+
+def _positive_axis(axis: int, dims: int) -> int:
+    positive = axis + dims if axis < 0 else axis
+    if not 0 <= positive < dims:
+        raise ShapeError(f"axis {axis} out of range for a {dims}-D input")
+    return positive
+
+
+@dataclasses.dataclass(frozen=True)
+class ConcatParams(LayerParams):
+    TYPE: ClassVar[str] = "Concat"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    axis: int = p_int(0)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        first = input_shapes[0]
+        axis = _positive_axis(self.axis, len(first))
+        total = 0
+        for shape in input_shapes:
+            rest = tuple(n for i, n in enumerate(shape) if i != axis)
+            if len(shape) != len(first) or rest != tuple(
+                n for i, n in enumerate(first) if i != axis
+            ):
+                raise ShapeError(f"cannot concat {shape} with {first} along axis {self.axis}")
+            total += shape[axis]
+        out = list(first)
+        out[axis] = total
+        return [tuple(out)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceParams(LayerParams):
+    TYPE: ClassVar[str] = "Slice"
+    OUTPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    slices: tuple[int, ...] = p_ints(0)
+    axis: int = p_int(1)
+    indices: tuple[int, ...] = p_ints(2)
+
+    def validate(self) -> str | None:
+        if not self.slices and not self.indices:
+            return "Slice needs param 0 (slices) or param 2 (indices)"
+        return None
+
+    def slice_sizes(self, size: int, num_outputs: int) -> list[int]:
+        """Size of each output along the axis (ncnn: -233 shares the rest evenly)."""
+        sizes: list[int] = []
+        q = 0
+        for i in range(num_outputs):
+            if self.indices:
+                if i == num_outputs - 1:
+                    n = size - q
+                else:
+                    if i >= len(self.indices):
+                        raise ShapeError(f"{num_outputs} outputs but {len(self.indices)} indices")
+                    index = self.indices[i]
+                    n = (size + index if index < 0 else index) - q
+            else:
+                if i >= len(self.slices):
+                    raise ShapeError(f"{num_outputs} outputs but {len(self.slices)} slices")
+                n = self.slices[i]
+                if n == UNSET:
+                    n = (size - q) // (num_outputs - i)
+            if n <= 0 or q + n > size:
+                raise ShapeError(f"slice {i} of size {n} at offset {q} does not fit axis size {size}")
+            sizes.append(n)
+            q += n
+        return sizes
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        axis = _positive_axis(self.axis, len(shape))
+        outs = []
+        for n in self.slice_sizes(shape[axis], num_outputs):
+            out = list(shape)
+            out[axis] = n
+            outs.append(tuple(out))
+        return outs
+
+
+@dataclasses.dataclass(frozen=True)
+class EltwiseParams(LayerParams):
+    TYPE: ClassVar[str] = "Eltwise"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    op_type: int = p_int(0)
+    coeffs: tuple[float, ...] = p_floats(1)
+
+    def validate(self) -> str | None:
+        if self.op_type not in (0, 1, 2):
+            return f"param 0 (op_type): expected 0 (prod), 1 (sum) or 2 (max), got {self.op_type}"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        first = tuple(input_shapes[0])
+        for shape in input_shapes[1:]:
+            if tuple(shape) != first:
+                raise ShapeError(f"Eltwise inputs differ in shape: {first} vs {tuple(shape)}")
+        if self.coeffs and len(self.coeffs) < len(input_shapes):
+            raise ShapeError(f"{len(self.coeffs)} coeffs for {len(input_shapes)} inputs")
+        return [first]
+
+
+BINARY_OPS = {0: "add", 1: "sub", 2: "mul", 3: "div", 4: "max", 5: "min", 6: "pow",
+              7: "rsub", 8: "rdiv", 9: "rpow", 10: "atan2", 11: "ratan2"}
+
+
+def binary_broadcast_shape(a: Shape, b: Shape) -> tuple[Shape, Shape, Shape]:
+    """ncnn's BinaryOp broadcast: the lower-rank operand is reshaped (1-D matching the other's
+    channels -> per-channel, otherwise along w; 2-D/3-D gain trailing unit axes), then numpy-style
+    broadcasting. Returns (a reshaped, b reshaped, output shape)."""
+
+    def expand(x: Shape, other: Shape) -> Shape:
+        outdims = len(other)
+        if len(x) >= outdims:
+            return tuple(x)
+        if len(x) == 1:
+            # matches the other's outermost axis (h for 2-D, c for 3-D/4-D)?
+            if x[0] == other[0]:
+                return (x[0],) + (1,) * (outdims - 1)
+            return (1,) * (outdims - 1) + (x[0],)
+        return tuple(x) + (1,) * (outdims - len(x))
+
+    a2, b2 = expand(a, b), expand(b, a)
+    out = []
+    for m, n in zip(a2, b2):
+        if m != n and m != 1 and n != 1:
+            raise ShapeError(f"BinaryOp cannot broadcast {a} with {b}")
+        out.append(max(m, n))
+    return a2, b2, tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryOpParams(LayerParams):
+    TYPE: ClassVar[str] = "BinaryOp"
+    op_type: int = p_int(0)
+    with_scalar: int = p_int(1)
+    b: float = p_float(2)
+
+    def validate(self) -> str | None:
+        if self.op_type not in BINARY_OPS:
+            return f"param 0 (op_type): unknown binary op {self.op_type}"
+        return None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        return ((1, 1) if self.with_scalar else (2, 2)), (1, 1)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        if self.with_scalar:
+            return [tuple(input_shapes[0])]
+        return [binary_broadcast_shape(input_shapes[0], input_shapes[1])[2]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReLUParams(_SameShape):
+    TYPE: ClassVar[str] = "ReLU"
+    slope: float = p_float(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipParams(_SameShape):
+    TYPE: ClassVar[str] = "Clip"
+    min: float = p_float(0, -FLT_MAX)
+    max: float = p_float(1, FLT_MAX)
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidParams(_SameShape):
+    TYPE: ClassVar[str] = "Sigmoid"
+
+
+@dataclasses.dataclass(frozen=True)
+class SwishParams(_SameShape):
+    TYPE: ClassVar[str] = "Swish"
+
+
+@dataclasses.dataclass(frozen=True)
+class _HardBase(_SameShape):
+    alpha: float = p_float(0, 0.2)
+    beta: float = p_float(1, 0.5)
+
+    def validate(self) -> str | None:
+        return "param 0 (alpha): must be non-zero" if self.alpha == 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class HardSigmoidParams(_HardBase):
+    """y = clamp(alpha * x + beta, 0, 1); ncnn defaults 0.2 / 0.5 (PyTorch uses 1/6, 0.5)."""
+
+    TYPE: ClassVar[str] = "HardSigmoid"
+
+
+@dataclasses.dataclass(frozen=True)
+class HardSwishParams(_HardBase):
+    """y = x * clamp(alpha * x + beta, 0, 1); ncnn defaults 0.2 / 0.5."""
+
+    TYPE: ClassVar[str] = "HardSwish"
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutParams(_SameShape):
+    TYPE: ClassVar[str] = "Dropout"
+    scale: float = p_float(0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoopParams(LayerParams):
+    """Passes its inputs through: output i is input i."""
+
+    TYPE: ClassVar[str] = "Noop"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    OUTPUTS: ClassVar[tuple[int, int | None]] = (0, None)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        if num_outputs > len(input_shapes):
+            raise ShapeError(f"Noop has {num_outputs} outputs but only {len(input_shapes)} inputs")
+        return [tuple(s) for s in input_shapes[:num_outputs]]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlattenParams(LayerParams):
+    TYPE: ClassVar[str] = "Flatten"
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        return [(volume(input_shapes[0]),)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffleChannelParams(_SameShape):
+    TYPE: ClassVar[str] = "ShuffleChannel"
+    group: int = p_int(0, 1)
+    reverse: int = p_int(1)
+
+    def validate(self) -> str | None:
+        return f"param 0 (group): must be positive, got {self.group}" if self.group <= 0 else None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        if shape[0] % self.group:
+            raise ShapeError(f"channels {shape[0]} not divisible by group {self.group}")
+        return [tuple(shape)]
+
+
+@dataclasses.dataclass(frozen=True)
+class LRNParams(_SameShape):
+    TYPE: ClassVar[str] = "LRN"
+    region_type: int = p_int(0)
+    local_size: int = p_int(1, 5)
+    alpha: float = p_float(2, 1.0)
+    beta: float = p_float(3, 0.75)
+    bias: float = p_float(4, 1.0)
+
+    def validate(self) -> str | None:
+        if self.region_type not in (0, 1):
+            return f"param 0 (region_type): expected 0 or 1, got {self.region_type}"
+        if self.local_size <= 0:
+            return f"param 1 (local_size): must be positive, got {self.local_size}"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        _need_dims(self.TYPE, input_shapes[0], (3,))
+        return [tuple(input_shapes[0])]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshapeParams(LayerParams):
+    """Target (w, h, d, c); -233 = axis absent (sets the rank), 0 = keep input's, -1 = infer."""
+
+    TYPE: ClassVar[str] = "Reshape"
+    UNSUPPORTED: ClassVar[dict[int, str]] = {
+        6: "shape expression", 12: "batch axis", 13: "batch axis"}
+    w: int = p_int(0, UNSET)
+    h: int = p_int(1, UNSET)
+    d: int = p_int(11, UNSET)
+    c: int = p_int(2, UNSET)
+
+    def ndim(self) -> int:
+        if self.w == UNSET:
+            return 0
+        if self.h == UNSET:
+            return 1
+        if self.c == UNSET:
+            return 2
+        return 3 if self.d == UNSET else 4
+
+    def target(self) -> list[int]:
+        """The target dims in numpy order (length = rank)."""
+        return {0: [], 1: [self.w], 2: [self.h, self.w], 3: [self.c, self.h, self.w],
+                4: [self.c, self.d, self.h, self.w]}[self.ndim()]
+
+    def validate(self) -> str | None:
+        target = self.target()
+        if not target:
+            return "Reshape needs param 0 (w)"
+        if target.count(-1) > 1 or any(n < -1 for n in target):
+            return f"Reshape target {target} may hold one -1 and no other negative values"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        total = volume(shape)
+        iw, ih, id_, ic = mat_whdc(shape)
+        target = self.target()
+        # 0 keeps the input's Mat field of the same name
+        keep = {1: [iw], 2: [ih, iw], 3: [ic, ih, iw], 4: [ic, id_, ih, iw]}[len(target)]
+        out = [k if t == 0 else t for t, k in zip(target, keep)]
+        if -1 in out:
+            known = math.prod(n for n in out if n != -1)
+            if known == 0 or total % known:
+                raise ShapeError(f"cannot infer -1 reshaping {shape} to {tuple(target)}")
+            out[out.index(-1)] = total // known
+        if volume(tuple(out)) != total:
+            raise ShapeError(f"cannot reshape {shape} ({total} elements) to {tuple(out)}")
+        return [_positive(self.TYPE, tuple(out))]
+
+
+# ncnn's Permute order_type tables: output (w, h[, d], c) named by the input axis each comes from
+_PERMUTE_ORDERS = {
+    2: ["w h", "h w"],
+    3: ["w h c", "h w c", "w c h", "c w h", "h c w", "c h w"],
+    4: ["w h d c", "h w d c", "w d h c", "d w h c", "h d w c", "d h w c",
+        "w h c d", "h w c d", "w c h d", "c w h d", "h c w d", "c h w d",
+        "w d c h", "d w c h", "w c d h", "c w d h", "d c w h", "c d w h",
+        "h d c w", "d h c w", "h c d w", "c h d w", "d c h w", "c d h w"],
+}
+_NUMPY_AXIS = {2: {"h": 0, "w": 1}, 3: {"c": 0, "h": 1, "w": 2}, 4: {"c": 0, "d": 1, "h": 2, "w": 3}}
+
+
+@dataclasses.dataclass(frozen=True)
+class PermuteParams(LayerParams):
+    TYPE: ClassVar[str] = "Permute"
+    order_type: int = p_int(0)
+
+    def numpy_axes(self, dims: int) -> tuple[int, ...]:
+        """The ``np.transpose`` axes equivalent to this order_type on a ``dims``-D array."""
+        if dims == 1:
+            return (0,)
+        orders = _PERMUTE_ORDERS[dims]
+        if not 0 <= self.order_type < len(orders):
+            raise ShapeError(f"order_type {self.order_type} invalid for a {dims}-D input")
+        names = orders[self.order_type].split()  # output w, h, ..., c
+        return tuple(_NUMPY_AXIS[dims][n] for n in reversed(names))
+
+    def validate(self) -> str | None:
+        if not 0 <= self.order_type < 24:
+            return f"param 0 (order_type): expected 0..23, got {self.order_type}"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        return [tuple(shape[a] for a in self.numpy_axes(len(shape)))]
+
+
+@dataclasses.dataclass(frozen=True)
+class CropParams(LayerParams):
+    """Offsets + sizes (sizes 0 with a second input: crop to that reference's shape), or
+    numpy-style starts/ends/axes (-233 = open end)."""
+
+    TYPE: ClassVar[str] = "Crop"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 2)
+    UNSUPPORTED: ClassVar[dict[int, str]] = {
+        19: "starts expression", 20: "ends expression", 21: "axes expression"}
+    woffset: int = p_int(0)
+    hoffset: int = p_int(1)
+    doffset: int = p_int(13)
+    coffset: int = p_int(2)
+    outw: int = p_int(3)
+    outh: int = p_int(4)
+    outd: int = p_int(14)
+    outc: int = p_int(5)
+    woffset2: int = p_int(6)
+    hoffset2: int = p_int(7)
+    doffset2: int = p_int(15)
+    coffset2: int = p_int(8)
+    starts: tuple[int, ...] = p_ints(9)
+    ends: tuple[int, ...] = p_ints(10)
+    axes: tuple[int, ...] = p_ints(11)
+
+    def numpy_style(self) -> bool:
+        return bool(self.starts) and bool(self.ends)
+
+    def uses_reference(self) -> bool:
+        """True when the output size comes from a second (reference) input."""
+        sizes = (self.outw, self.outh, self.outd, self.outc,
+                 self.woffset2, self.hoffset2, self.doffset2, self.coffset2)
+        return not self.numpy_style() and not any(sizes)
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        return ((2, 2) if self.uses_reference() else (1, 1)), (1, 1)
+
+    def roi(self, shape: Shape, reference: Shape | None = None) -> tuple[Shape, Shape]:
+        """(offsets, sizes) in numpy axis order for an input of ``shape``."""
+        dims = len(shape)
+        if self.numpy_style():
+            offsets, sizes = [0] * dims, list(shape)
+            axes = self.axes or tuple(range(dims))
+            if len(self.starts) < len(axes) or len(self.ends) < len(axes):
+                raise ShapeError(f"{len(axes)} axes but {len(self.starts)} starts, {len(self.ends)} ends")
+            for i, axis in enumerate(axes):
+                axis = _positive_axis(axis, dims)
+                n = shape[axis]
+                start = 0 if self.starts[i] == UNSET else self.starts[i]
+                end = n if self.ends[i] == UNSET else self.ends[i]
+                offsets[axis] = start if start >= 0 else n + start
+                sizes[axis] = min(n, end if end > 0 else n + end) - offsets[axis]
+            return tuple(offsets), tuple(sizes)
+        offsets = {1: (self.woffset,), 2: (self.hoffset, self.woffset),
+                   3: (self.coffset, self.hoffset, self.woffset),
+                   4: (self.coffset, self.doffset, self.hoffset, self.woffset)}[dims]
+        if reference is not None:
+            if self.woffset == UNSET:
+                raise ShapeError("Crop with offsets read from the reference blob is data-dependent")
+            # w/h/d come from the reference; c only when the reference has the input's rank
+            ref_w, ref_h, ref_d, ref_c = mat_whdc(reference)
+            c = ref_c if len(reference) == dims else shape[0]
+            ref_sizes = {1: (ref_w,), 2: (ref_h, ref_w), 3: (c, ref_h, ref_w),
+                         4: (c, ref_d, ref_h, ref_w)}[dims]
+            return offsets, ref_sizes
+        offsets2 = {1: (self.woffset2,), 2: (self.hoffset2, self.woffset2),
+                    3: (self.coffset2, self.hoffset2, self.woffset2),
+                    4: (self.coffset2, self.doffset2, self.hoffset2, self.woffset2)}[dims]
+        wanted = {1: (self.outw,), 2: (self.outh, self.outw), 3: (self.outc, self.outh, self.outw),
+                  4: (self.outc, self.outd, self.outh, self.outw)}[dims]
+        sizes = []
+        for n, off, off2, want in zip(shape, offsets, offsets2, wanted):
+            size = n - off - off2
+            sizes.append(size if want == UNSET else min(want, size))
+        return offsets, tuple(sizes)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        reference = input_shapes[1] if self.uses_reference() else None
+        offsets, sizes = self.roi(shape, reference)
+        for n, off, size in zip(shape, offsets, sizes):
+            if off < 0 or off + size > n:
+                raise ShapeError(f"crop offsets {offsets} sizes {sizes} exceed input {shape}")
+        return [_positive(self.TYPE, sizes)]
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpParams(LayerParams):
+    """resize_type 1 nearest, 2 bilinear, 3 bicubic; output size from output_width/height,
+    else int(w * width_scale) (float32 product), or from a second input (dynamic_target_size)."""
+
+    TYPE: ClassVar[str] = "Interp"
+    UNSUPPORTED: ClassVar[dict[int, str]] = {9: "size expression"}
+    resize_type: int = p_int(0)
+    height_scale: float = p_float(1, 1.0)
+    width_scale: float = p_float(2, 1.0)
+    output_height: int = p_int(3)
+    output_width: int = p_int(4)
+    dynamic_target_size: int = p_int(5)
+    align_corner: int = p_int(6)
+
+    def validate(self) -> str | None:
+        if self.resize_type not in (1, 2, 3):
+            return f"param 0 (resize_type): expected 1, 2 or 3, got {self.resize_type}"
+        return None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        return ((2, 2) if self.dynamic_target_size else (1, 1)), (1, 1)
+
+    def output_size(self, shape: Shape, reference: Shape | None = None) -> tuple[int, int]:
+        """(outh, outw) for an input of ``shape``."""
+        if reference is not None:
+            ref_w, ref_h, _, _ = mat_whdc(reference)
+            return ref_h, ref_w
+        w, h, _, _ = mat_whdc(shape)
+        if len(shape) == 1:
+            w = h = 1
+        outw, outh = self.output_width, self.output_height
+        if outw == 0 or outh == 0:
+            with np.errstate(over="ignore"):
+                scaled_w = np.float32(w) * np.float32(self.width_scale)
+                scaled_h = np.float32(h) * np.float32(self.height_scale)
+            if not (np.isfinite(scaled_w) and np.isfinite(scaled_h)):
+                raise ShapeError(f"scales {self.height_scale}, {self.width_scale} overflow")
+            outw, outh = int(scaled_w), int(scaled_h)
+        return outh, outw
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3))
+        reference = input_shapes[1] if self.dynamic_target_size else None
+        outh, outw = self.output_size(shape, reference)
+        if len(shape) == 1:
+            out: Shape = (shape[0], outh, outw)
+        elif len(shape) == 2:
+            out = (shape[0], outw)
+        else:
+            out = (shape[0], outh, outw)
+        return [_positive(self.TYPE, out)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddingParams(LayerParams):
+    """type 0 constant, 1 replicate, 2 reflect; front/behind pad channels (3-D) or depth (4-D)."""
+
+    TYPE: ClassVar[str] = "Padding"
+    top: int = p_int(0)
+    bottom: int = p_int(1)
+    left: int = p_int(2)
+    right: int = p_int(3)
+    type: int = p_int(4)
+    value: float = p_float(5)
+    per_channel_pad_data_size: int = p_int(6)
+    front: int = p_int(7)
+    behind: int = p_int(8)
+
+    def validate(self) -> str | None:
+        if self.type not in (0, 1, 2):
+            return f"param 4 (type): expected 0, 1 or 2, got {self.type}"
+        pads = (self.top, self.bottom, self.left, self.right, self.front, self.behind)
+        if any(p < 0 for p in pads) or self.per_channel_pad_data_size < 0:
+            return "Padding sizes must not be negative"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        if self.per_channel_pad_data_size:
+            return [WeightSpec("per_channel_pad_data", self.per_channel_pad_data_size, False)]
+        return []
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        w, h, d, c = mat_whdc(shape)
+        outw, outh = w + self.left + self.right, h + self.top + self.bottom
+        if len(shape) == 1:
+            return [(outw,)]
+        if len(shape) == 2:
+            return [(outh, outw)]
+        if len(shape) == 3:
+            return [(c + self.front + self.behind, outh, outw)]
+        return [(c, d + self.front + self.behind, outh, outw)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Yolov3DetectionOutputParams(LayerParams):
+    """Decodes YOLO heads into rows of (label, score, xmin, ymin, xmax, ymax), normalised.
+
+    ``mask`` and ``anchors_scale`` are float arrays; ncnn reads int elements as float32 bit
+    patterns (yolov4-tiny writes ``-23305=6,1077936128,...`` = 3.0, 4.0, ...). The row count is
+    data-dependent: ``infer_shapes`` gives the upper bound (every candidate box kept)."""
+
+    TYPE: ClassVar[str] = "Yolov3DetectionOutput"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    num_class: int = p_int(0, 20)
+    num_box: int = p_int(1, 5)
+    confidence_threshold: float = p_float(2, 0.01)
+    nms_threshold: float = p_float(3, 0.45)
+    biases: tuple[float, ...] = p_floats(4)
+    mask: tuple[float, ...] = p_floats(5)
+    anchors_scale: tuple[float, ...] = p_floats(6)
+
+    def validate(self) -> str | None:
+        if self.num_class <= 0 or self.num_box <= 0:
+            return "num_class and num_box must be positive"
+        for i, m in enumerate(self.mask):
+            if not (math.isfinite(m) and m == int(m) and 0 <= m and 2 * int(m) + 1 < len(self.biases)):
+                return f"param 5 (mask): entry {i} = {m} does not index a bias pair"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        if len(self.anchors_scale) < len(input_shapes):
+            raise ShapeError(f"{len(input_shapes)} inputs but {len(self.anchors_scale)} anchors_scale")
+        if len(self.mask) < self.num_box * len(input_shapes):
+            raise ShapeError(f"mask has {len(self.mask)} entries, needs {self.num_box} per input")
+        candidates = 0
+        for shape in input_shapes:
+            _need_dims(self.TYPE, shape, (3,))
+            c, h, w = shape
+            if c != self.num_box * (5 + self.num_class):
+                raise ShapeError(
+                    f"input {shape}: expected {self.num_box} x (5 + {self.num_class}) channels"
+                )
+            candidates += self.num_box * h * w
+        return [(candidates, 6)]
+
+
+LAYER_TYPES: dict[str, type[LayerParams]] = {
+    cls.TYPE: cls
+    for cls in (
+        InputParams, ConvolutionParams, ConvolutionDepthWiseParams, PoolingParams,
+        InnerProductParams, SoftmaxParams, SplitParams, ConcatParams, SliceParams,
+        EltwiseParams, BinaryOpParams, ReLUParams, ClipParams, SigmoidParams, SwishParams,
+        HardSigmoidParams, HardSwishParams, DropoutParams, NoopParams, FlattenParams,
+        ShuffleChannelParams, LRNParams, ReshapeParams, PermuteParams, CropParams, InterpParams,
+        PaddingParams, Yolov3DetectionOutputParams,
+    )
+}

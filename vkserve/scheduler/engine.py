@@ -1,0 +1,113 @@
+"""The one seam between the scheduler and the execution engines.
+
+An *executor* is one Plan instance's worth of capacity: ``run(inputs) -> outputs`` blocks (the
+scheduler calls it in a worker thread, one job per executor at a time). The scheduler asks
+for as many executors per (model, device) as the device has slots:
+
+- CPU: one ``vkserve.devices.cpu.executor.Plan`` each (a CPU Plan is not re-entrant);
+- Vulkan: one ``vkserve.devices.vulkan.engine.plan.Plan`` with ``max_instances`` = slots, shared by
+  that many thin executors (the Plan hands each run its own PlanInstance: arena, staging,
+  recorded command buffer, fence). Fence waits call ``trio.from_thread.check_cancelled``
+  between slices, so stopping the scheduler never hangs on a stuck GPU.
+
+Everything the scheduler knows about the engines lives here (``load_executors``,
+``close_executor``, ``is_device_fault``), so changing how an engine is called means editing
+this file only. Without the Vulkan engine (or without Vulkan) only the CPU is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import trio
+
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.cpu.executor import Plan as CpuPlan
+from vkserve.devices.vulkan.errors import VulkanError
+from vkserve.models.graph import Graph
+from vkserve.scheduler.devices import DeviceHandle
+from vkserve.scheduler.registry import ModelSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Executor", "close_executor", "is_device_fault", "load_executors",
+           "vulkan_engine_available"]
+
+
+class Executor(Protocol):
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+def _vulkan_plan_class() -> Any:
+    try:
+        from vkserve.devices.vulkan.engine.plan import Plan  # noqa: PLC0415 (optional engine)
+    except (ImportError, OSError) as exc:
+        log.debug("Vulkan engine unavailable: %s", exc)
+        return None
+    return Plan
+
+
+def vulkan_engine_available() -> bool:
+    """True when the Vulkan engine can compile Plans; without it GPUs are not used."""
+    return _vulkan_plan_class() is not None
+
+
+class _VulkanExecutor:
+    """One of the slots of a shared Vulkan Plan (the Plan picks the instance per run)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs: dict[str, np.ndarray] = self.plan.run(
+            inputs, between_waits=trio.from_thread.check_cancelled)
+        return outputs
+
+    def close(self) -> None:
+        self.plan.close()  # idempotent: the first executor of the Plan frees it
+
+
+def vulkan_precision(device: DeviceHandle, name: str) -> Precision:
+    """Config precision -> engine precision. ``auto``: fp16 where the device stores it
+    (ncnn's default; halves memory traffic), else fp32."""
+    from vkserve.devices.vulkan.engine.plan import engine_precision  # noqa: PLC0415
+
+    if name == "auto":
+        name = "fp16" if device.caps.fp16_storage else "fp32"
+    if name in ("fp32", "fp16"):
+        return engine_precision(device.caps, name)
+    return Precision(name)
+
+
+def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
+                   count: int) -> list[Executor]:
+    """Compile ``count`` slots of ``graph`` for ``device`` (blocking; worker thread)."""
+    if device.is_cpu:
+        return [CpuPlan(graph, input_shapes=dict(spec.inputs)) for _ in range(count)]
+    plan_class = _vulkan_plan_class()
+    if plan_class is None:
+        raise RuntimeError(f"device {device.index} ({device.name}): no Vulkan engine available")
+    plan = plan_class(device.vulkan_device(), graph, input_shapes=dict(spec.inputs),
+                      precision=vulkan_precision(device, spec.precision), max_instances=count)
+    return [_VulkanExecutor(plan) for _ in range(count)]
+
+
+def close_executor(executor: Executor) -> None:
+    """Free an executor's device memory (Vulkan plans close; CPU plans are garbage)."""
+    close = getattr(executor, "close", None)
+    if callable(close):
+        close()
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Does ``exc`` mean the device itself is gone (so its jobs must move elsewhere)?
+
+    A lost Vulkan device, or any exception an engine flags with ``device_fault = True``.
+    Other errors (bugs, out-of-memory for one job) fail the job and leave the device healthy.
+    """
+    if isinstance(exc, VulkanError) and exc.device_lost:
+        return True
+    return bool(getattr(exc, "device_fault", False))

@@ -1,0 +1,115 @@
+"""Jobs, results and input validation.
+
+A Job ends exactly once: ``finish`` records the first outcome (outputs or an error) and
+ignores every later one. That single gate is what makes races harmless — a caller whose
+deadline fires while the device is still running, a cancelled caller, a failover retry and a
+worker finishing late all call ``finish``; only the first counts, the rest are discarded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import trio
+
+from vkserve.scheduler.errors import BadInput, SchedulerError
+
+__all__ = ["InferResult", "Job", "validate_inputs"]
+
+_ids = itertools.count(1)
+
+
+@dataclasses.dataclass
+class InferResult:
+    outputs: dict[str, np.ndarray]
+    device: str  # the device's name
+    queue_seconds: float  # from admission to the start of the (last) run
+    run_seconds: float  # the run that produced the outputs
+    device_index: int = -1
+    job_id: int = 0
+    attempts: int = 1  # 2 when a device failure moved the job
+
+
+class Job:
+    """One admitted inference request, from admission until it ends."""
+
+    def __init__(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str] | None,
+                 priority: int, deadline: float | None) -> None:
+        self.id = next(_ids)
+        self.model = model
+        self.inputs = inputs
+        self.outputs = outputs
+        self.priority = priority
+        self.deadline = deadline  # trio clock, or None
+        self.submitted = trio.current_time()
+        self.dispatched: float | None = None
+        self.attempts = 0  # runs started
+        self.excluded: set[int] = set()  # devices that failed this job
+        self.last_fault: str = ""
+        self.result: InferResult | None = None
+        self.error: SchedulerError | None = None
+        self.done = trio.Event()
+
+    def sort_key(self) -> tuple[int, int]:
+        """Higher priority first, then FIFO (ids grow with admission; a retried job keeps
+        its id, so it goes back ahead of everything admitted after it)."""
+        return (-self.priority, self.id)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def finish(self, result: InferResult | None = None,
+               error: SchedulerError | None = None) -> bool:
+        """Record the outcome; False (and nothing changes) when the job already ended."""
+        if self.done.is_set():
+            return False
+        self.result, self.error = result, error
+        self.done.set()
+        return True
+
+
+def validate_inputs(model: str, expected: Mapping[str, Sequence[int]],
+                    inputs: object) -> dict[str, np.ndarray]:
+    """Check names, dtypes and shapes; return C-contiguous float32 arrays.
+
+    float16 widens exactly. float64 narrows when every finite value stays finite in float32
+    (precision loss is what float32 models expect; overflow to inf is not). Integers, bools
+    and complex are rejected rather than guessed at.
+    """
+    if not isinstance(inputs, Mapping):
+        raise BadInput(f"model '{model}': inputs must be a mapping of input name to array")
+    missing = [n for n in expected if n not in inputs]
+    unknown = [n for n in inputs if n not in expected]
+    names = ", ".join(expected)
+    if unknown:
+        raise BadInput(f"model '{model}': unknown input {', '.join(map(repr, unknown))} "
+                       f"(the model's inputs: {names})")
+    if missing:
+        raise BadInput(f"model '{model}': missing input {', '.join(map(repr, missing))} "
+                       f"(the model's inputs: {names})")
+    arrays: dict[str, np.ndarray] = {}
+    for name, shape in expected.items():
+        value = inputs[name]
+        if not isinstance(value, np.ndarray):
+            raise BadInput(f"input '{name}': expected a numpy array, got {type(value).__name__}")
+        want = tuple(int(n) for n in shape)
+        if value.shape != want:
+            raise BadInput(f"input '{name}': shape {list(value.shape)} does not match the "
+                           f"model's {list(want)}")
+        if value.dtype == np.float32:
+            arr = value
+        elif value.dtype in (np.float16, np.float64):
+            with np.errstate(over="ignore"):
+                arr = value.astype(np.float32)
+            if value.dtype == np.float64 and not np.array_equal(
+                    np.isfinite(arr), np.isfinite(value)):
+                raise BadInput(f"input '{name}': float64 values out of float32 range "
+                               "(send float32)")
+        else:
+            raise BadInput(f"input '{name}': dtype {value.dtype} is not supported (send "
+                           "float32; float16 and float64 are converted)")
+        arrays[name] = np.ascontiguousarray(arr)
+    return arrays
