@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_MODELS = HERE.parent.parent / "shared" / "models"
+DEFAULT_MODELS = HERE.parent / "tests" / "data" / "models"
 
 
 def median_ms(fn, repeat: int) -> float:

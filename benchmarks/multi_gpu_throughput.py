@@ -42,7 +42,7 @@ def repository(tmp: Path, param: Path, devices: str) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet50")
-    ap.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
     ap.add_argument("--concurrency", default="8,32")
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--json", type=Path)

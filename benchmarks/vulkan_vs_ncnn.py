@@ -75,7 +75,7 @@ def vkserve_case(graph, inputs: dict, precision: str, device: int, repeat: int) 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=ROOT.parent / "shared" / "models")
+    ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
     ap.add_argument("--only", nargs="*", help="model names (default: all)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--device", type=int, default=0)

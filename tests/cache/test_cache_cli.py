@@ -99,7 +99,7 @@ def test_inspect_a_missing_file(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "cannot read" in proc.stderr
 
 
-HOLD_LOCK = ("import sys; from cache.persist import WriterLock; lock = WriterLock(sys.argv[1]); "
+HOLD_LOCK = ("import sys; from vkserve.cache.persist import WriterLock; lock = WriterLock(sys.argv[1]); "
              "print(lock.acquire(), flush=True); sys.stdin.read()")
 
 

@@ -111,8 +111,8 @@ def child_hold(cache_dir: str) -> None:
 
 
 def python_child(function: str, cache_dir: Path) -> list[str]:
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); "
-            f"import test_pipeline_cache as t; t.{function}(sys.argv[1])")
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+            f"import tests.cache.test_pipeline_cache as t; t.{function}(sys.argv[1])")
     return [sys.executable, "-c", code, str(cache_dir)]
 
 

@@ -63,10 +63,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from vkserve import __version__
 
 if TYPE_CHECKING:  # devices depends on cache, not the reverse: caps are duck-typed here
     from vkserve.devices.capabilities import DeviceCaps
@@ -163,14 +164,7 @@ def _name_hash(name: str) -> bytes:
     return _digest(name.encode("utf-8"), NAME_HASH_BYTES)
 
 
-def _installed_version() -> str:
-    try:
-        return importlib.metadata.version("vkserve")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-VKSERVE_VERSION = _installed_version()
+VKSERVE_VERSION = __version__
 
 
 def source_hash(source: bytes) -> bytes:

@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from vkserve import __version__
+
 COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
             "bench", "profile", "tune"]
 
@@ -19,6 +21,7 @@ COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "st
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vkserve", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"vkserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"vkserve.cli.commands.{name.replace('-', '_')}")

@@ -1,7 +1,7 @@
 """Daemon configuration: a TOML file (``vkserve serve --config FILE``), every key defaulted.
 
 The embedded :data:`DEFAULT_CONFIG` is the documented default; with no ``--config`` it serves the
-``examples/`` model repository on a Unix socket. Validation happens once at start: an unknown
+packaged example model repository (``vkserve/examples/``) on a Unix socket. Validation happens once at start: an unknown
 key or a value of the wrong type is a :class:`ConfigError` naming the key (``server.tcp``).
 
 The ``[scheduler]`` table is handed to ``scheduler.SchedulerConfig``; its keys are checked
@@ -88,7 +88,7 @@ class ModelsConfig:
     repository: str = ""
 
     def repository_path(self, env: Mapping[str, str] | None = None) -> Path:
-        """``repository``, else ``$STATE_DIRECTORY/models`` (systemd), else ``examples/``."""
+        """``repository``, else ``$STATE_DIRECTORY/models`` (systemd), else the packaged ``vkserve/examples/``."""
         if self.repository:
             return Path(self.repository)
         env = os.environ if env is None else env

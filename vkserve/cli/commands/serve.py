@@ -9,7 +9,7 @@ import sys
 from vkserve.daemon.config import DEFAULT_CONFIG, ConfigError, load_config
 
 NAME = "serve"
-HELP = "run the inference daemon (default: the examples/ models on a Unix socket)"
+HELP = "run the inference daemon (default: the packaged example models on a Unix socket)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

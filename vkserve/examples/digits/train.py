@@ -1,7 +1,7 @@
 """Train the `digits` example: a tiny CNN on scikit-learn's bundled 8x8 digits, in numpy.
 
     .venv/bin/pip install scikit-learn      # for training only; not a vkserve dependency
-    .venv/bin/python examples/digits/train.py [--epochs 40] [--seed 0] [--no-verify]
+    .venv/bin/python vkserve/examples/digits/train.py [--epochs 40] [--seed 0] [--no-verify]
 
 Writes, next to this file: ``model.param`` / ``model.bin`` (ncnn format, fp32 weights),
 ``samples/<k>.npy`` (one test-set digit of class k, shape (1, 8, 8), float32 raw pixel values
@@ -192,7 +192,7 @@ def run_ncnn(out_dir: Path, images: np.ndarray) -> np.ndarray:
 
 def run_vkserve_cpu(out_dir: Path, images: np.ndarray) -> np.ndarray:
     """Probabilities from the exported files through vkserve's bf16 CPU engine."""
-    sys.path.insert(0, str(HERE.parents[1]))
+    sys.path.insert(0, str(HERE.parents[2]))
     from vkserve.devices.cpu.executor import Plan
     from vkserve.models.graph import load_model
 
