@@ -23,8 +23,11 @@ if ! getent passwd vkserve >/dev/null; then
   useradd --system --gid vkserve --home-dir /var/lib/vkserve --no-create-home \
     --shell /usr/sbin/nologin --comment "vkserve inference daemon" vkserve
 fi
+# The unit's SupplementaryGroups=render video fails the start (216/GROUP) when a group is
+# missing: `render` comes with udev, which containers and minimal systems lack.
 for group in render video; do
-  getent group "$group" >/dev/null && usermod -a -G "$group" vkserve
+  getent group "$group" >/dev/null || groupadd --system "$group"
+  usermod -a -G "$group" vkserve
 done
 
 install -d -m 0755 "$prefix"

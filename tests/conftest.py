@@ -1,7 +1,11 @@
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.daemon import Daemon, start_daemon
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
 from vkserve.devices.discovery import discover_devices
 
@@ -36,3 +40,21 @@ def private_cache_home(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.fixture
+def launch_daemon() -> Iterator[Callable[..., Daemon]]:
+    """The daemon-launching fixture: ``launch_daemon(workdir, config, **start_daemon_kwargs)``
+    starts `vkserve serve` (tests.support.daemon.start_daemon); any daemon a test leaves running
+    is killed at teardown, so a failed assertion never leaks a process."""
+    started: list[Daemon] = []
+
+    def launch(workdir: Path, config: str, **kwargs: Any) -> Daemon:
+        started.append(start_daemon(workdir, config, **kwargs))
+        return started[-1]
+
+    yield launch
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()

@@ -1,5 +1,6 @@
 """The systemd unit is checked with systemd's own tools (installed by the test command)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -31,16 +32,20 @@ def systemd_analyze() -> str:
 
 def test_unit_verifies_without_warnings(unit):
     out = subprocess.run([systemd_analyze(), "verify", str(unit)], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "" and out.stderr.strip() == "", out.stderr
 
 
 def test_unit_hardening_score(unit):
-    out = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--threshold=25",
-                          str(unit)], capture_output=True, text=True, timeout=60)
+    """Exposure at most 2.0 (of 10) without MemoryDenyWriteExecute=, which the GPU path lacks
+    (--threshold is on a 0-100 scale: 20 = an exposure of 2.0)."""
+    out = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--threshold=20",
+                          str(unit)], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stdout[-2000:]
-    assert "Overall exposure level" in out.stdout
+    score = re.search(r"Overall exposure level for \S+: (\d+\.\d)", out.stdout)
+    assert score, out.stdout[-2000:]
+    assert float(score.group(1)) <= 2.0, out.stdout[-4000:]
 
 
 def test_unit_has_the_required_settings():
@@ -49,9 +54,14 @@ def test_unit_has_the_required_settings():
                  "StateDirectory=vkserve", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "ProtectHome=yes", "PrivateTmp=yes", "DevicePolicy=closed",
                  "DeviceAllow=char-drm rw", "SupplementaryGroups=render video",
-                 "WatchdogSec=", "MemoryDenyWriteExecute=yes"]:
+                 "WatchdogSec=", "SystemCallFilter=@system-service",
+                 "SystemCallErrorNumber=EPERM"]:
         assert line in text, line
     assert "PrivateDevices=yes" not in text  # it would hide /dev/dri
+    # W^X breaks the GPU path (cffi callbacks of the `vulkan` binding, Mesa's and NVIDIA's JITs):
+    # tests/deploy/test_systemd_real.py shows the daemon on the CPU only under it.
+    settings = [line for line in text.splitlines() if not line.startswith("#")]
+    assert not [line for line in settings if line.startswith("MemoryDenyWriteExecute=")], settings
 
 
 def test_install_script_parses():
