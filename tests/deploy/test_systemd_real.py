@@ -5,8 +5,8 @@ Debian's systemd boots as PID 1 of new PID, mount, cgroup, UTS and IPC namespace
 is an overlay: the host's / below, a tmpfs of the namespace above, so everything the boot
 (systemd-tmpfiles, journald, sysusers) and deploy/install.sh write (the vkserve user in
 /etc/passwd, /opt/vkserve, /etc/vkserve, /etc/systemd/system, /var/lib/vkserve, pip's cache)
-vanishes with the namespace. /tmp, /var/tmp and /run are fresh tmpfs, /work (this checkout and
-the shared folders beside it) is hidden behind an empty tmpfs (install.sh gets a copy of the
+vanishes with the namespace. /tmp, /var/tmp and /run are fresh tmpfs, the checkout's parent
+folder (this checkout and the shared folders beside it) is hidden behind an empty tmpfs (install.sh gets a copy of the
 checkout in /usr/local/src/vkserve), /proc/sys is read-only (no sysctl reaches the host), and
 the namespace gets its own cgroup subtree, removed at teardown. The network namespace is the
 host's: pip downloads the dependencies, and the test reads the daemon's metrics on a free port.
@@ -64,8 +64,10 @@ mount -t overlay vkserve-test-root -o lowerdir=/,upperdir=/tmp/upper,workdir=/tm
 # systemd-tmpfiles --remove empties /tmp and /var/tmp at boot: they, and /run, are fresh tmpfs.
 for d in tmp var/tmp run; do mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs $R/$d; done
 chmod 0755 $R/run
-# Nothing under /work (the checkout, shared folders) is reachable; install.sh gets a copy.
-mount -t tmpfs -o mode=0755 tmpfs $R/work
+# Nothing beside the checkout (its parent folder: the clone, shared folders) is reachable;
+# install.sh gets a copy.
+parent=$(dirname "$src")
+[ "$parent" = / ] || [ ! -d "$R$parent" ] || mount -t tmpfs -o mode=0755 tmpfs "$R$parent"
 mkdir -p $R$SRC_DIR
 tar -C . --exclude=./.venv --exclude=./.git --exclude=./build --exclude='*.egg-info' \
   --exclude=__pycache__ --exclude=.pytest_cache -cf - . | tar -C $R$SRC_DIR -xf -
