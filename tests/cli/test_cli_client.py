@@ -94,6 +94,7 @@ def test_models_and_status(cli_daemon: Daemon) -> None:
     assert "healthy" in p.stdout and "digits" in p.stdout and "clients" in p.stdout
     status = json.loads(vk("status", "--json", "--socket", sock).stdout)
     assert status["ready"] is True and status["server"]["draining"] is False
+    assert status["gpu_problem"] is None and "UNUSABLE" not in p.stdout  # lavapipe is a GPU
     assert any(d["kind"] == "cpu" and d["healthy"] for d in status["devices"])
 
 

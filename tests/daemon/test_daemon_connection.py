@@ -3,7 +3,6 @@ failures of the backend become answers, oversized answers, drain and idle timeou
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,33 +14,39 @@ import trio.testing
 from vkserve.client.protocol import FrameDecoder, Response, encode_frame, encode_tensors, parse_response
 from vkserve.daemon.config import Config, ServerConfig
 from vkserve.daemon.server import Server
-
-
-class CodeError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclasses.dataclass
-class Result:
-    outputs: dict[str, np.ndarray]
-    device: str = "test"
-    queue_seconds: float = 0.0
-    run_seconds: float = 0.0
+from vkserve.scheduler import (
+    DeviceStatus,
+    InferResult,
+    JobTotals,
+    ModelInfo,
+    ModelState,
+    Overloaded,
+    RescanResult,
+    SchedulerState,
+    Status,
+    UnloadResult,
+)
 
 
 class ScriptedBackend:
-    """Test double of the scheduler: ``infer`` does what the model name says."""
+    """Test double of the scheduler (a ``Backend``): ``infer`` does what the model name says;
+    one model ``m`` on one CPU device."""
 
     def __init__(self) -> None:
         self.cancelled = 0
 
-    async def infer(self, model: str, inputs: dict[str, np.ndarray], **kw: Any) -> Result:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def aclose(self, timeout: float | None = None) -> None:
+        pass
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None = None,
+                    deadline: float | None = None, outputs: list[str] | None = None) -> InferResult:
         if model == "boom":
             raise RuntimeError("kaboom")
         if model == "busy":
-            raise CodeError("queue full", "OVERLOADED")
+            raise Overloaded("queue full")
         if model == "sleep":
             try:
                 await trio.sleep(1000)
@@ -49,23 +54,34 @@ class ScriptedBackend:
                 self.cancelled += 1
                 raise
         if model == "big":
-            return Result({"y": np.zeros(10_000, np.float32)})
-        return Result({"y": np.asarray(inputs["x"]) * 2})
+            return InferResult({"y": np.zeros(10_000, np.float32)}, "test", 0.0, 0.0)
+        return InferResult({"y": np.asarray(inputs["x"]) * 2}, "test", 0.0, 0.0)
 
-    async def load_model(self, name: str, devices: list[int] | None = None) -> dict[str, Any]:
-        return {"name": name, "devices": devices}
+    def _model(self, devices: list[int]) -> ModelInfo:
+        return ModelInfo("m", ModelState.READY, {"x": [2]}, {"y": [2]}, devices, [], 0, 0, 8, "auto",
+                         None)
 
-    async def unload_model(self, name: str) -> dict[str, Any]:
-        return {"name": name}
+    async def load_model(self, name: str, devices: list[int] | None = None) -> ModelInfo:
+        return self._model(devices or [])
 
-    def models(self) -> list[dict[str, Any]]:
-        return [{"name": "m", "inputs": {"x": (2,)}, "dtype": np.dtype("float32"), "n": np.int64(3)}]
+    async def unload_model(self, name: str) -> UnloadResult:
+        return UnloadResult(name, "unloaded", [0])
 
-    def status(self) -> dict[str, Any]:
-        return {"devices": [{"index": 0, "kind": "cpu"}], "in_flight": 0}
+    async def rescan(self) -> RescanResult:
+        return RescanResult([], [], [], {})
+
+    def models(self) -> list[ModelInfo]:
+        return [self._model([0])]
+
+    def status(self) -> Status:
+        cpu = DeviceStatus(index=0, name="CPU", kind="cpu", software=False, healthy=True)
+        return Status(SchedulerState.RUNNING, True, [cpu], {}, 0, 0, JobTotals())
 
     def ready(self) -> bool:
         return True
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        pass
 
 
 class Peer:
@@ -88,7 +104,7 @@ class Peer:
 @asynccontextmanager
 async def connected(**server_cfg: Any) -> AsyncIterator[tuple[Peer, Server, Callable[[], bool]]]:
     backend = ScriptedBackend()
-    server = Server(Config(server=ServerConfig(**server_cfg)), backend, token=None)  # type: ignore[arg-type]
+    server = Server(Config(server=ServerConfig(**server_cfg)), backend, token=None)
     ours, theirs = trio.testing.memory_stream_pair()
     done = trio.Event()
 
@@ -119,16 +135,20 @@ async def test_backend_failures_become_answers_and_the_connection_goes_on() -> N
         await peer.send(infer(2, "busy"))
         r = await peer.recv()
         assert r is not None and r.error is not None and r.error.code == "OVERLOADED"
+        assert r.error.message == "OVERLOADED: queue full"
         await peer.send(infer(3, "double"))
         r = await peer.recv()
         assert r is not None and r.ok and r.result["device"] == "test"
         await peer.send({"v": 1, "id": 4, "op": "list_models"})
         r = await peer.recv()
         assert r is not None and r.ok
-        assert r.result["models"] == [{"name": "m", "inputs": {"x": [2]}, "dtype": "float32", "n": 3}]
+        assert r.result["models"] == [{
+            "name": "m", "state": "ready", "inputs": {"x": [2]}, "outputs": {"y": [2]}, "devices": [0],
+            "placements": [], "queue_depth": 0, "in_flight": 0, "queue_limit": 8, "precision": "auto",
+            "error": None}]
         await peer.send({"v": 1, "id": 5, "op": "load_model", "name": "m", "devices": ["cpu", "0"]})
         r = await peer.recv()
-        assert r is not None and r.result == {"name": "m", "devices": [0, 0]}
+        assert r is not None and r.result["name"] == "m" and r.result["devices"] == [0, 0]
         await peer.send({"v": 1, "id": 6, "op": "load_model", "name": "m", "devices": ["gpu9"]})
         r = await peer.recv()
         assert r is not None and r.error is not None and r.error.code == "BAD_REQUEST"

@@ -1,17 +1,30 @@
 import pytest
 import trio
 
-from vkserve.daemon.metrics import DaemonMetrics, DeviceState, StateSnapshot
+from vkserve.cache.pipeline_cache import CacheStats
+from vkserve.daemon.metrics import DaemonMetrics
 from vkserve.daemon.metrics_http import parse_listen, route, serve_metrics
+from vkserve.devices.discovery import GpuFailure, GpuProblem
+from vkserve.scheduler import (
+    DeviceStatus,
+    JobTotals,
+    MemoryStats,
+    ModelQueue,
+    ModelState,
+    SchedulerState,
+    Status,
+)
 
 
-def snapshot() -> StateSnapshot:
-    return StateSnapshot(
-        devices=[DeviceState("vulkan0", True, in_flight=2, memory_in_use_bytes=1000,
-                             memory_pooled_bytes=24, memory_budget_bytes=4096,
-                             cache={"pipeline": (5, 3), "spirv": (3, 0)}, compile_seconds=1.5),
-                 DeviceState("cpu", False)],
-        queue_depth={"digits": 4})
+def snapshot() -> Status:
+    gpu = DeviceStatus(index=0, name="GPU", kind="vulkan", software=False, healthy=True, in_flight=2,
+                       memory=MemoryStats(in_use_bytes=1000, pooled_bytes=24, budget_bytes=4096),
+                       pipeline_cache=CacheStats(pipeline_hits=5, pipeline_misses=3, spirv_hits=3,
+                                                 compile_seconds=1.5))
+    cpu = DeviceStatus(index=1, name="CPU", kind="cpu", software=False, healthy=False)
+    return Status(SchedulerState.RUNNING, True, [gpu, cpu],
+                  {"digits": ModelQueue(ModelState.READY, queue_depth=4, in_flight=0)}, 4, 2,
+                  JobTotals(), GpuProblem(("/dev/dri/renderD129",), GpuFailure.NO_DRIVER, "no ICD"))
 
 
 def test_exposition_has_every_family():
@@ -36,6 +49,7 @@ def test_exposition_has_every_family():
         'vkserve_pipeline_cache_hits_total{device="vulkan0",tier="pipeline"} 5.0',
         'vkserve_pipeline_cache_misses_total{device="vulkan0",tier="pipeline"} 3.0',
         'vkserve_pipeline_compile_seconds_total{device="vulkan0"} 1.5',
+        'vkserve_gpu_unusable{node="/dev/dri/renderD129",reason="no_driver"} 1.0',
     ]:
         assert line in text, line
 

@@ -241,6 +241,55 @@ cache_dir = ""
             d.proc.kill()
 
 
+def test_gpu_nodes_without_a_vulkan_gpu_are_reported_everywhere(tmp_path: Path) -> None:
+    """A GPU device node exists (a fake ``renderD128``, through $VKSERVE_TEST_GPU_NODES) but
+    Vulkan finds no driver (an empty ICD folder): an ERROR line at start naming the node and
+    the reason, ``gpu_problem`` in the status (and in `vkserve status`), a warning on /readyz
+    (still 200: the CPU serves) and ``vkserve_gpu_unusable``."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "renderD128").touch()
+    (dev / "card0").touch()  # not a render node
+    node = str(dev / "renderD128")
+    icd = tmp_path / "no-icd"
+    icd.mkdir()
+    repo = tmp_path / "repo"
+    tiny_model(repo, "tiny")
+    d = start_daemon(tmp_path, f"""
+[server]
+socket = "{tmp_path}/g.sock"
+[models]
+repository = "{repo}"
+[scheduler]
+cache_dir = ""
+""", env={"VK_ICD_FILENAMES": str(icd), "VK_DRIVER_FILES": str(icd),
+          "VKSERVE_TEST_GPU_NODES": f"{dev}/renderD*"})
+    try:
+        errors = [ln for ln in d.log_text().splitlines() if " ERROR " in ln]
+        assert len(errors) == 1, d.log_text()
+        assert f"GPU device node(s) {node} exist (no_driver)" in errors[0], errors[0]
+        assert "VK_ERROR_INCOMPATIBLE_DRIVER" in errors[0] and "CPU only" in errors[0]
+        with Client.connect(f"unix:{tmp_path}/g.sock") as c:
+            s = c.status()
+            assert "out" in c.infer("tiny", {"data": np.zeros(SLOW_SHAPE, np.float32)})  # on the CPU
+        assert s["gpu_problem"]["nodes"] == [node] and s["gpu_problem"]["reason"] == "no_driver"
+        assert "VK_ERROR_INCOMPATIBLE_DRIVER" in s["gpu_problem"]["detail"]
+        assert [dev_["kind"] for dev_ in s["devices"]] == ["cpu"]
+        text = subprocess.run(vkserve_cmd("status", "--socket", f"{tmp_path}/g.sock"), cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+        assert f"UNUSABLE: device node(s) {node}, but no Vulkan GPU (no_driver)" in text, text
+        status, body = http_get(d.metrics_port, "/readyz")  # type: ignore[arg-type]
+        assert status == 200, body
+        ready, warning = body.splitlines()
+        assert ready == "ready: tiny" and warning.startswith("warning: no Vulkan GPU although "
+                                                             f"GPU device node(s) {node} exist")
+        assert sample(scrape(d), "vkserve_gpu_unusable", node=node, reason="no_driver") == 1
+        assert finish(d) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+
+
 # ------------------------------------------------------------------------------ lifecycle
 
 

@@ -11,7 +11,16 @@ import pytest
 import trio
 
 from vkserve.models.weights import write_random_bin
-from vkserve.scheduler import BadInput, DeviceHandle, ModelRepository, Scheduler, SchedulerConfig, Unavailable
+from vkserve.scheduler import (
+    BadInput,
+    DeviceHandle,
+    ModelRepository,
+    ModelState,
+    RescanResult,
+    Scheduler,
+    SchedulerConfig,
+    Unavailable,
+)
 
 TINY = ("7767517\n4 4\n"
         "Input in 0 1 data 0=8 1=8 2=3\n"
@@ -162,11 +171,11 @@ async def test_scheduler_serves_good_models_and_reports_broken_ones(tmp_path: Pa
         await nursery.start(sched.run)
         with trio.fail_after(10):
             await sched.wait_until(sched.ready)
-        models = {m["name"]: m for m in sched.models()}
-        assert {n: m["state"] for n, m in models.items()} == {
+        models = {m.name: m for m in sched.models()}
+        assert {n: m.state for n, m in models.items()} == {
             "good": "ready", "open": "ready", "short": "failed", "typo": "failed"}
-        assert "typo/config.toml: unknown key(s) 'warmpu'" in models["typo"]["error"]
-        assert "model.bin" in models["short"]["error"]
+        assert "typo/config.toml: unknown key(s) 'warmpu'" in (models["typo"].error or "")
+        assert "model.bin" in (models["short"].error or "")
         x = np.zeros((3, 8, 8), np.float32)
         assert (await sched.infer("good", {"data": x})).outputs["prob"].shape == (10,)
         assert (await sched.infer("open", {"data": x})).outputs["prob"].shape == (10,)
@@ -174,7 +183,7 @@ async def test_scheduler_serves_good_models_and_reports_broken_ones(tmp_path: Pa
             await sched.infer("typo", {"data": x})
         # fix the folder, load it again at runtime
         (tmp_path / "typo" / "config.toml").write_text("warmup = 1\n")
-        assert (await sched.load_model("typo"))["state"] == "ready"
+        assert (await sched.load_model("typo")).state is ModelState.READY
         await sched.aclose()
 
 
@@ -189,13 +198,13 @@ async def test_rescan_loads_new_and_fixed_folders_only(tmp_path: Path) -> None:
         model(tmp_path, "second")
         model(tmp_path, "broken", config="seed = -1\n")
         report = await sched.rescan()
-        assert report["loaded"] == ["second"]
-        assert sorted(report["failed"]) == ["broken", "typo"]
-        assert "broken/config.toml: key 'seed'" in report["failed"]["broken"]
+        assert report.loaded == ["second"]
+        assert sorted(report.failed) == ["broken", "typo"]
+        assert "broken/config.toml: key 'seed'" in report.failed["broken"]
         (tmp_path / "typo" / "config.toml").unlink()
-        assert await sched.rescan() == {"loaded": ["typo"], "removed": [], "reloaded": [],
-                                        "failed": {"broken": report["failed"]["broken"]}}
-        states = {m["name"]: m["state"] for m in sched.models()}
+        assert await sched.rescan() == RescanResult(loaded=["typo"], removed=[], reloaded=[],
+                                                    failed={"broken": report.failed["broken"]})
+        states = {m.name: m.state for m in sched.models()}
         assert states == {"broken": "failed", "first": "ready", "second": "ready", "typo": "ready"}
         await sched.aclose()
 
@@ -211,11 +220,11 @@ async def test_rescan_unloads_removed_and_reloads_changed_folders(tmp_path: Path
         await nursery.start(sched.run)
         with trio.fail_after(10):
             await sched.wait_until(sched.ready)
-        assert await sched.rescan() == {"loaded": [], "removed": [], "reloaded": [], "failed": {}}
+        assert await sched.rescan() == RescanResult(loaded=[], removed=[], reloaded=[], failed={})
         shutil.rmtree(tmp_path / "gone")
         (tmp_path / "edited" / "config.toml").write_text("warmup = 2\n")
-        assert await sched.rescan() == {"loaded": [], "removed": ["gone"],
-                                        "reloaded": ["edited"], "failed": {}}
-        states = {m["name"]: m["state"] for m in sched.models()}
+        assert await sched.rescan() == RescanResult(loaded=[], removed=["gone"],
+                                                    reloaded=["edited"], failed={})
+        states = {m.name: m.state for m in sched.models()}
         assert states == {"edited": "ready", "keep": "ready"}
         await sched.aclose()

@@ -25,13 +25,18 @@ from vkserve.scheduler import (
     DeadlineExceeded,
     DeviceFailure,
     DeviceHandle,
+    DeviceStatus,
     ModelNotFound,
+    ModelQueue,
     ModelRepository,
+    ModelState,
     Overloaded,
     Scheduler,
     SchedulerConfig,
     SchedulerError,
+    SchedulerState,
     Unavailable,
+    UnloadResult,
     discover_handles,
     vulkan_engine_available,
 )
@@ -87,8 +92,8 @@ async def until(sched: Scheduler, predicate: Callable[[], bool], timeout: float 
             await trio.sleep(0.002)
 
 
-def device_info(sched: Scheduler, index: int) -> dict[str, Any]:
-    return next(d for d in sched.status()["devices"] if d["index"] == index)
+def device_info(sched: Scheduler, index: int) -> DeviceStatus:
+    return next(d for d in sched.status().devices if d.index == index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +137,7 @@ async def test_input_validation_names_the_input(tmp_path: Path) -> None:
             exact = reference(folder, data.astype(np.float32))
             np.testing.assert_array_equal(got, exact)
         np.testing.assert_allclose(got, want, atol=1e-6)
-        assert sched.status()["totals"]["submitted"] == 2  # bad requests are never admitted
+        assert sched.status().totals.submitted == 2  # bad requests are never admitted
 
 
 async def test_priority_order_under_saturation(tmp_path: Path) -> None:
@@ -148,12 +153,12 @@ async def test_priority_order_under_saturation(tmp_path: Path) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(job, "blocker", 0)
-            await until(sched, lambda: sched.status()["in_flight"] == 1)
+            await until(sched, lambda: sched.status().in_flight == 1)
             order = [("a0", 0), ("b5", 5), ("c1", 1), ("d5", 5), ("e0", 0), ("f9", 9), ("g-3", -3)]
             for n, (tag, priority) in enumerate(order, start=1):
                 nursery.start_soon(job, tag, priority)
-                await until(sched, lambda n=n: sched.status()["queue_depth"] == n)
-            assert device_info(sched, 0)["queue_depth"] == len(order)
+                await until(sched, lambda n=n: sched.status().queue_depth == n)
+            assert device_info(sched, 0).queue_depth == len(order)
             device.resume()
         assert finished == ["blocker", "f9", "b5", "d5", "c1", "a0", "e0", "g-3"]
 
@@ -167,8 +172,8 @@ async def test_admission_control_rejects_at_once_when_the_queue_is_full(tmp_path
         async with trio.open_nursery() as nursery:
             for n in range(3):  # one running, two queued
                 nursery.start_soon(sched.infer, "tiny", {"data": x()})
-                await until(sched, lambda n=n: sched.status()["totals"]["submitted"] == n + 1)
-            await until(sched, lambda: sched.status()["models"]["tiny"]["queue_depth"] == 2)
+                await until(sched, lambda n=n: sched.status().totals.submitted == n + 1)
+            await until(sched, lambda: sched.status().models["tiny"].queue_depth == 2)
             started = trio.current_time()
             with pytest.raises(Overloaded, match="queue full") as info:
                 await sched.infer("tiny", {"data": x()})
@@ -176,10 +181,10 @@ async def test_admission_control_rejects_at_once_when_the_queue_is_full(tmp_path
             assert trio.current_time() - started < 0.5
             # the limit is per model: another model still gets in
             nursery.start_soon(sched.infer, "other", {"data": x()})
-            await until(sched, lambda: sched.status()["models"]["other"]["queue_depth"] == 1)
+            await until(sched, lambda: sched.status().models["other"].queue_depth == 1)
             device.resume()
-        totals = sched.status()["totals"]
-        assert totals["overloaded"] == 1 and totals["completed"] == 4
+        totals = sched.status().totals
+        assert totals.overloaded == 1 and totals.completed == 4
 
 
 async def test_deadline_while_queued(tmp_path: Path) -> None:
@@ -189,17 +194,19 @@ async def test_deadline_while_queued(tmp_path: Path) -> None:
         device.pause()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sched.infer, "tiny", {"data": x()})
-            await until(sched, lambda: sched.status()["in_flight"] == 1)
+            await until(sched, lambda: sched.status().in_flight == 1)
             started = time.time()
             with pytest.raises(DeadlineExceeded, match="queued") as info:
                 await sched.infer("tiny", {"data": x()}, deadline=started + 0.2)
             assert info.value.code == "DEADLINE_EXCEEDED"
             assert 0.15 < time.time() - started < 1.0  # at the deadline, not when the device frees
-            assert sched.status()["queue_depth"] == 0
+            assert sched.status().queue_depth == 0
             with pytest.raises(DeadlineExceeded, match="before the job arrived"):
                 await sched.infer("tiny", {"data": x()}, deadline=time.time() - 1)
             device.resume()
-        assert device_info(sched, 0)["runs"] == 1  # the expired job never ran
+        assert device_info(sched, 0).runs == 1  # the expired jobs never ran
+        totals = sched.status().totals  # the job that arrived expired is submitted and ended
+        assert (totals.submitted, totals.completed, totals.deadline_exceeded) == (3, 1, 2)
 
 
 async def test_deadline_while_running_never_gives_a_late_answer(tmp_path: Path) -> None:
@@ -211,7 +218,7 @@ async def test_deadline_while_running_never_gives_a_late_answer(tmp_path: Path) 
         with pytest.raises(DeadlineExceeded, match="running"):
             await sched.infer("tiny", {"data": x()}, deadline=started + 0.1)
         assert time.time() - started < 0.35
-        await until(sched, lambda: sched.status()["totals"]["discarded"] == 1)
+        await until(sched, lambda: sched.status().totals.discarded == 1)
         device.inject_delay(0)
         assert (await sched.infer("tiny", {"data": x()}, deadline=time.time() + 5)).outputs
 
@@ -231,19 +238,19 @@ async def test_cancel_queued_and_running_jobs(tmp_path: Path) -> None:
         running, queued = trio.CancelScope(), trio.CancelScope()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(job, "running", running)
-            await until(sched, lambda: sched.status()["in_flight"] == 1)
+            await until(sched, lambda: sched.status().in_flight == 1)
             nursery.start_soon(job, "queued", queued)
-            await until(sched, lambda: sched.status()["queue_depth"] == 1)
+            await until(sched, lambda: sched.status().queue_depth == 1)
             queued.cancel()
-            await until(sched, lambda: sched.status()["queue_depth"] == 0)
+            await until(sched, lambda: sched.status().queue_depth == 0)
             running.cancel()
-            await until(sched, lambda: sched.status()["totals"]["cancelled"] == 2)
-            assert sched.status()["in_flight"] == 1  # still on the device; its result is discarded
+            await until(sched, lambda: sched.status().totals.cancelled == 2)
+            assert sched.status().in_flight == 1  # still on the device; its result is discarded
             device.resume()
-        await until(sched, lambda: sched.status()["in_flight"] == 0)
+        await until(sched, lambda: sched.status().in_flight == 0)
         assert results == []
-        assert device_info(sched, 0)["runs"] == 1  # the queued job never ran
-        assert sched.status()["totals"]["discarded"] == 1
+        assert device_info(sched, 0).runs == 1  # the queued job never ran
+        assert sched.status().totals.discarded == 1
         assert (await sched.infer("tiny", {"data": x()})).outputs  # the worker keeps going
 
 
@@ -267,14 +274,14 @@ async def test_failover_moves_jobs_without_losing_or_duplicating_any(tmp_path: P
             np.testing.assert_array_equal(result.outputs["prob"], reference(folder, x(n)))
         moved = [r for (r,) in answers.values() if r.attempts == 2]
         status = sched.status()
-        assert status["totals"]["retried"] == len(moved) >= 1
+        assert status.totals.retried == len(moved) >= 1
         assert all(r.device_index == 1 for r in moved)
-        assert status["totals"]["completed"] == 60 and status["totals"]["failed"] == 0
-        assert sum(d["completed"] for d in status["devices"]) == 60  # one answer per job
+        assert status.totals.completed == 60 and status.totals.failed == 0
+        assert sum(d.completed for d in status.devices) == 60  # one answer per job
         dev0, dev1 = device_info(sched, 0), device_info(sched, 1)
-        assert dev0["healthy"] is False and "VK_ERROR_DEVICE_LOST" in dev0["fault"]
-        assert dev1["healthy"] is True
-        assert sched.models()[0]["devices"] == [1] and sched.models()[0]["state"] == "ready"
+        assert dev0.healthy is False and "VK_ERROR_DEVICE_LOST" in dev0.fault
+        assert dev1.healthy is True
+        assert sched.models()[0].devices == [1] and sched.models()[0].state is ModelState.READY
         assert sched.ready()
 
 
@@ -288,8 +295,8 @@ async def test_a_job_is_retried_once_only(tmp_path: Path) -> None:
             await sched.infer("tiny", {"data": x()})
         assert info.value.code == "DEVICE_ERROR"
         status = sched.status()
-        assert status["totals"]["retried"] == 1 and status["totals"]["failed"] == 1
-        assert [d["healthy"] for d in status["devices"]] == [False, False]
+        assert status.totals.retried == 1 and status.totals.failed == 1
+        assert [d.healthy for d in status.devices] == [False, False]
         assert not sched.ready()
         with pytest.raises(Unavailable):
             await sched.infer("tiny", {"data": x()})
@@ -300,14 +307,14 @@ async def test_failover_loads_the_model_on_the_cpu_on_demand(tmp_path: Path) -> 
     write_model(tmp_path, "pinned", config="devices = [0]\ncpu_fallback = false\n")
     gpu_like, cpu = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
     async with serving([gpu_like, cpu], tmp_path) as sched:
-        assert {m["name"]: m["devices"] for m in sched.models()} == {"pinned": [0], "tiny": [0]}
+        assert {m.name: m.devices for m in sched.models()} == {"pinned": [0], "tiny": [0]}
         gpu_like.inject_fault(1)
         result = await sched.infer("tiny", {"data": x(4)})
         assert (result.device_index, result.attempts) == (1, 2)
         np.testing.assert_array_equal(result.outputs["prob"], reference(folder, x(4)))
-        models = {m["name"]: m for m in sched.models()}
-        assert models["tiny"]["devices"] == [1]
-        assert models["pinned"]["state"] == "failed" and "unhealthy" in models["pinned"]["error"]
+        models = {m.name: m for m in sched.models()}
+        assert models["tiny"].devices == [1]
+        assert models["pinned"].state is ModelState.FAILED and "unhealthy" in models["pinned"].error
         with pytest.raises(Unavailable, match="pinned"):
             await sched.infer("pinned", {"data": x()})
 
@@ -317,7 +324,7 @@ async def test_placement_prefers_the_device_that_finishes_first(tmp_path: Path) 
     slow, fast = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
     slow.inject_delay(0.03)  # before start: the warm-up runs measure it
     async with serving([slow, fast], tmp_path, instances_per_device=1) as sched:
-        lat = {d["index"]: d["latency_ms"]["tiny"] for d in sched.status()["devices"]}
+        lat = {d.index: d.latency_ms["tiny"] for d in sched.status().devices}
         assert lat[0] > 25 > lat[1]
         one_at_a_time = [(await sched.infer("tiny", {"data": x()})).device_index for _ in range(10)]
         assert one_at_a_time == [1] * 10
@@ -349,9 +356,9 @@ async def test_placement_avoids_a_loaded_device(tmp_path: Path) -> None:
             for _ in range(8):
                 nursery.start_soon(job)
             # at most its two slots' worth stay on the stuck device; the rest finish elsewhere
-            await until(sched, lambda: len(used) + device_info(sched, 0)["in_flight"] == 8)
+            await until(sched, lambda: len(used) + device_info(sched, 0).in_flight == 8)
             assert set(used) == {1} and len(used) >= 6
-            assert sched.status()["queue_depth"] == 0
+            assert sched.status().queue_depth == 0
             busy.resume()
         assert len(used) == 8
 
@@ -362,7 +369,7 @@ async def test_unload_waits_for_in_flight_jobs_then_frees(tmp_path: Path) -> Non
     async with serving([device], tmp_path, instances_per_device=1) as sched:
         device.pause()
         results: list[Any] = []
-        unloaded: list[dict[str, Any]] = []
+        unloaded: list[UnloadResult] = []
 
         async def run_job() -> None:
             results.append(await sched.infer("tiny", {"data": x()}))
@@ -372,24 +379,24 @@ async def test_unload_waits_for_in_flight_jobs_then_frees(tmp_path: Path) -> Non
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_job)
-            await until(sched, lambda: sched.status()["in_flight"] == 1)
+            await until(sched, lambda: sched.status().in_flight == 1)
             nursery.start_soon(run_job)  # queued: admitted before the unload, so it is served
-            await until(sched, lambda: sched.status()["queue_depth"] == 1)
+            await until(sched, lambda: sched.status().queue_depth == 1)
             nursery.start_soon(unload)
-            await until(sched, lambda: sched.models()[0]["state"] == "unloading")
+            await until(sched, lambda: sched.models()[0].state is ModelState.UNLOADING)
             with pytest.raises(Unavailable, match="being unloaded"):
                 await sched.infer("tiny", {"data": x()})
             await trio.sleep(0.1)
-            assert unloaded == [] and [m["name"] for m in sched.models()] == ["tiny"]
+            assert unloaded == [] and [m.name for m in sched.models()] == ["tiny"]
             device.resume()
         assert len(results) == 2
-        assert unloaded == [{"name": "tiny", "state": "unloaded", "devices": [0]}]
-        assert sched.models() == [] and device_info(sched, 0)["models"] == []
+        assert unloaded == [UnloadResult("tiny", "unloaded", [0])]
+        assert sched.models() == [] and device_info(sched, 0).models == []
         with pytest.raises(ModelNotFound):
             await sched.infer("tiny", {"data": x()})
         # and it loads again at runtime
         info = await sched.load_model("tiny")
-        assert info["state"] == "ready" and info["devices"] == [0]
+        assert info.state is ModelState.READY and info.devices == [0]
         assert (await sched.infer("tiny", {"data": x()})).outputs
 
 
@@ -404,9 +411,9 @@ async def test_load_model_at_runtime(tmp_path: Path) -> None:
         with pytest.raises(BadInput, match="no device 7"):
             await sched.load_model("late", devices=[7])
         info = await sched.load_model("late")
-        assert info["devices"] == [1] and info["inputs"] == {"data": [3, 8, 8]}
+        assert info.devices == [1] and info.inputs == {"data": [3, 8, 8]}
         assert (await sched.infer("late", {"data": x()})).device_index == 1
-        assert (await sched.load_model("late"))["devices"] == [1]  # already loaded: no-op
+        assert (await sched.load_model("late")).devices == [1]  # already loaded: no-op
         (tmp_path / "broken").mkdir()
         (tmp_path / "broken" / "model.param").write_text("7767517\n1 1\nFoo f 0 1 x\n")
         with pytest.raises(BadInput, match="broken/model.param line 3"):
@@ -419,22 +426,22 @@ async def test_models_and_status_content(tmp_path: Path) -> None:
     (tmp_path / "bad" / "model.param").write_text(TINY)
     async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
         await sched.infer("tiny", {"data": x()})
-        models = {m["name"]: m for m in sched.models()}
-        assert models["tiny"]["state"] == "ready"
-        assert models["tiny"]["inputs"] == {"data": [3, 8, 8]}
-        assert models["tiny"]["outputs"] == {"prob": [10]}
-        assert models["tiny"]["devices"] == [0] and models["tiny"]["error"] is None
-        assert models["bad"]["state"] == "failed" and "bad/model.bin: missing" in models["bad"]["error"]
+        models = {m.name: m for m in sched.models()}
+        assert models["tiny"].state is ModelState.READY
+        assert models["tiny"].inputs == {"data": [3, 8, 8]}
+        assert models["tiny"].outputs == {"prob": [10]}
+        assert models["tiny"].devices == [0] and models["tiny"].error is None
+        assert models["bad"].state is ModelState.FAILED and "bad/model.bin: missing" in models["bad"].error
         with pytest.raises(Unavailable, match="model.bin"):
             await sched.infer("bad", {"data": x()})
         status = sched.status()
-        assert status["ready"] is True and status["state"] == "running"
-        (device,) = status["devices"]
-        assert device["kind"] == "cpu" and device["healthy"] is True
-        assert device["models"] == ["tiny"] and device["in_flight"] == 0
-        assert device["mean_latency_ms"] > 0 and device["latency_ms"]["tiny"] > 0
-        assert status["models"]["tiny"] == {"state": "ready", "queue_depth": 0, "in_flight": 0}
-        assert status["totals"]["submitted"] == 1 and status["totals"]["completed"] == 1
+        assert status.ready is True and status.state is SchedulerState.RUNNING
+        (device,) = status.devices
+        assert device.kind == "cpu" and device.healthy is True
+        assert device.models == ["tiny"] and device.in_flight == 0
+        assert device.mean_latency_ms > 0 and device.latency_ms["tiny"] > 0
+        assert status.models["tiny"] == ModelQueue(ModelState.READY, queue_depth=0, in_flight=0)
+        assert status.totals.submitted == 1 and status.totals.completed == 1
 
 
 async def test_aclose_drains_admitted_jobs(tmp_path: Path) -> None:
@@ -453,11 +460,11 @@ async def test_aclose_drains_admitted_jobs(tmp_path: Path) -> None:
         async with trio.open_nursery() as jobs:
             for _ in range(4):
                 jobs.start_soon(job)
-            await until(sched, lambda: sched.status()["totals"]["submitted"] == 4)
+            await until(sched, lambda: sched.status().totals.submitted == 4)
             with trio.fail_after(5):
                 await sched.aclose()
         assert len(results) == 4
-        assert sched.status()["state"] == "stopped"
+        assert sched.status().state is SchedulerState.STOPPED
         with pytest.raises(Unavailable):
             await sched.infer("tiny", {"data": x()})
 
@@ -481,7 +488,7 @@ async def test_shutdown_timeout_ends_the_rest_with_unavailable(tmp_path: Path) -
         async with trio.open_nursery() as jobs:
             for _ in range(3):
                 jobs.start_soon(job)
-            await until(sched, lambda: sched.status()["totals"]["submitted"] == 3)
+            await until(sched, lambda: sched.status().totals.submitted == 3)
             with trio.fail_after(5):
                 await sched.aclose(timeout=0.1)  # paused device: nothing finishes in time
     assert [e.code for e in errors] == ["UNAVAILABLE"] * 3
@@ -490,12 +497,12 @@ async def test_shutdown_timeout_ends_the_rest_with_unavailable(tmp_path: Path) -
 async def test_lavapipe_serves_and_fails_over_to_the_cpu(tmp_path: Path) -> None:
     assert vulkan_engine_available(), "no Vulkan engine: is lavapipe installed?"
     folder = write_model(tmp_path, config='precision = "fp32"\n')
-    handles = discover_handles(use_vulkan=True)
+    handles, gpu_problem = discover_handles(use_vulkan=True)
     gpus = [h for h in handles if not h.is_cpu]
-    assert gpus, "discovery found no Vulkan device (lavapipe expected)"
+    assert gpus and gpu_problem is None, "discovery found no Vulkan device (lavapipe expected)"
     gpu = gpus[0].index
     async with serving(handles, tmp_path) as sched:
-        assert sched.models()[0]["devices"] == [gpu]  # auto: GPUs only while there are some
+        assert sched.models()[0].devices == [gpu]  # auto: GPUs only while there are some
         result = await sched.infer("tiny", {"data": x(5)})
         assert result.device_index == gpu
         want = reference(folder, x(5))
@@ -504,44 +511,54 @@ async def test_lavapipe_serves_and_fails_over_to_the_cpu(tmp_path: Path) -> None
         gpus[0].inject_fault(1)
         moved = await sched.infer("tiny", {"data": x(5)})
         assert moved.attempts == 2 and moved.device_index != gpu
-        assert device_info(sched, gpu)["healthy"] is False
+        assert device_info(sched, gpu).healthy is False
         assert math.isfinite(float(moved.outputs["prob"].sum()))
 
 
 async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -> None:
-    """Priorities, deadlines that expire queued or running, callers that cancel, and a device
-    that fails mid-load: each request gets one outcome and the totals add up."""
+    """Priorities, deadlines that expire on arrival, queued or running, callers that cancel,
+    and a device that fails mid-run: each request gets one outcome and the totals add up.
+
+    Which outcome a job gets depends on timing; what is asserted holds for every timing
+    (a deadline may pass before its job even arrives on a loaded machine: that job is still
+    submitted, see JobTotals). The random choices are all drawn before any job starts.
+    """
     folder = write_model(tmp_path)
     first, second = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
     rng = np.random.default_rng(11)
     n_jobs = 120
+    kinds = [n % 6 for n in range(n_jobs)]  # 1: a deadline, 2: the caller cancels, else plain
+    priorities = rng.integers(0, 3, n_jobs).tolist()
+    delays = rng.uniform(0.0, 0.2, n_jobs).tolist()
     outcomes: dict[int, list[str]] = {n: [] for n in range(n_jobs)}
+    moved_ok = 0  # completed on their second attempt
     want = {n: reference(folder, x(n % 7)) for n in range(7)}
     async with serving([first, second], tmp_path, queue_limit_per_model=n_jobs) as sched:
         for device in (first, second):
             device.inject_delay(0.004)
 
         async def job(n: int, deadline: float | None, cancel_after: float | None) -> None:
+            nonlocal moved_ok
             with trio.CancelScope() as scope:
                 if cancel_after is not None:
                     scope.deadline = trio.current_time() + cancel_after
                 try:
                     result = await sched.infer("tiny", {"data": x(n % 7)},
-                                               priority=int(rng.integers(0, 3)), deadline=deadline)
+                                               priority=priorities[n], deadline=deadline)
                 except SchedulerError as exc:
                     outcomes[n].append(exc.code)
                     return
                 np.testing.assert_array_equal(result.outputs["prob"], want[n % 7])
                 outcomes[n].append("OK")
+                if result.attempts == 2:
+                    moved_ok += 1
             if scope.cancelled_caught:
                 outcomes[n].append("CANCELLED")
 
         async with trio.open_nursery() as nursery:
-            for n in range(n_jobs):
-                kind = n % 6
-                deadline = time.time() + float(rng.uniform(0.01, 0.2)) if kind == 1 else None
-                cancel_after = float(rng.uniform(0.0, 0.2)) if kind == 2 else None
-                nursery.start_soon(job, n, deadline, cancel_after)
+            for n, kind in enumerate(kinds):
+                deadline = time.time() + 0.01 + delays[n] if kind == 1 else None
+                nursery.start_soon(job, n, deadline, delays[n] if kind == 2 else None)
                 if n == 40:
                     first.inject_fault(3)
                 if n % 10 == 0:
@@ -549,18 +566,23 @@ async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -
         assert all(len(o) == 1 for o in outcomes.values()), outcomes
         codes = [o[0] for o in outcomes.values()]
         assert set(codes) <= {"OK", "DEADLINE_EXCEEDED", "CANCELLED"}, codes
-        assert codes.count("OK") >= n_jobs // 2
+        assert codes.count("OK") >= kinds.count(0) + kinds.count(3) + kinds.count(4) + kinds.count(5)
+        await until(sched, lambda: sched.status().in_flight == 0)
         status = sched.status()
-        totals = status["totals"]
-        assert totals["submitted"] == n_jobs
-        assert totals["completed"] == codes.count("OK")
-        assert totals["deadline_exceeded"] == codes.count("DEADLINE_EXCEEDED")
-        assert totals["cancelled"] == codes.count("CANCELLED")
-        assert totals["failed"] == 0 and totals["retried"] >= 1
-        assert status["devices"][0]["healthy"] is False
-        await until(sched, lambda: sched.status()["in_flight"] == 0)
-        assert sched.status()["queue_depth"] == 0
-        assert sum(d["completed"] for d in sched.status()["devices"]) == codes.count("OK")
+        totals = status.totals
+        assert totals.submitted == n_jobs
+        assert totals.completed == codes.count("OK")
+        assert totals.deadline_exceeded == codes.count("DEADLINE_EXCEEDED")
+        assert totals.cancelled == codes.count("CANCELLED")
+        assert totals.failed == 0
+        assert totals.submitted == (totals.completed + totals.failed + totals.deadline_exceeded
+                                    + totals.cancelled)
+        # the first fault takes device 0 out; each run that failed on it (the one or two
+        # running then) moved its job unless the job had ended meanwhile (cancelled, expired)
+        assert totals.device_faults == 1 and status.devices[0].healthy is False
+        assert moved_ok <= totals.retried <= status.devices[0].faults
+        assert status.queue_depth == 0
+        assert sum(d.completed for d in status.devices) == codes.count("OK")
 
 
 async def test_a_cold_model_load_saves_the_pipeline_cache(tmp_path: Path) -> None:
@@ -568,10 +590,10 @@ async def test_a_cold_model_load_saves_the_pipeline_cache(tmp_path: Path) -> Non
 
     write_model(tmp_path, config='precision = "fp32"\n')
     cache_dir = tmp_path / "pipeline-cache"
-    handles = discover_handles(use_vulkan=True, cache_dir=cache_dir)
+    handles, _ = discover_handles(use_vulkan=True, cache_dir=cache_dir)
     assert any(not h.is_cpu for h in handles), "lavapipe expected"
     async with serving(handles, tmp_path) as sched:
-        assert sched.models()[0]["state"] == "ready"
+        assert sched.models()[0].state is ModelState.READY
         # saved after the load, while the daemon still runs (not only at shutdown)
         files = list(cache_dir.glob("vkserve-*.cache"))
         assert len(files) == 1

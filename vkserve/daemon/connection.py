@@ -12,23 +12,19 @@ Per connection (DESIGN §8):
   ``send_timeout``;
 - when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs.
 
-Nothing a client sends escapes :meth:`Connection.run`: errors in a request become an
-``INTERNAL`` answer and a log line; errors of the connection itself close only it.
+Nothing a client sends escapes :meth:`Connection.run`: a ``SchedulerError`` becomes an answer
+with its code; anything else an ``INTERNAL`` answer and a log line; errors of the connection
+itself close only it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hmac
 import logging
 import math
 import time
-from collections.abc import Mapping
-from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 import trio
 
 from vkserve.client.protocol import (
@@ -52,13 +48,13 @@ from vkserve.client.protocol import (
     encode_infer_result,
     parse_request,
 )
-
-if TYPE_CHECKING:
-    from vkserve.daemon.server import Server
+from vkserve.daemon.backend import Backend, Wire, to_wire
+from vkserve.daemon.config import Config
+from vkserve.scheduler import InferResult, SchedulerError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Backend", "Connection", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed", "to_plain"]
+__all__ = ["Connection", "Host", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed"]
 
 RECV_SIZE = 256 * 1024
 #: Largest frame a TCP peer may send before it has authenticated.
@@ -66,31 +62,25 @@ PREAUTH_MAX_FRAME_SIZE = 64 * 1024
 #: How long past a job's deadline the daemon waits for the scheduler's own answer before it
 #: cancels the job and answers DEADLINE_EXCEEDED itself (never a late result).
 DEADLINE_GRACE = 0.25
-_KNOWN_CODES = {c.value for c in ErrorCode}
 
 
-class Backend(Protocol):
-    """What the daemon needs from the scheduler (``scheduler.Scheduler``)."""
+class Host(Protocol):
+    """What a connection needs of the daemon (``vkserve.daemon.server.Server``)."""
 
-    async def infer(
-        self,
-        model: str,
-        inputs: dict[str, np.ndarray],
-        *,
-        priority: int = 0,
-        deadline: float | None = None,
-        outputs: list[str] | None = None,
-    ) -> Any: ...
+    config: Config
+    backend: Backend
+    token: str | None
+    version: str
+    draining: bool
+    infer_in_flight: int
+    requests_done: int
 
-    async def load_model(self, name: str, devices: list[str] | None = None) -> dict[str, Any]: ...
+    def reject(self, reason: str) -> None: ...
 
-    async def unload_model(self, name: str) -> dict[str, Any]: ...
+    def observe_infer(self, model: str, result: InferResult | None, outcome: str,
+                      total: float) -> None: ...
 
-    def models(self) -> list[dict[str, Any]]: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def ready(self) -> bool: ...
+    def server_status(self) -> dict[str, Wire]: ...
 
 
 class RequestFailed(Exception):
@@ -102,42 +92,12 @@ class RequestFailed(Exception):
         self.message = message
 
 
-def error_code_of(exc: BaseException) -> ErrorCode | None:
-    """The wire error code an exception carries (``SchedulerError.code``), if it is a known one."""
-    code = getattr(exc, "code", None)
-    code = getattr(code, "value", code)
-    return ErrorCode(code) if isinstance(code, str) and code in _KNOWN_CODES else None
-
-
-def to_plain(obj: Any, depth: int = 0) -> Any:
-    """``obj`` as msgpack-safe plain data (str-keyed maps, lists, scalars, bin)."""
-    if depth > 32:
-        return repr(obj)
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
-        return obj
-    if isinstance(obj, enum.Enum):
-        return to_plain(obj.value, depth + 1)
-    if isinstance(obj, Mapping):
-        return {str(k): to_plain(v, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_plain(v, depth + 1) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist() if obj.size <= 4096 else f"<array {obj.dtype} {obj.shape}>"
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return to_plain(dataclasses.asdict(obj), depth + 1)
-    if isinstance(obj, PurePath):
-        return str(obj)
-    return str(obj)
-
-
 class _Closing(Exception):
     """Internal: the reader stops and the connection closes (reason in the message)."""
 
 
 class Connection:
-    def __init__(self, server: Server, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+    def __init__(self, server: Host, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
         self.server = server
         self.cfg = server.config.server
         self.stream = stream
@@ -153,7 +113,7 @@ class Connection:
         self.infer_in_flight = 0
         #: request id -> the scheduler's InferResult (device, queue and run seconds), kept
         #: from the answer until the request's metrics are recorded
-        self._results: dict[int, Any] = {}
+        self._results: dict[int, InferResult] = {}
         self.opened_at = trio.current_time()
         self._reader_scope = trio.CancelScope()
         self._broken = False
@@ -347,17 +307,15 @@ class Connection:
                     outcome = "ok"
                 except RequestFailed as exc:
                     response = Response.failure(request.id, exc.code, exc.message)
+                except SchedulerError as exc:
+                    response = Response.failure(request.id, exc.code, str(exc))
                 except FrameTooLarge as exc:
                     response = Response.failure(request.id, ErrorCode.INTERNAL, f"answer too large to send: {exc}")
                 except Exception as exc:
-                    code = error_code_of(exc)
-                    if code is None:
-                        log.exception("request %s %s from %s failed", request.id, request.op, self.peer)
-                        response = Response.failure(
-                            request.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
-                        )
-                    else:
-                        response = Response.failure(request.id, code, str(exc) or code.value)
+                    log.exception("request %s %s from %s failed", request.id, request.op, self.peer)
+                    response = Response.failure(
+                        request.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+                    )
             if scope.cancelled_caught:
                 frame = None
                 if self._aborting:
@@ -381,43 +339,38 @@ class Connection:
             frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
         await self._send_frame(frame)
 
-    async def _execute(self, request: Request, received_at: float) -> Any:
+    async def _execute(self, request: Request, received_at: float) -> dict[str, Wire]:
         backend = self.server.backend
         if isinstance(request, InferRequest):
             return await self._infer(request, received_at)
         if isinstance(request, PingRequest):
             return {"pong": True, "time": time.time(), "version": self.server.version}
         if isinstance(request, StatusRequest):
-            status = to_plain(backend.status())
-            if not isinstance(status, dict):
-                status = {"scheduler": status}
-            return {**status, "server": self.server.server_status()}
+            return {**to_wire(backend.status()), "server": self.server.server_status()}
         if isinstance(request, ListModelsRequest):
-            return {"models": to_plain(backend.models())}
+            return {"models": [to_wire(m) for m in backend.models()]}
         if isinstance(request, LoadModelRequest):
             devices = None if request.devices is None else self._device_indices(request.devices)
-            return to_plain(await backend.load_model(request.name, devices))
+            return to_wire(await backend.load_model(request.name, devices))
         if isinstance(request, UnloadModelRequest):
-            return to_plain(await backend.unload_model(request.name))
+            return to_wire(await backend.unload_model(request.name))
         raise RequestFailed(ErrorCode.BAD_REQUEST, f"op {request.op!r} is not served")
 
     def _device_indices(self, names: list[str]) -> list[int]:
         """Wire device names (``"0"``, ``"1"``, ``"cpu"``) as the scheduler's device indices."""
-        status = self.server.backend.status()
-        devices = status.get("devices", []) if isinstance(status, dict) else []
-        cpu = [d.get("index") for d in devices if isinstance(d, dict) and d.get("kind") == "cpu"]
+        cpu = [d.index for d in self.server.backend.status().devices if d.kind == "cpu"]
         out: list[int] = []
         for name in names:
             if name.isdigit():
                 out.append(int(name))
-            elif name == "cpu" and cpu and isinstance(cpu[0], int):
+            elif name == "cpu" and cpu:
                 out.append(cpu[0])
             else:
                 raise RequestFailed(ErrorCode.BAD_REQUEST,
                                     f"field 'devices': {name!r} is not a device index or 'cpu'")
         return out
 
-    async def _infer(self, request: InferRequest, received_at: float) -> dict[str, Any]:
+    async def _infer(self, request: InferRequest, received_at: float) -> dict[str, Wire]:
         deadline = request.effective_deadline(received_at)
         trio_deadline = math.inf
         if deadline is not None:
@@ -433,13 +386,8 @@ class Connection:
         if timer.cancelled_caught:
             raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED, "no result by the request's deadline")
         self._results[request.id] = result
-        outputs = getattr(result, "outputs", result)
-        extra: dict[str, Any] = {}
-        for key in ("device", "queue_seconds", "run_seconds"):
-            value = getattr(result, key, None)
-            if value is not None:
-                extra[key] = to_plain(value)
-        return encode_infer_result(outputs, **extra)
+        return encode_infer_result(result.outputs, device=result.device,
+                                   queue_seconds=result.queue_seconds, run_seconds=result.run_seconds)
 
     # ------------------------------------------------------------------ writing
 

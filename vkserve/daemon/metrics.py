@@ -1,74 +1,54 @@
 """Prometheus metrics of the daemon (names `vkserve_*`, base units, `_total` counters).
 
 Events (requests, rejections, loads) update counters and histograms as they happen; state
-that other parts already keep (queue depths, device health, memory pools, pipeline-cache
-counters) is read at scrape time through `snapshot`, a callable returning a `StateSnapshot`,
-so nothing has to be kept in sync by hand. Each `DaemonMetrics` has its own registry, so
-tests and several daemons in one process do not collide.
+that the scheduler already keeps (queue depths, device health, memory pools, pipeline-cache
+counters, discovery's GPU problem) is read at scrape time from its ``Status`` through
+`status`, a callable, so nothing has to be kept in sync by hand. Each `DaemonMetrics` has its
+own registry, so tests and several daemons in one process do not collide.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from vkserve.scheduler import DeviceStatus, ModelInfo, PlacementState, Status
 
 # Millisecond inference: 0.25 ms .. ~8 s, doubling; identical on every box so they aggregate.
 LATENCY_BUCKETS = tuple(0.00025 * 2**k for k in range(16))
 LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-@dataclasses.dataclass
-class DeviceState:
-    device: str  # label value, e.g. "vulkan0" or "cpu"
-    healthy: bool
-    in_flight: int = 0
-    memory_in_use_bytes: int = 0
-    memory_pooled_bytes: int = 0
-    memory_budget_bytes: int = 0
-    # tier -> (hits, misses); tiers "pipeline", "spirv"
-    cache: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
-    compile_seconds: float = 0.0
-    memory_known: bool = True  # False: no memory pool (the CPU, a GPU not opened yet)
-
-
-@dataclasses.dataclass
-class StateSnapshot:
-    devices: list[DeviceState] = dataclasses.field(default_factory=list)
-    queue_depth: dict[str, int] = dataclasses.field(default_factory=dict)  # model -> jobs
+def device_label(device: DeviceStatus) -> str:
+    """The ``device`` label: ``cpu`` for the CPU, else kind and index (``vulkan0``)."""
+    return "cpu" if device.kind == "cpu" else f"{device.kind}{device.index}"
 
 
 class _StateCollector(Collector):
-    def __init__(self, snapshot: Callable[[], StateSnapshot]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, status: Callable[[], Status]) -> None:
+        self._status = status
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        s = self._snapshot()
+        s = self._status()
         depth = GaugeMetricFamily("vkserve_queue_depth", "Jobs waiting, per model",
                                   labels=["model"])
-        for model, n in sorted(s.queue_depth.items()):
-            depth.add_metric([model], n)
+        for model, queue in sorted(s.models.items()):
+            depth.add_metric([model], queue.queue_depth)
         yield depth
-        gauges = {
-            "in_flight": ("vkserve_in_flight", "Jobs running on the device"),
-            "healthy": ("vkserve_device_healthy", "1 when the device serves, 0 after a fault"),
-            "memory_in_use_bytes": ("vkserve_device_memory_in_use_bytes",
-                                    "Device memory held by loaded models and running jobs"),
-            "memory_pooled_bytes": ("vkserve_device_memory_pooled_bytes",
-                                    "Idle device memory kept in the pool for reuse"),
-            "memory_budget_bytes": ("vkserve_device_memory_budget_bytes",
-                                    "Byte budget of the device's memory pool"),
-        }
-        for attr, (name, doc) in gauges.items():
-            family = GaugeMetricFamily(name, doc, labels=["device"])
-            for d in s.devices:
-                if d.memory_known or not attr.startswith("memory_"):
-                    family.add_metric([d.device], float(getattr(d, attr)))
-            yield family
+        in_flight = GaugeMetricFamily("vkserve_in_flight", "Jobs running on the device",
+                                      labels=["device"])
+        healthy = GaugeMetricFamily("vkserve_device_healthy",
+                                    "1 when the device serves, 0 after a fault", labels=["device"])
+        in_use = GaugeMetricFamily("vkserve_device_memory_in_use_bytes",
+                                   "Device memory held by loaded models and running jobs",
+                                   labels=["device"])
+        pooled = GaugeMetricFamily("vkserve_device_memory_pooled_bytes",
+                                   "Idle device memory kept in the pool for reuse", labels=["device"])
+        budget = GaugeMetricFamily("vkserve_device_memory_budget_bytes",
+                                   "Byte budget of the device's memory pool", labels=["device"])
         hits = CounterMetricFamily("vkserve_pipeline_cache_hits", "Pipeline-cache hits by tier",
                                    labels=["device", "tier"])
         misses = CounterMetricFamily("vkserve_pipeline_cache_misses",
@@ -77,18 +57,32 @@ class _StateCollector(Collector):
                                         "Time spent compiling GLSL to SPIR-V",
                                         labels=["device"])
         for d in s.devices:
-            for tier, (h, m) in sorted(d.cache.items()):
-                hits.add_metric([d.device, tier], h)
-                misses.add_metric([d.device, tier], m)
-            if d.cache:
-                compile_s.add_metric([d.device], d.compile_seconds)
-        yield hits
-        yield misses
-        yield compile_s
+            label = device_label(d)
+            in_flight.add_metric([label], d.in_flight)
+            healthy.add_metric([label], float(d.healthy))
+            if d.memory is not None:  # none on the CPU, nor before the Vulkan device opens
+                in_use.add_metric([label], d.memory.in_use_bytes)
+                pooled.add_metric([label], d.memory.pooled_bytes)
+                budget.add_metric([label], d.memory.budget_bytes)
+            cache = d.pipeline_cache
+            if cache is not None:
+                hits.add_metric([label, "pipeline"], cache.pipeline_hits)
+                misses.add_metric([label, "pipeline"], cache.pipeline_misses)
+                hits.add_metric([label, "spirv"], cache.spirv_hits)
+                misses.add_metric([label, "spirv"], cache.glsl_compiles)
+                compile_s.add_metric([label], cache.compile_seconds)
+        yield from (in_flight, healthy, in_use, pooled, budget, hits, misses, compile_s)
+        unusable = GaugeMetricFamily("vkserve_gpu_unusable",
+                                     "1 per GPU device node present while Vulkan found no GPU",
+                                     labels=["node", "reason"])
+        if s.gpu_problem is not None:
+            for node in s.gpu_problem.nodes:
+                unusable.add_metric([node, s.gpu_problem.reason.value], 1)
+        yield unusable
 
 
 class DaemonMetrics:
-    def __init__(self, snapshot: Callable[[], StateSnapshot] = StateSnapshot) -> None:
+    def __init__(self, status: Callable[[], Status]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("vkserve_requests", "Finished requests by outcome",
@@ -108,7 +102,7 @@ class DaemonMetrics:
                                             "Model load time per device, cold or warm cache",
                                             ["model", "device", "cache"],
                                             buckets=LOAD_BUCKETS, registry=r)
-        r.register(_StateCollector(snapshot))
+        r.register(_StateCollector(status))
 
     def observe_request(self, model: str, device: str, outcome: str, *, total: float,
                         queue: float | None = None, execution: float | None = None) -> None:
@@ -124,44 +118,6 @@ class DaemonMetrics:
         return generate_latest(self.registry)
 
 
-# ------------------------------------------------------------------ from the scheduler's state
-
-
-def device_label(kind: str, index: int) -> str:
-    """The ``device`` label: ``cpu`` for the CPU, else kind and index (``vulkan0``)."""
-    return "cpu" if kind == "cpu" else f"{kind}{index}"
-
-
-def snapshot_from_status(status: Mapping[str, Any]) -> StateSnapshot:
-    """A StateSnapshot from ``Scheduler.status()`` (devices with ``memory`` and
-    ``pipeline_cache`` when their Vulkan device is open; per-model queue depths)."""
-    devices = []
-    for d in status.get("devices", []):
-        if not isinstance(d, Mapping):
-            continue
-        state = DeviceState(device_label(str(d.get("kind", "")), int(d.get("index", -1))),
-                            bool(d.get("healthy")), in_flight=int(d.get("in_flight") or 0))
-        memory = d.get("memory")
-        state.memory_known = isinstance(memory, Mapping)
-        if isinstance(memory, Mapping):
-            state.memory_in_use_bytes = int(memory.get("in_use_bytes", 0))
-            state.memory_pooled_bytes = int(memory.get("pooled_bytes", 0))
-            state.memory_budget_bytes = int(memory.get("budget_bytes", 0))
-        cache = d.get("pipeline_cache")
-        if isinstance(cache, Mapping):
-            state.cache = {
-                "pipeline": (int(cache.get("pipeline_hits", 0)),
-                             int(cache.get("pipeline_misses", 0))),
-                "spirv": (int(cache.get("spirv_hits", 0)), int(cache.get("glsl_compiles", 0))),
-            }
-            state.compile_seconds = float(cache.get("compile_seconds", 0.0))
-        devices.append(state)
-    models = status.get("models", {})
-    depth = {str(name): int(m.get("queue_depth", 0)) for name, m in models.items()
-             if isinstance(m, Mapping)} if isinstance(models, Mapping) else {}
-    return StateSnapshot(devices=devices, queue_depth=depth)
-
-
 class LoadRecorder:
     """Observes each finished model load once into ``vkserve_model_load_seconds``, read from
     the placements of ``Scheduler.models()`` (``load_seconds``, ``load_cache``)."""
@@ -170,19 +126,18 @@ class LoadRecorder:
         self.metrics = metrics
         self._seen: set[tuple[str, int, float]] = set()
 
-    def record(self, models: list[dict[str, Any]], labels: Mapping[int, str]) -> int:
+    def record(self, models: list[ModelInfo], labels: Mapping[int, str]) -> int:
         new = 0
         for m in models:
-            for p in m.get("placements") or []:
-                seconds = p.get("load_seconds")
-                if p.get("state") != "ready" or seconds is None:
+            for p in m.placements:
+                if p.state is not PlacementState.READY or p.load_seconds is None:
                     continue
-                key = (str(m.get("name")), int(p.get("device", -1)), float(seconds))
+                key = (m.name, p.device, p.load_seconds)
                 if key in self._seen:
                     continue
                 self._seen.add(key)
-                device = labels.get(key[1], str(key[1]))
-                cache = p.get("load_cache") or "warm"
-                self.metrics.model_load_seconds.labels(key[0], device, cache).observe(key[2])
+                device = labels.get(p.device, str(p.device))
+                self.metrics.model_load_seconds.labels(m.name, device, p.load_cache or "warm").observe(
+                    p.load_seconds)
                 new += 1
         return new

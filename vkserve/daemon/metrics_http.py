@@ -3,6 +3,11 @@
 A deliberately tiny trio server (one request per connection, bounded request size and
 time) instead of prometheus-client's thread server: it runs in the daemon's nursery, so it
 stops with the daemon, and readiness comes from the same process state it reports.
+
+/readyz answers 200 or 503 with the reason as the body (``Server.readiness``). GPU device
+nodes without a usable Vulkan GPU add a ``warning:`` line to the body but do not make the
+daemon unready: the CPU still serves, and a model that may not run there is named as failed
+(503) anyway.
 """
 
 from __future__ import annotations

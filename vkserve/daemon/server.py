@@ -24,17 +24,17 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from vkserve.client.protocol import CONNECTION_ERROR_ID, ErrorCode, Response, encode_frame
 from vkserve.daemon import systemd
+from vkserve.daemon.backend import Backend, Wire
 from vkserve.daemon.config import Config, ConfigError, resolve_token, scheduler_config
-from vkserve.daemon.connection import Backend, Connection
+from vkserve.daemon.connection import Connection
 from vkserve.daemon.listeners import (
     ListenError,
     UnixSocket,
@@ -42,17 +42,26 @@ from vkserve.daemon.listeners import (
     open_tcp_listeners,
     tcp_listen_address,
 )
-from vkserve.daemon.metrics import (
-    DaemonMetrics,
-    LoadRecorder,
-    StateSnapshot,
-    device_label,
-    snapshot_from_status,
+from vkserve.daemon.metrics import DaemonMetrics, LoadRecorder, device_label
+from vkserve.devices.discovery import GpuProblem
+from vkserve.scheduler import (
+    DeviceHandle,
+    InferResult,
+    ModelInfo,
+    ModelRepository,
+    ModelState,
+    Scheduler,
+    SchedulerConfig,
+    discover_handles,
+    vulkan_engine_available,
 )
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Server", "run_daemon", "serve"]
+
+#: An accept loop's handler: serves one accepted stream.
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
 
 def vkserve_version() -> str:
@@ -80,28 +89,18 @@ class Server:
         self.listening: list[str] = []
         self.repository: Path | None = None
         self._all_closed = trio.Event()
-        self.metrics = DaemonMetrics(self.snapshot)
+        self.metrics = DaemonMetrics(backend.status)
         self._loads = LoadRecorder(self.metrics)
         self._device_labels: dict[int, str] = {}
         self.ready_announced = False
 
     # ------------------------------------------------------------------ metrics and health
 
-    def _backend_status(self) -> dict[str, Any]:
-        status = self.backend.status()
-        return status if isinstance(status, dict) else {}
-
     def device_labels(self) -> dict[int, str]:
         """Device index -> metrics label (``vulkan0``, ``cpu``); devices never change."""
         if not self._device_labels:
-            for d in self._backend_status().get("devices", []):
-                if isinstance(d, dict) and isinstance(d.get("index"), int):
-                    self._device_labels[d["index"]] = device_label(str(d.get("kind")), d["index"])
+            self._device_labels = {d.index: device_label(d) for d in self.backend.status().devices}
         return self._device_labels
-
-    def snapshot(self) -> StateSnapshot:
-        """Scrape time: the scheduler's queues, devices, memory pools and pipeline caches."""
-        return snapshot_from_status(self._backend_status())
 
     def exposition(self) -> bytes:
         """``/metrics``: loads finished since the last scrape are observed first."""
@@ -112,53 +111,55 @@ class Server:
         """A request refused before it reached the scheduler's queue."""
         self.metrics.rejected.labels(reason).inc()
 
-    def observe_infer(self, model: str, result: Any, outcome: str, total: float) -> None:
-        """One finished infer request: ``result`` is the scheduler's InferResult or None."""
-        device = "none"
-        queue = execution = None
-        if result is not None:
-            index = getattr(result, "device_index", None)
-            if isinstance(index, int) and index >= 0:
-                device = self.device_labels().get(index, str(index))
-            queue = getattr(result, "queue_seconds", None)
-            execution = getattr(result, "run_seconds", None)
-        self.metrics.observe_request(model, device, outcome, total=total, queue=queue,
-                                     execution=execution)
+    def observe_infer(self, model: str, result: InferResult | None, outcome: str,
+                      total: float) -> None:
+        """One finished infer request: ``result`` is None unless it succeeded."""
+        if result is None:
+            self.metrics.observe_request(model, "none", outcome, total=total)
+        else:
+            device = self.device_labels().get(result.device_index, str(result.device_index))
+            self.metrics.observe_request(model, device, outcome, total=total,
+                                         queue=result.queue_seconds, execution=result.run_seconds)
         if outcome == "overloaded":
             self.reject("overloaded")  # the scheduler's queue was full: refused, never ran
 
     def readiness(self) -> tuple[bool, str]:
-        """``/readyz``: every configured model ready on at least one healthy device."""
+        """``/readyz``: every configured model ready on at least one healthy device.
+
+        A GPU that discovery could not use (device nodes, but no Vulkan GPU) does not make
+        the daemon unready, since the CPU serves every model that allows it (a model that
+        does not is named as failed anyway); its warning is a second line of the body,
+        ready or not, so whoever reads the probe sees it.
+        """
         if self.draining:
             return False, "not ready: shutting down"
         try:
-            ready = bool(self.backend.ready())
-            models = [m for m in self.backend.models() if isinstance(m, dict)]
+            status = self.backend.status()
+            models = self.backend.models()
         except Exception as exc:  # the answer is "not ready", with the reason
             return False, f"not ready: {type(exc).__name__}: {exc}"
-        waiting = [m for m in models if m.get("state") not in ("ready", "unloading")]
+        waiting = [m for m in models if m.state not in (ModelState.READY, ModelState.UNLOADING)]
         if waiting:
-            parts = []
-            for m in waiting:
-                error = f": {m['error']}" if m.get("error") else ""
-                parts.append(f"{m.get('name')} ({m.get('state')}{error})")
-            return False, "not ready: " + "; ".join(parts)
-        if not ready:
-            return False, "not ready: the scheduler is starting or has no healthy device"
-        names = ", ".join(str(m.get("name")) for m in models) or "no models configured"
-        return True, f"ready: {names}"
+            ready, why = False, "not ready: " + "; ".join(
+                f"{m.name} ({m.state}{f': {m.error}' if m.error else ''})" for m in waiting)
+        elif not status.ready:
+            ready, why = False, "not ready: the scheduler is starting or has no healthy device"
+        else:
+            ready, why = True, f"ready: {', '.join(m.name for m in models) or 'no models configured'}"
+        if status.gpu_problem is not None:
+            why += f"\nwarning: {status.gpu_problem.describe()}"
+        return ready, why
 
     def systemd_status(self) -> str:
         """One STATUS= line: devices (health) and models (state)."""
         try:
-            status = self._backend_status()
-            models = [m for m in self.backend.models() if isinstance(m, dict)]
+            status = self.backend.status()
+            models = self.backend.models()
         except Exception as exc:  # advisory text only
             return f"status unavailable: {exc}"
-        devices = ", ".join(
-            f"{d.get('name')}{'' if d.get('healthy') else ' (FAILED)'}"
-            for d in status.get("devices", []) if isinstance(d, dict)) or "none"
-        names = ", ".join(f"{m.get('name')} ({m.get('state')})" for m in models) or "none"
+        devices = ", ".join(f"{d.name}{'' if d.healthy else ' (FAILED)'}"
+                            for d in status.devices) or "none"
+        names = ", ".join(f"{m.name} ({m.state})" for m in models) or "none"
         return f"devices: {devices}; models: {names}; requests served: {self.requests_done}"
 
     async def handle_unix(self, stream: trio.SocketStream) -> None:
@@ -212,7 +213,10 @@ class Server:
     async def wait_all_closed(self) -> None:
         await self._all_closed.wait()
 
-    def server_status(self) -> dict[str, Any]:
+    def requests_in_flight(self) -> int:
+        return sum(len(c.tasks) for c in self.connections)
+
+    def server_status(self) -> dict[str, Wire]:
         return {
             "version": self.version,
             "pid": os.getpid(),
@@ -220,7 +224,7 @@ class Server:
             "listening": list(self.listening),
             "connections": len(self.connections),
             "connections_total": self.connections_total,
-            "requests_in_flight": sum(len(c.tasks) for c in self.connections),
+            "requests_in_flight": self.requests_in_flight(),
             "infer_in_flight": self.infer_in_flight,
             "requests_done": self.requests_done,
             "draining": self.draining,
@@ -228,22 +232,18 @@ class Server:
 
 
 def _example_command(
-    models: list[dict[str, Any]], repository: Path | None, socket_path: Path, default_socket: Path
+    models: list[ModelInfo], repository: Path | None, socket_path: Path, default_socket: Path
 ) -> str:
     """``vkserve infer ...`` for the first model, with a sample input when the folder has one."""
     if not models:
         return "vkserve models"
     first = models[0]
-    name = str(first.get("name", "MODEL"))
-    args = f"vkserve infer {name}"
+    args = f"vkserve infer {first.name}"
     sample = None
-    folder = first.get("path")
-    if not isinstance(folder, str) and repository is not None:
-        folder = str(repository / name)
-    if isinstance(folder, str):
-        samples = sorted(Path(folder, "samples").glob("*.npy"))
+    if repository is not None:
+        samples = sorted((repository / first.name / "samples").glob("*.npy"))
         sample = next((s for s in samples if s.stem == "3"), samples[0] if samples else None)
-    inputs = _input_names(first)
+    inputs = list(first.inputs)
     if sample is not None and len(inputs) == 1:
         shown = os.path.relpath(sample)
         if shown.startswith(".."):
@@ -256,23 +256,10 @@ def _example_command(
     return args
 
 
-def _input_names(model: dict[str, Any]) -> list[str]:
-    inputs = model.get("inputs")
-    if isinstance(inputs, dict):
-        return [str(k) for k in inputs]
-    if isinstance(inputs, list):
-        return [str(i.get("name")) if isinstance(i, dict) else str(i) for i in inputs]
-    return []
-
-
-async def _rescan(backend: Any) -> None:
+async def _rescan(backend: Backend) -> None:
     """SIGHUP: load the models whose folders appeared (or were fixed) in the repository."""
-    rescan = getattr(backend, "rescan", None)
-    if rescan is None:
-        log.warning("SIGHUP: this scheduler cannot rescan the model repository; ignored")
-        return
     try:
-        result = await rescan()
+        result = await backend.rescan()
     except Exception as exc:  # e.g. not running yet; the daemon goes on either way
         log.warning("SIGHUP: rescan failed: %s", exc)
         return
@@ -280,7 +267,8 @@ async def _rescan(backend: Any) -> None:
 
 
 async def _watch_signals(
-    signals: Any, stop: trio.Event, startup: trio.CancelScope, root: trio.Nursery, backend: Any
+    signals: AsyncIterator[int], stop: trio.Event, startup: trio.CancelScope, root: trio.Nursery,
+    backend: Backend,
 ) -> None:
     hard = root.cancel_scope
     async for signum in signals:
@@ -297,7 +285,7 @@ async def _watch_signals(
             hard.cancel()
 
 
-async def _wait_ready(backend: Any, stop: trio.Event, scope: trio.CancelScope) -> None:
+async def _wait_ready(backend: Backend, stop: trio.Event, scope: trio.CancelScope) -> None:
     """Until the scheduler reports ready (start-up loads done) or a stop signal arrives."""
     async def stop_on_signal() -> None:
         await stop.wait()
@@ -305,12 +293,7 @@ async def _wait_ready(backend: Any, stop: trio.Event, scope: trio.CancelScope) -
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stop_on_signal)
-        wait_until = getattr(backend, "wait_until", None)
-        if wait_until is not None:
-            await wait_until(backend.ready)
-        else:
-            while not backend.ready():
-                await trio.sleep(0.05)
+        await backend.wait_until(backend.ready)
         nursery.cancel_scope.cancel()
 
 
@@ -432,7 +415,7 @@ async def _open_listeners(config: Config) -> tuple[_Listening, str | None]:
     return where, token
 
 
-async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | None = None,
+async def serve(config: Config, backend_factory: Callable[[], Awaitable[Backend]] | None = None,
                 announce: Callable[[str], None] | None = None) -> int:
     """Run the daemon until SIGINT/SIGTERM; returns the exit status.
 
@@ -450,7 +433,7 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | 
         server = Server(config, backend, token)
         server.repository = repo_path
         server.listening = list(where.described)
-        listeners: list[tuple[Any, list[trio.SocketListener]]] = []
+        listeners: list[tuple[Handler, list[trio.SocketListener]]] = []
         if where.unix_listeners:
             listeners.append((server.handle_unix, where.unix_listeners))
         if where.tcp_listeners:
@@ -460,9 +443,7 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Any]] | 
         where.close()
 
 
-def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Any]]:
-    from vkserve.scheduler import ModelRepository, Scheduler, SchedulerConfig  # noqa: PLC0415
-
+def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Backend]]:
     if not repo_path.is_dir():
         raise ConfigError(f"models.repository: {repo_path} is not a directory")
     table = dict(config.scheduler)
@@ -472,12 +453,12 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
         table["cache_dir"] = str(default_cache_dir())
     sched_cfg = scheduler_config(table, SchedulerConfig)
 
-    async def build() -> Any:
+    async def build() -> Backend:
         hooks = parse_test_hooks(os.environ)
-        devices = None  # the scheduler discovers them itself (in a worker thread) when it runs
-        if hooks:
-            devices = await trio.to_thread.run_sync(_hooked_devices, sched_cfg, hooks)
-        return Scheduler(devices, sched_cfg, ModelRepository(repo_path))
+        if not hooks:  # the scheduler discovers the devices itself (in a worker thread) when it runs
+            return Scheduler(None, sched_cfg, ModelRepository(repo_path))
+        devices, gpu_problem = await trio.to_thread.run_sync(_hooked_devices, sched_cfg, hooks)
+        return Scheduler(devices, sched_cfg, ModelRepository(repo_path), gpu_problem=gpu_problem)
 
     return build
 
@@ -505,11 +486,10 @@ def parse_test_hooks(env: Mapping[str, str]) -> list[tuple[str, str, float]]:
     return hooks
 
 
-def _hooked_devices(sched_cfg: Any, hooks: list[tuple[str, str, float]]) -> list[Any]:
-    from vkserve.scheduler import discover_handles, vulkan_engine_available  # noqa: PLC0415
-
-    use_vulkan = bool(sched_cfg.use_vulkan) and vulkan_engine_available()
-    handles = discover_handles(use_vulkan=use_vulkan, cache_dir=sched_cfg.cache_dir)
+def _hooked_devices(sched_cfg: SchedulerConfig, hooks: list[tuple[str, str, float]]
+                    ) -> tuple[list[DeviceHandle], GpuProblem | None]:
+    use_vulkan = sched_cfg.use_vulkan and vulkan_engine_available()
+    handles, gpu_problem = discover_handles(use_vulkan=use_vulkan, cache_dir=sched_cfg.cache_dir)
     for kind, device, value in hooks:
         for h in handles:
             if (device == "cpu" and h.is_cpu) or (device.isdigit() and h.index == int(device)):
@@ -518,15 +498,15 @@ def _hooked_devices(sched_cfg: Any, hooks: list[tuple[str, str, float]]) -> list
                     h.inject_delay(value)
                 else:
                     h.inject_fault(int(value))
-    return handles
+    return handles, gpu_problem
 
 
 async def _run(
     config: Config,
     server: Server,
-    backend: Any,
+    backend: Backend,
     where: _Listening,
-    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    listeners: list[tuple[Handler, list[trio.SocketListener]]],
     say: Callable[[str], None],
 ) -> int:
     stop = trio.Event()
@@ -563,7 +543,7 @@ async def _accept_and_drain(
     config: Config,
     server: Server,
     where: _Listening,
-    listeners: list[tuple[Any, list[trio.SocketListener]]],
+    listeners: list[tuple[Handler, list[trio.SocketListener]]],
     stop: trio.Event,
     say: Callable[[str], None],
 ) -> None:
@@ -590,7 +570,7 @@ async def _accept_and_drain(
                 acceptors.cancel_scope.cancel()  # closes the listeners
         if where.unix is not None:
             where.unix.unlink()
-        in_flight = server.server_status()["requests_in_flight"]
+        in_flight = server.requests_in_flight()
         say(f"vkserve: stopping; draining {in_flight} request(s) in flight "
             f"(up to {config.server.drain_timeout:g} s)")
         systemd.notify(f"STOPPING=1\nSTATUS=draining {in_flight} request(s)")
@@ -598,7 +578,7 @@ async def _accept_and_drain(
         with trio.move_on_after(config.server.drain_timeout) as drain:
             await server.wait_all_closed()
         if drain.cancelled_caught:
-            left = server.server_status()["requests_in_flight"]
+            left = server.requests_in_flight()
             log.warning("drain timeout: cancelling %d request(s) still in flight "
                         "(answered UNAVAILABLE)", left)
             server.abort_in_flight()
@@ -612,11 +592,11 @@ def _announce(server: Server, socket_path: Path, say: Callable[[str], None]) -> 
     from vkserve.client.paths import default_socket_path  # noqa: PLC0415
 
     try:
-        models = [m for m in server.backend.models() if isinstance(m, dict)]
+        models = server.backend.models()
     except Exception:  # only for the banner; serving goes on
         log.exception("listing models for the start-up banner failed")
         models = []
-    names = ", ".join(f"{m.get('name')} ({m.get('state', '?')})" for m in models) or "none"
+    names = ", ".join(f"{m.name} ({m.state})" for m in models) or "none"
     say(f"vkserve {server.version}: models: {names}")
     say(f"vkserve: send a job:  {_example_command(models, server.repository, socket_path, default_socket_path())}")
 

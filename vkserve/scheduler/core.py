@@ -35,13 +35,13 @@ import logging
 import math
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import trio
 
+from vkserve.devices.discovery import GpuProblem
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import Graph
 from vkserve.scheduler.config import SchedulerConfig
@@ -60,12 +60,27 @@ from vkserve.scheduler.errors import (
 )
 from vkserve.scheduler.jobs import InferResult, Job, validate_inputs
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
+from vkserve.scheduler.reports import (
+    DeviceStatus,
+    JobTotals,
+    ModelInfo,
+    ModelQueue,
+    ModelState,
+    PlacementInfo,
+    PlacementState,
+    RescanResult,
+    SchedulerState,
+    Status,
+    UnloadResult,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Scheduler"]
 
 _EPS = 1e-6  # seconds; keeps "busy" slot-free times strictly after now
+#: States in which admitted jobs are placed and run (closing: draining them).
+_WORKING = (SchedulerState.RUNNING, SchedulerState.CLOSING)
 
 
 @dataclasses.dataclass(eq=False)
@@ -73,14 +88,14 @@ class _Placement:
     """One model on one device: its Plan instances, state and measured latency."""
 
     device: int
-    state: str = "loading"  # loading | ready | failed
+    state: PlacementState = PlacementState.LOADING
     error: str | None = None
     executors: list[Executor] = dataclasses.field(default_factory=list)
     free: list[Executor] = dataclasses.field(default_factory=list)
     latency: float | None = None  # EWMA of run seconds
     running: int = 0
     load_seconds: float | None = None
-    load_cache: str | None = None  # "cold": the load compiled GLSL; "warm": all from caches
+    load_cache: Literal["cold", "warm"] | None = None  # cold: the load compiled GLSL
 
 
 @dataclasses.dataclass(eq=False)
@@ -203,10 +218,14 @@ class Scheduler:
 
     def __init__(self, devices: list[DeviceHandle] | None = None,
                  config: SchedulerConfig | None = None,
-                 repository: ModelRepository | None = None) -> None:
+                 repository: ModelRepository | None = None, *,
+                 gpu_problem: GpuProblem | None = None) -> None:
+        """``devices``: None to discover them in ``run``; ``gpu_problem``: what discovery
+        said about the given ones (reported in ``status()``)."""
         self.config = config or SchedulerConfig()
         self.repository = repository
         self._handles = list(devices) if devices is not None else None
+        self._gpu_problem = gpu_problem
         if self._handles is not None:
             indices = [h.index for h in self._handles]
             if len(set(indices)) != len(indices):
@@ -214,7 +233,7 @@ class Scheduler:
         self._devices: dict[int, _Device] = {}
         self._models: dict[str, _Model] = {}
         self._jobs: dict[int, Job] = {}
-        self._state = "new"  # new | starting | running | closing | stopping | stopped
+        self._state = SchedulerState.NEW
         self._startup_pending = True
         self._nursery: trio.Nursery | None = None
         self._load_limiter: trio.CapacityLimiter | None = None
@@ -222,28 +241,29 @@ class Scheduler:
         self._recheck_at = math.inf  # when to re-run placement for jobs held by choice
         self._stop = trio.Event()
         self._stopped = trio.Event()
-        self._totals: Counter[str] = Counter()
+        self._totals = JobTotals()
 
     # ------------------------------------------------------------------------------------
     # lifecycle
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the device workers and model loads until ``aclose`` (or cancellation).
 
         Discovers devices (when none were given), scans the repository, starts one worker
         per device, calls ``task_status.started()`` and loads every repository model on its
         devices in the background (parallel, warm-up before ready).
         """
-        if self._state != "new":
+        if self._state is not SchedulerState.NEW:
             raise RuntimeError("Scheduler.run can be called only once")
-        self._state = "starting"
+        self._state = SchedulerState.STARTING
         try:
-            handles = self._handles
-            if handles is None:
+            if self._handles is None:
                 use_vulkan = self.config.use_vulkan and vulkan_engine_available()
-                handles = await trio.to_thread.run_sync(
+                discovered, self._gpu_problem = await trio.to_thread.run_sync(
                     lambda: discover_handles(use_vulkan=use_vulkan,
                                              cache_dir=self.config.cache_dir))
+                self._handles = discovered
+            handles = self._handles
             specs: dict[str, tuple[ModelSpec, tuple[Any, ...]]] = {}
             if self.repository is not None:
                 specs = await trio.to_thread.run_sync(_scan_with_fingerprints,
@@ -266,34 +286,34 @@ class Scheduler:
                         model.error = spec.error
                         continue
                     startup.append((model, self._begin_placements(model, None)))
-                if self._state == "starting":  # aclose() may have come first
-                    self._state = "running"
+                if self._state is SchedulerState.STARTING:  # aclose() may have come first
+                    self._state = SchedulerState.RUNNING
                 log.info("scheduler running on %d device(s): %s", len(self._devices),
                          ", ".join(f"{d.index}={d.handle.name}" for d in self._devices.values()))
                 task_status.started()
                 nursery.start_soon(self._recheck_placement)
                 nursery.start_soon(self._startup_loads, startup)
                 await self._stop.wait()
-                self._state = "stopping"
+                self._state = SchedulerState.STOPPING
                 nursery.cancel_scope.cancel()
         finally:
-            self._state = "stopping"
+            self._state = SchedulerState.STOPPING
             for job in list(self._jobs.values()):
                 self._end(job, error=Unavailable("the scheduler stopped before the job ran"))
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._close_everything)
-            self._state = "stopped"
+            self._state = SchedulerState.STOPPED
             self._notify()
             self._stopped.set()
 
     async def aclose(self, timeout: float | None = None) -> None:
         """Drain: refuse new jobs (UNAVAILABLE), let admitted ones finish (up to ``timeout``
         seconds; the rest then end with UNAVAILABLE), stop the workers, free the devices."""
-        if self._state == "new":
-            self._state = "stopped"
+        if self._state is SchedulerState.NEW:
+            self._state = SchedulerState.STOPPED
             return
-        if self._state in ("starting", "running"):
-            self._state = "closing"
+        if self._state in (SchedulerState.STARTING, SchedulerState.RUNNING):
+            self._state = SchedulerState.CLOSING
             self._notify()
         with trio.move_on_after(math.inf if timeout is None else timeout):
             await self._wait_for(lambda: not self._jobs)
@@ -302,11 +322,11 @@ class Scheduler:
 
     def ready(self) -> bool:
         """Serving, start-up loads finished (each model ready or failed) and a device healthy."""
-        return (self._state == "running" and not self._startup_pending
+        return (self._state is SchedulerState.RUNNING and not self._startup_pending
                 and any(d.healthy for d in self._devices.values()))
 
     async def _device_worker(self, device: _Device, *,
-                             task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The device's worker: a nursery that owns the tasks of the jobs running on it."""
         async with trio.open_nursery() as nursery:
             device.nursery = nursery
@@ -384,21 +404,22 @@ class Scheduler:
         trio_deadline: float | None = None
         if deadline is not None:
             remaining = float(deadline) - time.time()
-            if remaining <= 0:
-                self._totals["deadline_exceeded"] += 1
+            if remaining <= 0:  # submitted, and over at once (see JobTotals)
+                self._totals.submitted += 1
+                self._totals.deadline_exceeded += 1
                 raise DeadlineExceeded(f"model '{model}': the deadline had passed "
                                        f"{-remaining:.3f} s before the job arrived")
             trio_deadline = trio.current_time() + remaining
         limit = entry.spec.queue_limit or self.config.queue_limit_per_model
         if len(entry.queue) >= limit:
-            self._totals["overloaded"] += 1
+            self._totals.overloaded += 1
             raise Overloaded(f"model '{model}': queue full ({len(entry.queue)} of {limit} "
                              "jobs waiting); retry later")
 
         job = Job(model, arrays, wanted, level, trio_deadline)
         self._jobs[job.id] = job
         entry.queue.append(job)
-        self._totals["submitted"] += 1
+        self._totals.submitted += 1
         self._notify()
         self._dispatch()
         try:
@@ -421,15 +442,15 @@ class Scheduler:
                 for jid in self._devices[i].running}
 
     def _check_accepting(self) -> None:
-        if self._state in ("new", "starting"):
+        if self._state in (SchedulerState.NEW, SchedulerState.STARTING):
             raise Unavailable("the scheduler is not running yet")
-        if self._state != "running":
+        if self._state is not SchedulerState.RUNNING:
             raise Unavailable("the scheduler is shutting down")
 
     def _check_servable(self, entry: _Model) -> None:
         if entry.unloading:
             raise Unavailable(f"model '{entry.name}' is being unloaded")
-        if self._model_state(entry) == "failed":
+        if self._model_state(entry) is ModelState.FAILED:
             raise Unavailable(f"model '{entry.name}' is not available: {self._model_error(entry)}")
 
     def _end(self, job: Job, result: InferResult | None = None,
@@ -442,13 +463,13 @@ class Scheduler:
         if entry is not None and job in entry.queue:
             entry.queue.remove(job)
         if error is None:
-            self._totals["completed"] += 1
+            self._totals.completed += 1
         elif isinstance(error, DeadlineExceeded):
-            self._totals["deadline_exceeded"] += 1
+            self._totals.deadline_exceeded += 1
         elif isinstance(error, Cancelled):
-            self._totals["cancelled"] += 1
+            self._totals.cancelled += 1
         else:
-            self._totals["failed"] += 1
+            self._totals.failed += 1
         self._notify()
         return True
 
@@ -469,7 +490,7 @@ class Scheduler:
         Synchronous, so it runs atomically with respect to other trio tasks; it is called
         whenever something changes (a job arrives or ends, a load finishes, a device fails).
         """
-        if self._state not in ("running", "closing"):
+        if self._state not in _WORKING:
             return
         now = trio.current_time()
         queued = sorted((job for m in self._models.values() for job in m.queue),
@@ -493,10 +514,10 @@ class Scheduler:
                 device = self._devices.get(index)
                 if device is None or not device.healthy or index in job.excluded:
                     continue
-                if placement.state == "loading":
+                if placement.state is PlacementState.LOADING:
                     loading = True
                     continue
-                if placement.state != "ready" or not avail[index]:
+                if placement.state is not PlacementState.READY or not avail[index]:
                     continue
                 latency = self._latency(entry, placement)
                 start = avail[index][0]
@@ -562,7 +583,7 @@ class Scheduler:
             placement.latency = (run_seconds if placement.latency is None
                                  else alpha * run_seconds + (1 - alpha) * placement.latency)
             if job.done.is_set():
-                self._totals["discarded"] += 1  # cancelled or timed out while running
+                self._totals.discarded += 1  # cancelled or timed out while running
                 return
             if job.expired(trio.current_time()):
                 self._end(job, error=DeadlineExceeded(
@@ -580,7 +601,7 @@ class Scheduler:
             device.running.pop(job.id, None)
             placement.running -= 1
             entry.running -= 1
-            if placement.state == "ready":
+            if placement.state is PlacementState.READY:
                 placement.free.append(executor)
             self._notify()
             self._dispatch()
@@ -602,7 +623,7 @@ class Scheduler:
             self._end(job, error=DeviceFailure(
                 f"model '{entry.name}': {job.last_fault} (already a retry; not retried again)"))
             return
-        self._totals["retried"] += 1
+        self._totals.retried += 1
         log.warning("model %s: job %d moves off device %d (%s)", entry.name, job.id,
                     device.index, exc)
         entry.queue.append(job)  # keeps its id, so it sorts ahead of later arrivals
@@ -612,7 +633,7 @@ class Scheduler:
             return
         device.healthy = False
         device.fault = f"{type(exc).__name__}: {exc}"
-        self._totals["device_faults"] += 1
+        self._totals.device_faults += 1
         log.error("device %d (%s) is unhealthy: %s; its jobs move to other devices",
                   device.index, device.handle.name, exc)
         for entry in self._models.values():
@@ -622,20 +643,20 @@ class Scheduler:
 
     def _serving_devices(self, entry: _Model, excluded: set[int]) -> list[int]:
         return [i for i, p in entry.placements.items()
-                if p.state in ("ready", "loading") and i not in excluded
-                and i in self._devices and self._devices[i].healthy]
+                if p.state is not PlacementState.FAILED and i not in excluded
+                and self._healthy(i)]
 
     def _ensure_fallback(self, entry: _Model, excluded: set[int]) -> bool:
         """Make sure some healthy device outside ``excluded`` holds (or is loading) the
         model, loading it on the CPU on demand when the model allows; False if impossible."""
         if self._serving_devices(entry, excluded):
             return True
-        if entry.unloading or self._nursery is None or self._state not in ("running", "closing"):
+        if entry.unloading or self._nursery is None or self._state not in _WORKING:
             return False
         for device in self._devices.values():
             placement = entry.placements.get(device.index)
             if (device.healthy and device.handle.is_cpu and device.index not in excluded
-                    and (placement is None or placement.state == "failed")
+                    and (placement is None or placement.state is PlacementState.FAILED)
                     and entry.spec.allows(device.handle, fallback=True)):
                 log.warning("model %s: loading on %s on demand (no other healthy device has it)",
                             entry.name, device.handle.name)
@@ -659,7 +680,7 @@ class Scheduler:
         else:
             targets = [self._devices[i] for i in indices]
         targets = [d for d in targets if d.index not in entry.placements
-                   or entry.placements[d.index].state == "failed"]
+                   or entry.placements[d.index].state is PlacementState.FAILED]
         for device in targets:
             entry.placements[device.index] = _Placement(device.index)
         if not targets and not entry.placements:
@@ -711,7 +732,7 @@ class Scheduler:
         placement.load_cache = "cold" if compiled else "warm"
         if timings:
             placement.latency = statistics.median(timings[1:] if len(timings) > 1 else timings)
-        placement.state = "ready"
+        placement.state = PlacementState.READY
         entry.error = None
         log.info("model %s ready on device %d (%s) in %.2f s", entry.name, device.index,
                  device.handle.name, placement.load_seconds)
@@ -720,11 +741,11 @@ class Scheduler:
 
     def _placement_failed(self, entry: _Model, device: _Device, message: str) -> None:
         placement = entry.placements[device.index]
-        placement.state, placement.error = "failed", message
+        placement.state, placement.error = PlacementState.FAILED, message
         self._notify()
         self._dispatch()  # jobs waiting for this load may now have nowhere to go
 
-    async def load_model(self, name: str, devices: list[int] | None = None) -> dict[str, Any]:
+    async def load_model(self, name: str, devices: list[int] | None = None) -> ModelInfo:
         """(Re)read the model folder ``name`` and load it on ``devices`` (indices; default:
         the devices its config allows). Returns the model's ``models()`` entry once every
         requested load has finished; raises BadInput for a broken folder or a device the
@@ -744,7 +765,7 @@ class Scheduler:
             if entry is None:  # listed as failed, as a broken folder is at start-up
                 self._models[name] = _Model(spec, error=spec.error, fingerprint=fingerprint)
                 self._notify()
-            elif self._model_state(entry) == "failed":
+            elif self._model_state(entry) is ModelState.FAILED:
                 entry.spec, entry.error, entry.fingerprint = spec, spec.error, fingerprint
             raise BadInput(spec.error)
         indices: list[int] | None = None
@@ -763,7 +784,7 @@ class Scheduler:
         if entry is None:
             entry = _Model(spec, fingerprint=fingerprint)
             self._models[name] = entry
-        elif not any(p.state in ("ready", "loading") for p in entry.placements.values()):
+        elif all(p.state is PlacementState.FAILED for p in entry.placements.values()):
             # nothing uses the old one: pick up edits to the folder
             entry.spec, entry.fingerprint = spec, fingerprint
         targets = self._begin_placements(entry, indices)
@@ -771,28 +792,28 @@ class Scheduler:
         assert self._nursery is not None
         self._nursery.start_soon(self._load_and_signal, entry, targets, loaded)
         await loaded.wait()
-        await self._wait_for(lambda: not any(p.state == "loading"
+        await self._wait_for(lambda: not any(p.state is PlacementState.LOADING
                                              for p in entry.placements.values()))
-        if self._model_state(entry) != "ready":
+        if self._model_state(entry) is not ModelState.READY:
             raise Unavailable(f"model '{name}' failed to load: {self._model_error(entry)}")
         return self._model_info(entry)
 
-    async def rescan(self) -> dict[str, Any]:
+    async def rescan(self) -> RescanResult:
         """Re-read the repository (SIGHUP) and follow it: load models whose folders appeared
         (or were fixed), unload those whose folders are gone, and reload those whose files
         changed (unload, then load: requests for that model see UNAVAILABLE or
         MODEL_NOT_FOUND meanwhile). Models whose folders did not change are not touched,
-        so their traffic goes on. Returns ``{"loaded": [...], "removed": [...],
-        "reloaded": [...], "failed": {name: error}}``."""
+        so their traffic goes on. Returns what it loaded, removed, reloaded and failed
+        (with why)."""
         self._check_accepting()
         if self.repository is None:
-            return {"loaded": [], "removed": [], "reloaded": [], "failed": {}}
+            return RescanResult(loaded=[], removed=[], reloaded=[], failed={})
         specs = await trio.to_thread.run_sync(_scan_with_fingerprints, self.repository)
         added: list[str] = []
         changed: list[str] = []
         for name, (_, fingerprint) in specs.items():
             entry = self._models.get(name)
-            if entry is None or (not entry.unloading and self._model_state(entry) == "failed"):
+            if entry is None or (not entry.unloading and self._model_state(entry) is ModelState.FAILED):
                 added.append(name)
             elif not entry.unloading and entry.fingerprint != fingerprint:
                 changed.append(name)
@@ -834,8 +855,8 @@ class Scheduler:
         if loaded or removed or reloaded or failed:
             log.info("repository rescanned: loaded %s, removed %s, reloaded %s, failed %s",
                      sorted(loaded), sorted(removed), sorted(reloaded), sorted(failed))
-        return {"loaded": sorted(loaded), "removed": sorted(removed),
-                "reloaded": sorted(reloaded), "failed": dict(sorted(failed.items()))}
+        return RescanResult(loaded=sorted(loaded), removed=sorted(removed),
+                            reloaded=sorted(reloaded), failed=dict(sorted(failed.items())))
 
     async def _load_and_signal(self, entry: _Model, targets: list[_Device],
                                loaded: trio.Event) -> None:
@@ -844,14 +865,14 @@ class Scheduler:
         finally:
             loaded.set()
 
-    async def unload_model(self, name: str) -> dict[str, Any]:
+    async def unload_model(self, name: str) -> UnloadResult:
         """Stop admitting jobs for ``name``, let its queued and running jobs finish, then free
         its Plans on every device. Runs in the scheduler's nursery, so a caller that goes
         away mid-unload does not leave the model half unloaded."""
         entry = self._models.get(name)
         if entry is None:
             raise ModelNotFound(f"no model '{name}' (models: {', '.join(self._models) or 'none'})")
-        if self._nursery is None or self._state not in ("running", "closing"):
+        if self._nursery is None or self._state not in _WORKING:
             raise Unavailable("the scheduler is not running")
         freed: list[int] = []
         if not entry.unloading:
@@ -859,16 +880,16 @@ class Scheduler:
             self._notify()
             self._nursery.start_soon(self._unload, entry, freed)
         await self._wait_for(lambda: self._models.get(name) is not entry)
-        return {"name": name, "state": "unloaded", "devices": freed}
+        return UnloadResult(name, "unloaded", freed)
 
     async def _unload(self, entry: _Model, freed: list[int]) -> None:
         try:
             await self._wait_for(lambda: not entry.queue and entry.running == 0 and not any(
-                p.state == "loading" for p in entry.placements.values()))
+                p.state is PlacementState.LOADING for p in entry.placements.values()))
             placements = list(entry.placements.values())
-            freed.extend(p.device for p in placements if p.state == "ready")
+            freed.extend(p.device for p in placements if p.state is PlacementState.READY)
             for placement in placements:
-                placement.state = "failed"  # nothing may take an instance from here on
+                placement.state = PlacementState.FAILED  # nothing may take an instance from here on
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(
                     lambda: [self._close_executors(p) for p in placements])
@@ -881,16 +902,15 @@ class Scheduler:
     # ------------------------------------------------------------------------------------
     # introspection
 
-    def _model_state(self, entry: _Model) -> str:
+    def _model_state(self, entry: _Model) -> ModelState:
         if entry.unloading:
-            return "unloading"
-        states = [p.state for i, p in entry.placements.items()
-                  if i in self._devices and self._devices[i].healthy]
-        if "ready" in states:
-            return "ready"
-        if "loading" in states:
-            return "loading"
-        return "failed"
+            return ModelState.UNLOADING
+        states = [p.state for i, p in entry.placements.items() if self._healthy(i)]
+        if PlacementState.READY in states:
+            return ModelState.READY
+        if PlacementState.LOADING in states:
+            return ModelState.LOADING
+        return ModelState.FAILED
 
     def _model_error(self, entry: _Model) -> str:
         if entry.error:
@@ -900,78 +920,78 @@ class Scheduler:
                     for i in entry.placements if i in self._devices and not self._devices[i].healthy]
         return "; ".join(reasons) or "not loaded on any device"
 
-    def _model_info(self, entry: _Model) -> dict[str, Any]:
+    def _healthy(self, index: int) -> bool:
+        return index in self._devices and self._devices[index].healthy
+
+    def _model_info(self, entry: _Model) -> ModelInfo:
         state = self._model_state(entry)
-        return {
-            "name": entry.name,
-            "state": state,
-            "inputs": {n: list(s) for n, s in entry.spec.inputs.items()},
-            "outputs": {n: list(s) for n, s in entry.spec.outputs.items()},
-            "devices": sorted(i for i, p in entry.placements.items() if p.state == "ready"
-                              and i in self._devices and self._devices[i].healthy),
-            "placements": [
-                {"device": i, "state": p.state, "error": p.error,
-                 "healthy": i in self._devices and self._devices[i].healthy,
-                 "latency_ms": None if p.latency is None else p.latency * 1e3,
-                 "load_seconds": p.load_seconds, "load_cache": p.load_cache,
-                 "in_flight": p.running}
+        return ModelInfo(
+            name=entry.name,
+            state=state,
+            inputs={n: list(s) for n, s in entry.spec.inputs.items()},
+            outputs={n: list(s) for n, s in entry.spec.outputs.items()},
+            devices=sorted(i for i, p in entry.placements.items()
+                           if p.state is PlacementState.READY and self._healthy(i)),
+            placements=[
+                PlacementInfo(device=i, state=p.state, error=p.error, healthy=self._healthy(i),
+                              latency_ms=None if p.latency is None else p.latency * 1e3,
+                              load_seconds=p.load_seconds, load_cache=p.load_cache,
+                              in_flight=p.running)
                 for i, p in sorted(entry.placements.items())
             ],
-            "queue_depth": len(entry.queue),
-            "in_flight": entry.running,
-            "queue_limit": entry.spec.queue_limit or self.config.queue_limit_per_model,
-            "precision": entry.spec.precision,
-            "error": None if state in ("ready", "loading", "unloading") else self._model_error(entry),
-        }
+            queue_depth=len(entry.queue),
+            in_flight=entry.running,
+            queue_limit=entry.spec.queue_limit or self.config.queue_limit_per_model,
+            precision=entry.spec.precision,
+            error=self._model_error(entry) if state is ModelState.FAILED else None,
+        )
 
-    def models(self) -> list[dict[str, Any]]:
-        """One entry per known model: name, state (loading|ready|failed|unloading), inputs and
-        outputs {name: shape}, devices (indices where it is ready), per-device placements,
-        queue depth, in-flight jobs and the error when failed."""
+    def models(self) -> list[ModelInfo]:
+        """One entry per known model, by name: its state, inputs and outputs with their
+        shapes, the devices where it is ready, per-device placements, queue depth, in-flight
+        jobs and the error when failed."""
         return [self._model_info(entry) for _, entry in sorted(self._models.items())]
 
-    def status(self) -> dict[str, Any]:
-        """Devices (health, queue depth, in-flight jobs, models, latency; for an opened
-        Vulkan device also ``memory`` bytes and ``pipeline_cache`` counters, else None),
-        per-model queue depths and job totals since start."""
-        devices = []
-        for device in self._devices.values():
-            held = {name: p for name, m in self._models.items()
-                    for i, p in m.placements.items() if i == device.index and p.state == "ready"}
-            devices.append({
-                "index": device.index,
-                "name": device.handle.name,
-                "kind": device.handle.kind,
-                "software": device.handle.caps.is_software,
-                "healthy": device.healthy,
-                "fault": device.fault,
-                "slots": device.slots,
-                "queue_depth": device.queue_depth,
-                "in_flight": len(device.running),
-                "models": sorted(held),
-                "latency_ms": {n: None if p.latency is None else p.latency * 1e3
-                               for n, p in sorted(held.items())},
-                "mean_latency_ms": (device.run_seconds / device.runs * 1e3) if device.runs else None,
-                "runs": device.runs,
-                "completed": device.completed,
-                "faults": device.faults,
-                "memory": device.handle.memory_stats(),
-                "pipeline_cache": device.handle.cache_stats(),
-            })
-        totals = {k: self._totals[k] for k in (
-            "submitted", "completed", "failed", "overloaded", "deadline_exceeded", "cancelled",
-            "retried", "discarded", "device_faults")}
-        return {
-            "state": self._state,
-            "ready": self.ready(),
-            "devices": devices,
-            "models": {name: {"state": self._model_state(m), "queue_depth": len(m.queue),
-                              "in_flight": m.running}
-                       for name, m in sorted(self._models.items())},
-            "queue_depth": sum(len(m.queue) for m in self._models.values()),
-            "in_flight": sum(len(d.running) for d in self._devices.values()),
-            "totals": totals,
-        }
+    def _device_status(self, device: _Device) -> DeviceStatus:
+        held = {name: p for name, m in self._models.items()
+                for i, p in m.placements.items()
+                if i == device.index and p.state is PlacementState.READY}
+        return DeviceStatus(
+            index=device.index,
+            name=device.handle.name,
+            kind=device.handle.kind,
+            software=device.handle.caps.is_software,
+            healthy=device.healthy,
+            fault=device.fault,
+            slots=device.slots,
+            queue_depth=device.queue_depth,
+            in_flight=len(device.running),
+            models=sorted(held),
+            latency_ms={n: None if p.latency is None else p.latency * 1e3
+                        for n, p in sorted(held.items())},
+            mean_latency_ms=(device.run_seconds / device.runs * 1e3) if device.runs else None,
+            runs=device.runs,
+            completed=device.completed,
+            faults=device.faults,
+            memory=device.handle.memory_stats(),
+            pipeline_cache=device.handle.cache_stats(),
+        )
+
+    def status(self) -> Status:
+        """Devices (health, queue depth, in-flight jobs, models, latency; memory and
+        pipeline-cache counters of an opened Vulkan device), per-model queues, job totals
+        since start, and discovery's GPU problem if any."""
+        return Status(
+            state=self._state,
+            ready=self.ready(),
+            devices=[self._device_status(d) for d in self._devices.values()],
+            models={name: ModelQueue(self._model_state(m), len(m.queue), m.running)
+                    for name, m in sorted(self._models.items())},
+            queue_depth=sum(len(m.queue) for m in self._models.values()),
+            in_flight=sum(len(d.running) for d in self._devices.values()),
+            totals=dataclasses.replace(self._totals),
+            gpu_problem=self._gpu_problem,
+        )
 
     # ------------------------------------------------------------------------------------
     # change notification

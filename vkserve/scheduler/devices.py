@@ -11,6 +11,7 @@ same worker, the same retry bookkeeping) without mocking Vulkan:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,9 +20,11 @@ from typing import Any
 
 import trio
 
+from vkserve.cache.pipeline_cache import CacheStats
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
-from vkserve.devices.discovery import cpu_caps, discover_devices
+from vkserve.devices.discovery import GpuProblem, cpu_caps, discover
 from vkserve.devices.vulkan.errors import VulkanError
+from vkserve.scheduler.reports import MemoryStats
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +95,11 @@ class DeviceHandle:
         with self._lock:
             return self._vulkan
 
-    def cache_stats(self) -> dict[str, Any] | None:
-        """The pipeline cache's counters (``CacheStats.as_dict()``); None before the Vulkan
-        device is opened and on the CPU."""
+    def cache_stats(self) -> CacheStats | None:
+        """A copy of the pipeline cache's counters; None before the Vulkan device is opened
+        and on the CPU."""
         device = self.opened_vulkan_device()
-        return None if device is None else device.pipelines.stats.as_dict()
+        return None if device is None else dataclasses.replace(device.pipelines.stats)
 
     def save_pipeline_cache(self) -> bool:
         """Persist the device's pipeline cache if it changed (after a model load; the file
@@ -104,23 +107,22 @@ class DeviceHandle:
         device = self.opened_vulkan_device()
         return False if device is None else bool(device.pipelines.save())
 
-    def memory_stats(self) -> dict[str, int] | None:
-        """Bytes of the device's memory pool: ``in_use_bytes`` (held by loaded models and
-        running jobs), ``pooled_bytes`` (idle, kept for reuse), ``budget_bytes``; None before
-        the Vulkan device is opened and on the CPU."""
+    def memory_stats(self) -> MemoryStats | None:
+        """Bytes of the device's memory pool; None before the Vulkan device is opened and on
+        the CPU."""
         device = self.opened_vulkan_device()
         if device is None:
             return None
         pool = device.pool
         stats = pool.stats()
         idle = pool.idle_bytes
-        return {"in_use_bytes": max(0, stats["held_bytes"] - idle), "pooled_bytes": idle,
-                "budget_bytes": stats["budget_bytes"]}
+        return MemoryStats(in_use_bytes=max(0, stats["held_bytes"] - idle), pooled_bytes=idle,
+                           budget_bytes=stats["budget_bytes"])
 
     def glsl_compiles(self) -> int:
         """GLSL -> SPIR-V compiles so far on this device (0 when none was opened)."""
         stats = self.cache_stats()
-        return 0 if stats is None else int(stats["glsl_compiles"])
+        return 0 if stats is None else stats.glsl_compiles
 
     def close(self) -> None:
         """Save the pipeline cache and destroy the Vulkan device (blocking)."""
@@ -171,15 +173,18 @@ class DeviceHandle:
                               "VK_ERROR_DEVICE_LOST")
 
 
-def discover_handles(*, use_vulkan: bool, cache_dir: str | None = None) -> list[DeviceHandle]:
+def discover_handles(*, use_vulkan: bool, cache_dir: str | None = None
+                     ) -> tuple[list[DeviceHandle], GpuProblem | None]:
     """Every usable device: Vulkan GPUs when ``use_vulkan`` (the caller checks that an engine
-    exists), then the CPU. Blocking (driver queries): call it in a worker thread."""
+    exists), then the CPU; and discovery's GPU problem (GPU device nodes, but no Vulkan GPU).
+    Blocking (driver queries): call it in a worker thread."""
     handles = []
     cache = Path(cache_dir) if cache_dir else None
-    for caps in discover_devices():
+    found = discover()
+    for caps in found.devices:
         if caps.kind is DeviceKind.VULKAN and not use_vulkan:
             continue
         handles.append(DeviceHandle(caps, cache))
     if not any(h.is_cpu for h in handles):  # discovery always lists it; be safe anyway
         handles.append(DeviceHandle(cpu_caps(len(handles))))
-    return handles
+    return handles, found.gpu_problem

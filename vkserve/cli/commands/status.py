@@ -39,6 +39,11 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"clients     {server.get('connections', 0)} connected "
                      f"({server.get('connections_total', 0)} since start), "
                      f"{server.get('infer_in_flight', 0)} infer request(s) in flight")
+    problem = status.get("gpu_problem")
+    if isinstance(problem, dict):
+        nodes = ", ".join(map(str, problem.get("nodes", []))) or "?"
+        lines.append(f"GPU         UNUSABLE: device node(s) {nodes}, but no Vulkan GPU "
+                     f"({problem.get('reason', '?')}): {problem.get('detail', '')}")
     devices = status.get("devices")
     if isinstance(devices, list) and devices:
         rows = [["#", "device", "kind", "healthy", "queued", "running", "runs", "models"]]
