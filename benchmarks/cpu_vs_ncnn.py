@@ -44,7 +44,7 @@ def main() -> int:
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
     from vkserve.devices.cpu.executor import Plan
-    from vkserve.devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net, random_inputs
+    from vkserve.devices.reference import ncnn_extract, ncnn_mats, ncnn_net, random_inputs
     from vkserve.models.graph import load_model
     from vkserve.models.weights import write_random_bin
 

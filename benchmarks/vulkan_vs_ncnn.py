@@ -43,7 +43,7 @@ def median_ms(fn, repeat: int, warmup: int = 3) -> float:
 
 def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp16: bool,
               device: int, repeat: int) -> dict:
-    from vkserve.devices.cpu.reference import ncnn_extract, ncnn_mats, ncnn_net
+    from vkserve.devices.reference import ncnn_extract, ncnn_mats, ncnn_net
 
     t0 = time.perf_counter()
     net = ncnn_net(param, bin_path, vulkan_device=device, fp16=fp16)
@@ -83,8 +83,8 @@ def main() -> int:
     args = ap.parse_args()
     import ncnn
 
-    from vkserve.devices.cpu.reference import random_inputs
     from vkserve.devices.discovery import discover_devices
+    from vkserve.devices.reference import random_inputs
     from vkserve.models.graph import load_model
     from vkserve.models.weights import write_random_bin
 

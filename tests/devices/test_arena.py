@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vkserve.devices.cpu.arena import ALIGNMENT, Interval, align_up, plan_offsets
+from vkserve.devices.arena import ALIGNMENT, Interval, align_up, plan_offsets
 
 intervals = st.lists(
     st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(1, 10)).map(

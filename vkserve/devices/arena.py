@@ -1,10 +1,10 @@
-"""Lifetime-based packing of intermediate blobs into one arena.
+"""Lifetime-based packing of intermediate blobs into one arena (both engines plan theirs here).
 
 Each *storage* (a blob, or a group of blobs that alias the same bytes) has a size in bytes
 and a half-open lifetime ``[start, end)`` in kernel steps: it is written at step ``start``
-and last read at step ``end``. The executor reads (widens) every input of a step before it
-writes any output, so a blob last read at step ``i`` and one first written at step ``i``
-may share bytes: that is what makes elementwise layers effectively in place.
+and last read at step ``end``. Both executors read every input of a step before they write
+any output, so a blob last read at step ``i`` and one first written at step ``i`` may share
+bytes: that is what makes elementwise layers effectively in place.
 
 Offsets are assigned greedily, largest storage first (the "greedy by size" scheme; compare
 the offset lifetime manager in seeds/compute-library-architecture.md, which packs one slot
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 ALIGNMENT = 64
 
@@ -65,35 +63,3 @@ def plan_offsets(items: Sequence[Interval], alignment: int = ALIGNMENT) -> tuple
         placed.append(i)
         total = max(total, offsets[i] + size)
     return offsets, total
-
-
-class Scratch:
-    """Reusable fp32 work buffers of a Plan, by slot name (the compute side of bf16 storage).
-
-    The arena holds every blob as bf16; kernels widen into these buffers, compute in fp32 and
-    the executor narrows the results back. A slot is one grow-only buffer shared by all steps
-    (one step's buffers are dead by the time the next step runs), so nothing is allocated on
-    the hot path after the first run. Within one step, distinct slot names never share bytes.
-    Weights are never kept here between steps: a slot such as ``"w"`` holds the widened
-    weights (or a block of them) of the step that is running.
-    """
-
-    def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def get(self, slot: str, shape: tuple[int, ...] | int, dtype: type = np.float32) -> np.ndarray:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        n = 1
-        for v in shape:
-            n *= int(v)
-        itemsize = np.dtype(dtype).itemsize
-        nbytes = align_up(max(n * itemsize, 1), ALIGNMENT)
-        buf = self._bufs.get(slot)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(nbytes // 4, dtype=np.float32)
-            self._bufs[slot] = buf
-        return buf.view(dtype)[:n].reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._bufs.values())

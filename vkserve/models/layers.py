@@ -9,6 +9,10 @@ fields default to ``None`` and are resolved on construction). Build one with
 Shapes follow ncnn's Mat with an implicit batch of 1, written as numpy C-order tuples:
 ``(w,)``, ``(h, w)``, ``(c, h, w)``, ``(c, d, h, w)``.
 
+This is the one home of each layer's meaning: besides output shapes, the per-layer arithmetic
+both engines need (padding, pooling windows, crop windows, resize steps, fused-activation
+parameters ...) is defined here, as ncnn defines it, and the engines only implement it.
+
 ``weight_specs()`` lists the weights in the order ncnn's ``load_model`` reads them; a *flagged*
 weight is preceded in the .bin by a 4-byte storage tag (fp32 / fp16 / quantized), an unflagged
 one is raw float32.
@@ -36,6 +40,15 @@ SAME_LOWER = -234
 
 class ShapeError(ValueError):
     """A layer cannot produce outputs for the given input shapes (the graph adds file/line)."""
+
+
+class Pads(NamedTuple):
+    """Rows / columns added around an (h, w) image before a window slides; negative ones crop."""
+
+    top: int
+    bottom: int
+    left: int
+    right: int
 
 
 class WeightSpec(NamedTuple):
@@ -133,6 +146,14 @@ def volume(shape: Shape) -> int:
     return math.prod(shape)
 
 
+def positive_axis(axis: int, dims: int) -> int:
+    """ncnn's axis number (negative: from the end) as the numpy axis of a ``dims``-D blob."""
+    positive = axis + dims if axis < 0 else axis
+    if not 0 <= positive < dims:
+        raise ShapeError(f"axis {axis} out of range for a {dims}-D input")
+    return positive
+
+
 def _need_dims(layer: str, shape: Shape, allowed: tuple[int, ...]) -> None:
     if len(shape) not in allowed:
         dims = " or ".join(f"{n}-D" for n in allowed)
@@ -219,6 +240,15 @@ class _SameShape(LayerParams):
 _ACTIVATION_NAMES = {0: "none", 1: "relu", 2: "leakyrelu", 3: "clip", 4: "sigmoid",
                      5: "mish", 6: "hardswish"}
 _ACTIVATION_PARAM_COUNT = {2: 1, 3: 2, 6: 2}
+_ACTIVATION_DEFAULTS = {3: (-FLT_MAX, FLT_MAX), 6: (0.2, 0.5)}
+
+
+def activation_values(activation_type: int, activation_params: tuple[float, ...]) -> tuple[float, float]:
+    """The two parameters of a fused activation (leaky slope; clip min, max; hardswish alpha,
+    beta), ncnn's defaults where absent; 0.0 for a parameter the type does not take."""
+    defaults = _ACTIVATION_DEFAULTS.get(activation_type, (0.0, 0.0))
+    given = [float(v) for v in activation_params]
+    return (given[0] if given else defaults[0], given[1] if len(given) > 1 else defaults[1])
 
 
 def _check_activation(activation_type: int, activation_params: tuple[float, ...]) -> str | None:
@@ -231,6 +261,20 @@ def _check_activation(activation_type: int, activation_params: tuple[float, ...]
             f"needs {need} value(s), got {len(activation_params)}"
         )
     return None
+
+
+def _same_pads(h: int, w: int, ext_h: int, ext_w: int, stride_h: int, stride_w: int,
+               lower: bool) -> Pads:
+    """ncnn's SAME padding (Convolution and Pooling make_padding): none unless some is needed;
+    then hpad / 2 on top and the rest at the bottom (swapped for SAME_LOWER), likewise w."""
+    hpad = ext_h + c_div(h - 1, stride_h) * stride_h - h
+    wpad = ext_w + c_div(w - 1, stride_w) * stride_w - w
+    if hpad <= 0 and wpad <= 0:
+        return Pads(0, 0, 0, 0)
+    hs, ws = c_div(hpad, 2), c_div(wpad, 2)
+    if lower:
+        return Pads(hpad - hs, hs, wpad - ws, ws)
+    return Pads(hs, hpad - hs, ws, wpad - ws)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,19 +353,30 @@ class _ConvolutionBase(LayerParams):
             specs.append(WeightSpec("bias_data", self.num_output, False))
         return specs
 
+    def kernel_extent(self) -> tuple[int, int]:
+        """(h, w) of the input window one output reads (the dilated kernel)."""
+        return (self.dilation_h * (self.kernel_h - 1) + 1,
+                self.dilation_w * (self.kernel_w - 1) + 1)
+
+    def pads(self, h: int, w: int) -> Pads:
+        """ncnn's Convolution::make_padding for an (h, w) input: the declared pads when any is
+        positive (a negative one then crops); all four -233 (SAME_UPPER) or -234 (SAME_LOWER):
+        what keeps ceil(size / stride) outputs, the odd pixel bottom/right resp. top/left;
+        otherwise none."""
+        declared = Pads(self.pad_top, self.pad_bottom, self.pad_left, self.pad_right)
+        if any(p > 0 for p in declared):
+            return declared
+        for code in (SAME_UPPER, SAME_LOWER):
+            if all(p == code for p in declared):
+                ext_h, ext_w = self.kernel_extent()
+                return _same_pads(h, w, ext_h, ext_w, self.stride_h, self.stride_w,
+                                  code == SAME_LOWER)
+        return Pads(0, 0, 0, 0)
+
     def padded_size(self, w: int, h: int) -> tuple[int, int]:
-        """Input (w, h) after ncnn's padding (explicit pads, or -233/-234 SAME modes)."""
-        ext_w = self.dilation_w * (self.kernel_w - 1) + 1
-        ext_h = self.dilation_h * (self.kernel_h - 1) + 1
-        pads = (self.pad_left, self.pad_right, self.pad_top, self.pad_bottom)
-        if any(p > 0 for p in pads):
-            return w + self.pad_left + self.pad_right, h + self.pad_top + self.pad_bottom
-        if all(p == SAME_UPPER for p in pads) or all(p == SAME_LOWER for p in pads):
-            wpad = ext_w + (w - 1) // self.stride_w * self.stride_w - w
-            hpad = ext_h + (h - 1) // self.stride_h * self.stride_h - h
-            if wpad > 0 or hpad > 0:
-                return w + wpad, h + hpad
-        return w, h
+        """Input (w, h) after ``pads``."""
+        t, b, l, r = self.pads(h, w)
+        return w + l + r, h + t + b
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
@@ -339,8 +394,7 @@ class _ConvolutionBase(LayerParams):
                 f"kernel = {expected}"
             )
         pw, ph = self.padded_size(w, h)
-        ext_w = self.dilation_w * (self.kernel_w - 1) + 1
-        ext_h = self.dilation_h * (self.kernel_h - 1) + 1
+        ext_h, ext_w = self.kernel_extent()
         if pw < ext_w or ph < ext_h:
             raise ShapeError(f"padded input {ph}x{pw} smaller than kernel extent {ext_h}x{ext_w}")
         out = (self.num_output, (ph - ext_h) // self.stride_h + 1, (pw - ext_w) // self.stride_w + 1)
@@ -396,23 +450,39 @@ class PoolingParams(LayerParams):
                     return f"{name} must be positive, got {getattr(self, name)}"
         return None
 
+    def _tail(self, h: int, w: int) -> tuple[int, int]:
+        """pad_mode 0's extra bottom rows / right columns that keep the last partial window."""
+        if self.pad_mode != 0:
+            return 0, 0
+        htail = c_mod(h + self.pad_top + self.pad_bottom - self.kernel_h, self.stride_h)
+        wtail = c_mod(w + self.pad_left + self.pad_right - self.kernel_w, self.stride_w)
+        return (self.stride_h - htail if htail else 0), (self.stride_w - wtail if wtail else 0)
+
+    def pads(self, h: int, w: int) -> Pads:
+        """ncnn's Pooling::make_padding for an (h, w) input: pad_mode 0 (full) the declared pads
+        plus a bottom/right tail that keeps the last partial window (ceil mode), 1 (valid) the
+        declared pads, 2 / 3 SAME_UPPER / SAME_LOWER. Max pools pad with -FLT_MAX, average
+        pools with 0."""
+        if self.pad_mode in (2, 3):
+            return _same_pads(h, w, self.kernel_h, self.kernel_w, self.stride_h, self.stride_w,
+                              self.pad_mode == 3)
+        tail_h, tail_w = self._tail(h, w)
+        return Pads(self.pad_top, self.pad_bottom + tail_h, self.pad_left, self.pad_right + tail_w)
+
+    def count_region(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """(y0, y1, x0, x1): the cells of the padded input an average without
+        avgpool_count_include_pad divides by (those of its window inside): ncnn's bounds, the
+        padded input less the declared pads and the full-mode tail."""
+        t, b, l, r = self.pads(h, w)
+        hp, wp = h + t + b, w + l + r
+        tail_h, tail_w = self._tail(h, w)
+        return (max(0, self.pad_top), min(hp, hp - self.pad_bottom - tail_h),
+                max(0, self.pad_left), min(wp, wp - self.pad_right - tail_w))
+
     def padded_size(self, w: int, h: int) -> tuple[int, int]:
-        """Input (w, h) after ncnn's padding for this pad_mode (full / valid / SAME)."""
-        kw, kh, sw, sh = self.kernel_w, self.kernel_h, self.stride_w, self.stride_h
-        if self.pad_mode == 0:
-            wtail = c_mod(w + self.pad_left + self.pad_right - kw, sw)
-            htail = c_mod(h + self.pad_top + self.pad_bottom - kh, sh)
-            wtailpad = sw - wtail if wtail else 0
-            htailpad = sh - htail if htail else 0
-            return (w + self.pad_left + self.pad_right + wtailpad,
-                    h + self.pad_top + self.pad_bottom + htailpad)
-        if self.pad_mode == 1:
-            return w + self.pad_left + self.pad_right, h + self.pad_top + self.pad_bottom
-        wpad = kw + (w - 1) // sw * sw - w
-        hpad = kh + (h - 1) // sh * sh - h
-        if wpad > 0 or hpad > 0:
-            return w + wpad, h + hpad
-        return w, h
+        """Input (w, h) after ``pads``."""
+        t, b, l, r = self.pads(h, w)
+        return w + l + r, h + t + b
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
@@ -461,12 +531,20 @@ class InnerProductParams(LayerParams):
             specs.append(WeightSpec("bias_data", self.num_output, False))
         return specs
 
+    def num_input(self) -> int:
+        return self.weight_data_size // self.num_output
+
+    def batch_rows(self, shape: Shape) -> int | None:
+        """Rows of ncnn's gemm form (a 2-D input whose rows are num_input wide: one output row
+        each, even for a single row), or None when the input is read flat."""
+        return shape[0] if len(shape) == 2 and shape[1] == self.num_input() else None
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
-        num_input = self.weight_data_size // self.num_output
-        if len(shape) == 2 and shape[1] == num_input:
-            # ncnn treats a 2-D input as a batch of rows (gemm)
-            return [(shape[0], self.num_output)]
+        num_input = self.num_input()
+        rows = self.batch_rows(shape)
+        if rows is not None:
+            return [(rows, self.num_output)]
         if volume(shape) != num_input:
             raise ShapeError(
                 f"input {shape} has {volume(shape)} elements, weights expect {num_input} inputs"
@@ -487,8 +565,7 @@ class SoftmaxParams(_SameShape):
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
-        if not -len(shape) <= self.axis < len(shape):
-            raise ShapeError(f"axis {self.axis} out of range for a {len(shape)}-D input")
+        positive_axis(self.axis, len(shape))
         return [tuple(shape)]
 
 
@@ -501,13 +578,6 @@ class SplitParams(LayerParams):
         return [tuple(input_shapes[0])] * num_outputs
 
 
-def _positive_axis(axis: int, dims: int) -> int:
-    positive = axis + dims if axis < 0 else axis
-    if not 0 <= positive < dims:
-        raise ShapeError(f"axis {axis} out of range for a {dims}-D input")
-    return positive
-
-
 @dataclasses.dataclass(frozen=True)
 class ConcatParams(LayerParams):
     TYPE: ClassVar[str] = "Concat"
@@ -516,7 +586,7 @@ class ConcatParams(LayerParams):
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         first = input_shapes[0]
-        axis = _positive_axis(self.axis, len(first))
+        axis = positive_axis(self.axis, len(first))
         total = 0
         for shape in input_shapes:
             rest = tuple(n for i, n in enumerate(shape) if i != axis)
@@ -570,7 +640,7 @@ class SliceParams(LayerParams):
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
-        axis = _positive_axis(self.axis, len(shape))
+        axis = positive_axis(self.axis, len(shape))
         outs = []
         for n in self.slice_sizes(shape[axis], num_outputs):
             out = list(shape)
@@ -734,6 +804,11 @@ class ShuffleChannelParams(_SameShape):
     def validate(self) -> str | None:
         return f"param 0 (group): must be positive, got {self.group}" if self.group <= 0 else None
 
+    def groups(self, channels: int) -> int:
+        """Groups of the shuffle, (groups, c / groups) -> (c / groups, groups): ``group``, or
+        ``c / group`` with ``reverse`` (ncnn's inverse shuffle)."""
+        return channels // self.group if self.reverse else self.group
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
         _need_dims(self.TYPE, shape, (3,))
@@ -854,8 +929,8 @@ class PermuteParams(LayerParams):
 
 @dataclasses.dataclass(frozen=True)
 class CropParams(LayerParams):
-    """Offsets + sizes (sizes 0 with a second input: crop to that reference's shape), or
-    numpy-style starts/ends/axes (-233 = open end)."""
+    """Offsets + sizes; offsets alone with a second input, whose shape gives the sizes; or
+    numpy-style starts/ends/axes. ``window`` resolves all three."""
 
     TYPE: ClassVar[str] = "Crop"
     INPUTS: ClassVar[tuple[int, int | None]] = (1, 2)
@@ -889,8 +964,19 @@ class CropParams(LayerParams):
     def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
         return ((2, 2) if self.uses_reference() else (1, 1)), (1, 1)
 
-    def roi(self, shape: Shape, reference: Shape | None = None) -> tuple[Shape, Shape]:
-        """(offsets, sizes) in numpy axis order for an input of ``shape``."""
+    def window(self, shape: Shape, reference: Shape | None = None) -> tuple[Shape, Shape]:
+        """(offsets, sizes) in numpy axis order of the crop of an input of ``shape``, as ncnn's
+        Crop resolves it (checked against the ncnn package); ShapeError where ncnn's result is
+        empty or undefined:
+
+        - offsets + sizes: input - offset - offset2 per axis, capped by out* unless out* is
+          -233 (so out* = 0 or negative is an empty crop, which ncnn refuses);
+        - with a reference blob: its w/h/d (and c when it has the input's rank) at the given
+          offsets; woffset -233 makes ncnn read the window from the reference's data
+          (data-dependent), any other offset -233 reads outside the input;
+        - numpy style: start / end per axis of ``axes`` (every axis when empty), -233 = open,
+          negative = from the end, end 0 = the end.
+        """
         dims = len(shape)
         if self.numpy_style():
             offsets, sizes = [0] * dims, list(shape)
@@ -898,44 +984,39 @@ class CropParams(LayerParams):
             if len(self.starts) < len(axes) or len(self.ends) < len(axes):
                 raise ShapeError(f"{len(axes)} axes but {len(self.starts)} starts, {len(self.ends)} ends")
             for i, axis in enumerate(axes):
-                axis = _positive_axis(axis, dims)
+                axis = positive_axis(axis, dims)
                 n = shape[axis]
                 start = 0 if self.starts[i] == UNSET else self.starts[i]
                 end = n if self.ends[i] == UNSET else self.ends[i]
                 offsets[axis] = start if start >= 0 else n + start
                 sizes[axis] = min(n, end if end > 0 else n + end) - offsets[axis]
-            return tuple(offsets), tuple(sizes)
-        offsets = {1: (self.woffset,), 2: (self.hoffset, self.woffset),
-                   3: (self.coffset, self.hoffset, self.woffset),
-                   4: (self.coffset, self.doffset, self.hoffset, self.woffset)}[dims]
-        if reference is not None:
+        elif reference is not None:
             if self.woffset == UNSET:
                 raise ShapeError("Crop with offsets read from the reference blob is data-dependent")
-            # w/h/d come from the reference; c only when the reference has the input's rank
             ref_w, ref_h, ref_d, ref_c = mat_whdc(reference)
             c = ref_c if len(reference) == dims else shape[0]
-            ref_sizes = {1: (ref_w,), 2: (ref_h, ref_w), 3: (c, ref_h, ref_w),
-                         4: (c, ref_d, ref_h, ref_w)}[dims]
-            return offsets, ref_sizes
-        offsets2 = {1: (self.woffset2,), 2: (self.hoffset2, self.woffset2),
-                    3: (self.coffset2, self.hoffset2, self.woffset2),
-                    4: (self.coffset2, self.doffset2, self.hoffset2, self.woffset2)}[dims]
-        wanted = {1: (self.outw,), 2: (self.outh, self.outw), 3: (self.outc, self.outh, self.outw),
-                  4: (self.outc, self.outd, self.outh, self.outw)}[dims]
-        sizes = []
-        for n, off, off2, want in zip(shape, offsets, offsets2, wanted):
-            size = n - off - off2
-            sizes.append(size if want == UNSET else min(want, size))
-        return offsets, tuple(sizes)
+            offsets = self._numpy_order(dims, self.woffset, self.hoffset, self.doffset, self.coffset)
+            sizes = self._numpy_order(dims, ref_w, ref_h, ref_d, c)
+        else:
+            offsets = self._numpy_order(dims, self.woffset, self.hoffset, self.doffset, self.coffset)
+            ends = self._numpy_order(dims, self.woffset2, self.hoffset2, self.doffset2, self.coffset2)
+            wanted = self._numpy_order(dims, self.outw, self.outh, self.outd, self.outc)
+            sizes = [n - off - off2 if want == UNSET else min(want, n - off - off2)
+                     for n, off, off2, want in zip(shape, offsets, ends, wanted)]
+        for n, off, size in zip(shape, offsets, sizes):
+            if off < 0 or size <= 0 or off + size > n:
+                raise ShapeError(f"crop offsets {tuple(offsets)} sizes {tuple(sizes)} do not fit "
+                                 f"input {shape}")
+        return tuple(offsets), tuple(sizes)
+
+    @staticmethod
+    def _numpy_order(dims: int, w: int, h: int, d: int, c: int) -> list[int]:
+        """Per-axis values named by ncnn's w/h/d/c, for a ``dims``-D blob in numpy order."""
+        return {1: [w], 2: [h, w], 3: [c, h, w], 4: [c, d, h, w]}[dims]
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
-        shape = input_shapes[0]
         reference = input_shapes[1] if self.uses_reference() else None
-        offsets, sizes = self.roi(shape, reference)
-        for n, off, size in zip(shape, offsets, sizes):
-            if off < 0 or off + size > n:
-                raise ShapeError(f"crop offsets {offsets} sizes {sizes} exceed input {shape}")
-        return [_positive(self.TYPE, sizes)]
+        return [self.window(input_shapes[0], reference)[1]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -979,6 +1060,20 @@ class InterpParams(LayerParams):
             outw, outh = int(scaled_w), int(scaled_h)
         return outh, outw
 
+    def source_steps(self, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[float, float]:
+        """(h, w) step in input pixels per output pixel, as ncnn resizes: with align_corner
+        (bilinear, bicubic) (in - 1) / (out - 1), 0 for one output pixel; where the output
+        size was given (a reference, or output_height; for bilinear and bicubic also
+        output_width) in / out; else 1 / scale (so 9 columns halved to 4 step by 2, not 2.25)."""
+        (h, w), (outh, outw) = in_hw, out_hw
+        if self.resize_type != 1 and self.align_corner:
+            return ((h - 1) / (outh - 1) if outh > 1 else 0.0,
+                    (w - 1) / (outw - 1) if outw > 1 else 0.0)
+        if self.dynamic_target_size or self.output_height or (
+                self.resize_type != 1 and self.output_width):
+            return h / outh, w / outw
+        return 1.0 / float(np.float32(self.height_scale)), 1.0 / float(np.float32(self.width_scale))
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
         _need_dims(self.TYPE, shape, (1, 2, 3))
@@ -1021,17 +1116,16 @@ class PaddingParams(LayerParams):
             return [WeightSpec("per_channel_pad_data", self.per_channel_pad_data_size, False)]
         return []
 
+    def pads(self, dims: int) -> list[tuple[int, int]]:
+        """(before, after) per numpy axis of a ``dims``-D blob: left/right on w, top/bottom on
+        h, front/behind on the channels of a 3-D blob and on the depth of a 4-D one."""
+        hw = [(self.top, self.bottom), (self.left, self.right)]
+        return {1: hw[1:], 2: hw, 3: [(self.front, self.behind), *hw],
+                4: [(0, 0), (self.front, self.behind), *hw]}[dims]
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
-        w, h, d, c = mat_whdc(shape)
-        outw, outh = w + self.left + self.right, h + self.top + self.bottom
-        if len(shape) == 1:
-            return [(outw,)]
-        if len(shape) == 2:
-            return [(outh, outw)]
-        if len(shape) == 3:
-            return [(c + self.front + self.behind, outh, outw)]
-        return [(c, d + self.front + self.behind, outh, outw)]
+        return [tuple(n + a + b for n, (a, b) in zip(shape, self.pads(len(shape))))]
 
 
 @dataclasses.dataclass(frozen=True)

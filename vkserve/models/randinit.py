@@ -16,14 +16,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from vkserve.models import layers as L
+import vkserve.models.layers as L
 
-if TYPE_CHECKING:
-    from vkserve.models.graph import Layer
+
+class Layer(Protocol):
+    """What `random_weights` reads of a layer (vkserve.models.graph's Layer, which imports
+    this module)."""
+
+    params: L.LayerParams
+    inputs: list[str]
+    outputs: list[str]
 
 BIAS_LIMIT = 0.1
 _BIAS_VAR = BIAS_LIMIT**2 / 3

@@ -15,8 +15,10 @@ import pytest
 
 from vkserve.devices.cpu.executor import Plan, PlanError
 from vkserve.devices.cpu.kernels import REGISTRY
-from vkserve.devices.cpu.reference import compare, verify_graph
+from vkserve.devices.cpu.verify import verify_cpu
+from vkserve.devices.reference import compare, run_ncnn
 from vkserve.models.graph import load_model
+from vkserve.models.weights import write_bin
 
 RNG = np.random.default_rng(1234)
 
@@ -47,7 +49,7 @@ def check(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray]) -> No
     param = tmp_path / "case.param"
     write_param(param, inputs, lines)
     graph = load_model(param, None, {n: a.shape for n, a in inputs.items()}, seed=7)
-    report = verify_graph(graph, param, None, inputs)
+    report = verify_cpu(graph, param, None, inputs)
     details = [(o.name, o.shape, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
     assert report.ok, details
 
@@ -70,6 +72,9 @@ CONV = [
     ("ConvolutionDepthWise", (5, 9, 8), 5, "3=2 4=1 5=1 9=1", (3, 3), 5),  # depthwise
     ("ConvolutionDepthWise", (3, 9, 8), 6, "2=2 4=2 5=1", (3, 3), 3),  # channel multiplier 2
     ("ConvolutionDepthWise", (4, 10, 10), 4, "3=2 4=-233 5=1", (5, 5), 4),
+    # explicit pads of which one is negative: it crops (ncnn pads only when one is positive)
+    ("Convolution", (3, 7, 9), 2, "4=1 15=-1 5=1", (3, 3), 1),
+    ("Convolution", (3, 7, 9), 2, "4=-1 15=2 14=0 16=0 5=1", (3, 3), 1),
     # 3x3 stride 1 with >= 16 input channels and >= 400 output pixels takes the Winograd
     # F(4x4, 3x3) path: sizes that are and are not multiples of the 4x4 tile, padding modes,
     # pad_value, fused activation
@@ -111,7 +116,8 @@ def test_pooling(tmp_path: Path, params: str) -> None:
 @pytest.mark.parametrize(
     "shape,params",
     [((3, 4, 5), "0=7 1=1 2=420"), ((3, 4, 5), "0=7 1=1 2=420 9=2 -23310=1,1.000000e-01"),
-     ((6,), "0=5 1=0 2=30 9=1"), ((4, 6), "0=3 1=1 2=18")],
+     ((6,), "0=5 1=0 2=30 9=1"), ((4, 6), "0=3 1=1 2=18"),
+     ((1, 6), "0=3 1=1 2=18")],  # one row of the 2-D form: ncnn's output is (1, 3)
 )
 def test_inner_product(tmp_path: Path, shape: tuple[int, ...], params: str) -> None:
     check(tmp_path, [f"InnerProduct op 1 1 data out {params}"], {"data": rand(*shape)})
@@ -156,6 +162,15 @@ def test_softmax(tmp_path: Path, shape: tuple[int, ...], params: str) -> None:
 )
 def test_single_input_layers(tmp_path: Path, line: str) -> None:
     check(tmp_path, [line], {"data": rand(6, 5, 7)})
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["Padding op 1 1 data out 0=1 1=0 2=2 3=1 7=1 8=2 5=-1.500000e+00",  # front/behind: depth
+     "Permute op 1 1 data out 0=7", "Permute op 1 1 data out 0=16", "Permute op 1 1 data out 0=23"],
+)
+def test_4d_layers(tmp_path: Path, line: str) -> None:
+    check(tmp_path, [line], {"data": rand(3, 4, 5, 6)})
 
 
 @pytest.mark.parametrize(
@@ -212,8 +227,6 @@ def test_binary_op_types(tmp_path: Path, op: int) -> None:
 
 def test_yolo_detection_semantics_exact(tmp_path: Path) -> None:
     """On identical fp32 inputs the detection kernel reproduces ncnn row for row."""
-    from vkserve.devices.cpu.reference import run_ncnn, write_bin
-
     line = ("Yolov3DetectionOutput op 2 1 data d2 out 0=2 1=2 2=3.000000e-01 3=4.500000e-01 "
             "-23304=8,10.0,14.0,23.0,27.0,37.0,58.0,81.0,82.0 -23305=4,0.0,1.0,2.0,3.0 "
             "-23306=2,32.0,16.0")
@@ -221,7 +234,7 @@ def test_yolo_detection_semantics_exact(tmp_path: Path) -> None:
     param = tmp_path / "det.param"
     write_param(param, inputs, [line])
     graph = load_model(param, None, {n: a.shape for n, a in inputs.items()})
-    write_bin(graph, tmp_path / "det.bin")
+    write_bin(graph.layers, tmp_path / "det.bin")
     ref = run_ncnn(param, tmp_path / "det.bin", inputs, ["out"])["out"]
     layer = graph.layers[-1]
     ours = REGISTRY[layer.type](layer, [a.shape for a in inputs.values()]).forward(list(inputs.values()))[0]

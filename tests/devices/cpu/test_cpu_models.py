@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.paths import MODELS_DIR
 from vkserve.cli.main import main as cli_main
-from vkserve.devices.cpu.reference import verify_graph
+from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.graph import load_model
 
 PARAMS = sorted(MODELS_DIR.glob("*.param"))
@@ -25,7 +25,7 @@ PARAMS = sorted(MODELS_DIR.glob("*.param"))
 @pytest.mark.parametrize("param", PARAMS, ids=[p.stem for p in PARAMS])
 def test_model_verifies_on_cpu(param: Path) -> None:
     graph = load_model(param, None)
-    report = verify_graph(graph, param, None)
+    report = verify_cpu(graph, param, None)
     details = [(o.name, o.max_abs_err, o.ref_max_abs, o.cosine, o.detections) for o in report.outputs]
     assert report.ok, details
     detection = [lay for lay in graph.layers if lay.type == "Yolov3DetectionOutput"]

@@ -1,9 +1,9 @@
-"""Yolov3DetectionOutput on Vulkan (devices/vulkan/layers/detection.py) against the CPU kernel
-(devices/cpu/kernels/detection.py), on lavapipe.
+"""Yolov3DetectionOutput on Vulkan (devices/vulkan/layers/detection.py) against the layer's
+definition (models/detection.py), on lavapipe.
 
 - yolov4-tiny's real feeding tensors (random weights): same rows in the same order, values
   equal up to float32 rounding of the decode; and the NMS over the GPU's own candidates is
-  the CPU kernel's NMS exactly;
+  the definition's NMS exactly;
 - random boxes with tied scores, duplicates, touching, nested and threshold-edge pairs: the
   overlap mask is numpy's float32 `IoU > threshold` bit for bit, and the kept rows are
   `nms_sorted`'s;
@@ -19,15 +19,15 @@ from tests.support.paths import MODELS_DIR
 from tests.support.vulkan_engine import cpu_forward, engine_device, graph_of, storage_round
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
-from vkserve.devices.cpu.kernels import REGISTRY
-from vkserve.devices.cpu.kernels.detection import _overlaps, nms_sorted
-from vkserve.devices.cpu.reference import random_inputs
+from vkserve.devices.reference import random_inputs
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.device import VulkanDevice
 from vkserve.devices.vulkan.dispatch import dispatch
 from vkserve.devices.vulkan.engine.plan import Plan, PlanError
 from vkserve.devices.vulkan.layers import detection as vdet
 from vkserve.devices.vulkan.shader_registry import builtin_shader
+from vkserve.models import detection
+from vkserve.models.detection import nms_sorted, overlaps
 from vkserve.models.graph import load_model
 
 __all__ = ["engine_device"]  # the fixture, imported for pytest
@@ -49,9 +49,9 @@ def capture_candidates(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
     return seen
 
 
-def cpu_nms_of_records(rec: np.ndarray, threshold: float) -> np.ndarray:
-    """The CPU kernel's sort and NMS applied to candidate records: rows in anchor-index order
-    (the kernel's concatenation), stable sort by -confidence, nms_sorted."""
+def nms_of_records(rec: np.ndarray, threshold: float) -> np.ndarray:
+    """The definition's sort and NMS applied to candidate records: rows in anchor-index order
+    (the heads' concatenation), stable sort by -confidence, nms_sorted."""
     rows = rec[np.argsort(rec[:, 6], kind="stable")][:, [4, 5, 0, 1, 2, 3]]
     rows = rows[np.argsort(-rows[:, 1], kind="stable")]
     return rows[nms_sorted(rows[:, 2:6], threshold)].reshape(-1, 6)
@@ -76,22 +76,22 @@ def test_yolov4_tiny_feeding_tensors(engine_device: VulkanDevice, precision: Pre
     graph = graph_of([line], shapes)
     seen = capture_candidates(monkeypatch)
     with Plan(engine_device, graph, None, precision) as plan:
-        assert plan.summary()["host_finish"] == [det.name] and plan.summary()["cpu_tail"] == []
+        assert plan.summary()["host_finish"] == [det.name] and plan.summary()["host_tail"] == []
         got = plan.run(feeding)["out"]
     want = cpu_forward(graph, feeding)["out"]
     assert len(want) > 500  # random weights: hundreds of boxes survive
     assert got.shape == want.shape
     np.testing.assert_array_equal(got[:, 0], want[:, 0])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
-    # the GPU's candidates are the CPU decode's (up to rounding); the NMS over them is exact
+    # the GPU's candidates are the definition's decode (up to rounding); the NMS over them is exact
     (rec,) = seen
-    kernel = REGISTRY[det.type](det, list(shapes.values()))
-    monkeypatch.setattr("vkserve.devices.cpu.kernels.detection.nms_sorted", lambda b, t: range(len(b)))
-    decoded = kernel.forward([feeding[b] for b in det.inputs])[0]
+    monkeypatch.setattr(detection, "nms_sorted", lambda b, t: range(len(b)))
+    decoded = detection.detect(det.params, detection.heads(det.params, list(shapes.values())),
+                               [feeding[b] for b in det.inputs])
     assert len(rec) == len(decoded)
-    np.testing.assert_allclose(cpu_nms_of_records(rec, np.inf)[:, 1:], decoded[:, 1:],
+    np.testing.assert_allclose(nms_of_records(rec, np.inf)[:, 1:], decoded[:, 1:],
                                rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(got, cpu_nms_of_records(rec, det.params.nms_threshold))
+    np.testing.assert_array_equal(got, nms_of_records(rec, det.params.nms_threshold))
 
 
 def random_boxes(rng: np.random.Generator, n: int, threshold: float) -> np.ndarray:
@@ -154,11 +154,11 @@ def test_mask_and_nms_on_random_boxes(engine_device: VulkanDevice, mask_spirv: b
                           push_constants=[words, *split])
     mask = mask.reshape(capacity, words)
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    want = _overlaps(boxes, areas, boxes, areas, threshold)
+    want = overlaps(boxes, areas, boxes, areas, threshold)
     bits = np.unpackbits(mask[:n].view(np.uint8), axis=1, bitorder="little")[:, :n].astype(bool)
     np.testing.assert_array_equal(bits, want)
     got = vdet.detections_from_mask(rec[:n], mask.view(np.uint8), words * 4)
-    np.testing.assert_array_equal(got, cpu_nms_of_records(rec[:n], threshold))
+    np.testing.assert_array_equal(got, nms_of_records(rec[:n], threshold))
 
 
 def test_threshold_split_matches_numpy() -> None:
@@ -185,9 +185,9 @@ def test_plan_runs_detection_on_the_device(engine_device: VulkanDevice,
         assert plan.summary()["host_finish"] == ["det"]
         got = plan.run({"x0": x0})
         again = plan.run({"x0": x0})  # the counter is reset every run
-    # the CPU kernel on the device's own feeding tensor (as stored: fp16 in the fp16 modes)
-    want = REGISTRY["Yolov3DetectionOutput"](graph.layers[-1], [(14, 12, 12)]).forward(
-        [got["x"]])[0]
+    # the definition on the device's own feeding tensor (as stored: fp16 in the fp16 modes)
+    p = graph.layers[-1].params
+    want = detection.detect(p, detection.heads(p, [(14, 12, 12)]), [got["x"]])
     assert len(want) > 10
     np.testing.assert_array_equal(got["out"], again["out"])
     assert got["out"].shape == want.shape
@@ -195,19 +195,19 @@ def test_plan_runs_detection_on_the_device(engine_device: VulkanDevice,
     np.testing.assert_allclose(got["out"], want, rtol=0, atol=1e-6)
 
 
-def test_cpu_tail_without_doubles_or_for_small_layers(engine_device: VulkanDevice,
+def test_host_tail_without_doubles_or_for_small_layers(engine_device: VulkanDevice,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     x = np.random.default_rng(4).uniform(-4, 4, (14, 12, 12)).astype(np.float32)
     graph = graph_of([DET], {"x": (14, 12, 12)})
     want = cpu_forward(graph, {"x": x})["out"]
     monkeypatch.setitem(engine_device.caps.features, "shaderFloat64", 0)
     with Plan(engine_device, graph, None, Precision.FP32) as plan:
-        assert plan.summary()["cpu_tail"] == ["det"] and plan.summary()["host_finish"] == []
+        assert plan.summary()["host_tail"] == ["det"] and plan.summary()["host_finish"] == []
         np.testing.assert_array_equal(plan.run({"x": x})["out"], want)
     monkeypatch.undo()
     small = graph_of([DET], {"x": (14, 4, 4)})  # 32 anchors: below MIN_ANCHORS
     with Plan(engine_device, small, None, Precision.FP32) as plan:
-        assert plan.summary()["cpu_tail"] == ["det"]
+        assert plan.summary()["host_tail"] == ["det"]
 
 
 def test_a_layer_reading_the_host_output_is_refused(engine_device: VulkanDevice) -> None:

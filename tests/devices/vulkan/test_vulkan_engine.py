@@ -16,7 +16,7 @@ from tests.support.vulkan_engine import MODES, cpu_forward, engine_device, graph
 from vkserve.cli.main import main as cli_main
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
-from vkserve.devices.cpu.reference import compare
+from vkserve.devices.reference import compare
 from vkserve.devices.vulkan.context import LIVE_OBJECTS, MemoryKind
 from vkserve.devices.vulkan.device import VulkanDevice
 from vkserve.devices.vulkan.engine import load_plan
@@ -201,7 +201,7 @@ def test_pool_recycles_evicts_and_reclaims(engine_device: VulkanDevice) -> None:
     assert pool.held_bytes == 0
 
 
-def test_cpu_tail_runs_detection_after_the_vulkan_part(engine_device: VulkanDevice) -> None:
+def test_host_tail_runs_detection_after_the_vulkan_part(engine_device: VulkanDevice) -> None:
     lines = ["Sigmoid s 1 1 x p",
              "Yolov3DetectionOutput det 1 1 p out 0=2 1=1 2=0.3 3=0.45 -23304=2,10.0,14.0 "
              "-23305=1,0.0 -23306=1,32.0"]
@@ -209,7 +209,7 @@ def test_cpu_tail_runs_detection_after_the_vulkan_part(engine_device: VulkanDevi
     x = np.random.default_rng(5).uniform(-3, 3, (7, 4, 5)).astype(np.float32)
     with Plan(engine_device, graph, None, Precision.FP32) as plan:
         got = plan.run({"x": x})
-        assert plan.summary()["cpu_tail"] == ["det"] and plan.summary()["dispatches"] == 1
+        assert plan.summary()["host_tail"] == ["det"] and plan.summary()["dispatches"] == 1
     want = cpu_forward(graph, {"x": x})["out"]
     assert len(want) > 0
     np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)

@@ -24,12 +24,13 @@ import vkserve.devices.vulkan.layers.innerproduct  # noqa: F401
 import vkserve.devices.vulkan.layers.misc  # noqa: F401
 import vkserve.devices.vulkan.layers.pooling  # noqa: F401
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.cpu.reference import run_ncnn, write_bin
+from vkserve.devices.reference import run_ncnn
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.dispatch import dispatch
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS, Shape
 from vkserve.devices.vulkan.shader_registry import builtin_shader
 from vkserve.models.graph import Graph, load_model
+from vkserve.models.weights import write_bin
 
 MODES = [Precision.FP32, Precision.FP16_PACKED, Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
 TOLERANCE = {Precision.FP32: 1e-4, Precision.FP16_PACKED: 2e-2, Precision.FP16_STORAGE: 2e-2, Precision.FP16_ARITHMETIC: 2e-2}
@@ -94,7 +95,7 @@ def check_layer(tmp_path: Path, ctx: object, spirv_for: SpirvFor, line: str,
     param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
     write_param(param, shapes, line)
     graph = load_model(param, None, shapes, seed=7)
-    write_bin(graph, bin_path)
+    write_bin(graph.layers, bin_path)
     rng = np.random.default_rng(11)
     inputs = {name: rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
               for name, shape in shapes.items()}
@@ -123,6 +124,9 @@ CONV = {
     "same-lower-even-sigmoid": ("Convolution", (3, 11, 10), 4, "3=2 4=-234 5=1 9=4", (4, 4), 1),
     "pad-value-mish": ("Convolution", (2, 6, 5), 3, "4=2 18=0.5 5=1 9=5", (3, 3), 1),
     "large-pad-nobias": ("Convolution", (1, 3, 4), 2, "4=3", (3, 3), 1),
+    # explicit pads of which one is negative: it crops (ncnn pads only when one is positive)
+    "neg-pad-right": ("Convolution", (3, 7, 9), 2, "4=1 15=-1 5=1", (3, 3), 1),
+    "neg-pad-left": ("Convolution", (3, 7, 9), 2, "4=-1 15=2 14=0 16=0 5=1", (3, 3), 1),
     "1x1-hardswish": ("Convolution", (7, 5, 9), 7, "5=1 9=6 -23310=2,0.2,0.5", (1, 1), 1),
     "1x1-wide": ("Convolution", (33, 7, 7), 13, "5=1", (1, 1), 1),
     "1x1-stride2": ("Convolution", (5, 7, 9), 6, "3=2 5=1 9=1", (1, 1), 1),

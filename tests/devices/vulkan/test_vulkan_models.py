@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import MODELS_DIR
-from vkserve.devices.cpu.reference import random_inputs
-from vkserve.devices.vulkan.engine.verify import TOLERANCE, verify_vulkan
+from vkserve.devices.reference import TOLERANCE, random_inputs
+from vkserve.devices.vulkan.engine.verify import verify_vulkan
 from vkserve.models.graph import load_model
 
 PARAMS = sorted(MODELS_DIR.glob("*.param"))

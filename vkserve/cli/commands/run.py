@@ -20,7 +20,7 @@ import numpy as np
 
 from vkserve.cli.commands._inputs import UsageError, load_inputs
 from vkserve.devices.cpu.executor import Plan, PlanError
-from vkserve.devices.cpu.reference import random_inputs
+from vkserve.devices.reference import random_inputs
 from vkserve.devices.vulkan.engine import DeviceNotFound, load_plan
 from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from vkserve.models.errors import ModelFormatError

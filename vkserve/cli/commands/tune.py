@@ -1,5 +1,5 @@
 """`vkserve tune`: time candidate work-group sizes for each dispatch of a model's Vulkan Plan
-and keep the fastest in the device's tuning file (vkserve.devices.vulkan.engine.tuning).
+and keep the fastest in the device's tuning file (vkserve.devices.vulkan.engine.tuner, .tuning).
 
 The model's GPU time is measured before (layer defaults) and after (a Plan rebuilt with the
 tuned table, as `vkserve run` would build it), and the two Plans' outputs are compared, so a
@@ -29,15 +29,13 @@ from vkserve.devices.discovery import discover_devices
 from vkserve.devices.vulkan.engine import DeviceNotFound
 from vkserve.devices.vulkan.engine.plan import Plan, PlanError, engine_precision
 from vkserve.devices.vulkan.engine.profile import profile_plan
+from vkserve.devices.vulkan.engine.tuner import DispatchResult, summarize, tune_plan
 from vkserve.devices.vulkan.engine.tuning import (
-    DispatchResult,
     TuningTable,
     device_tuning_path,
     set_table,
-    summarize,
     table_for,
     tunable,
-    tune_plan,
 )
 from vkserve.models.errors import ModelFormatError
 

@@ -1,5 +1,5 @@
 """`vkserve verify`: run the same input through vkserve and through the ``ncnn`` package
-(CPU, fp32) and compare every output (tolerances in ``vkserve.devices.cpu.reference``)."""
+(CPU, fp32) and compare every output (tolerances in ``vkserve.devices.reference``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from vkserve.cli.commands._inputs import UsageError
 from vkserve.cli.commands.run import add_common_arguments, prepare
 from vkserve.devices.cpu.executor import PlanError
-from vkserve.devices.cpu.reference import verify_graph
+from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.devices.vulkan.engine import DeviceNotFound
 from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from vkserve.devices.vulkan.engine.verify import verify_vulkan
@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         files, graph, inputs = prepare(args)
         if args.device == "cpu":
-            report = verify_graph(graph, files.param, files.bin, inputs, seed=args.seed)
+            report = verify_cpu(graph, files.param, files.bin, inputs, seed=args.seed)
         else:
             report = verify_vulkan(graph, files.param, files.bin, inputs, int(args.device),
                                    args.precision or "fp32", args.cache_dir)

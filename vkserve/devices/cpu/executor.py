@@ -2,11 +2,11 @@
 one bf16 arena.
 
 Storage is bf16 (uint16) and compute fp32: before a step runs, each of its inputs is widened
-from the arena into a reusable fp32 scratch buffer (``vkserve.devices.cpu.arena.Scratch``; kernels that
+from the arena into a reusable fp32 scratch buffer (``vkserve.devices.cpu.scratch.Scratch``; kernels that
 define ``forward_bf16`` instead read the bf16 arena views and widen what they need themselves,
 e.g. straight into a padded or im2col buffer); the kernel's fp32 results are narrowed (RNE)
 into the outputs' arena slots. After the first run nothing large is allocated per run. Because every input is read before any output is written, a blob last
-read by a step may share bytes with that step's outputs (see ``vkserve.devices.cpu.arena``).
+read by a step may share bytes with that step's outputs (see ``vkserve.devices.arena``).
 Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
 Data-dependent outputs (detections) live outside the arena, in fp32.
 
@@ -15,6 +15,7 @@ A Plan is not re-entrant: ``run`` holds a lock; use one Plan per concurrent job.
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,9 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from vkserve.devices.cpu.arena import Interval, Scratch, plan_offsets
+from vkserve.devices.arena import Interval, plan_offsets
 from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
-from vkserve.devices.cpu.kernels import REGISTRY, Kernel, Shape, UnsupportedError
+from vkserve.devices.cpu.kernels import REGISTRY, Kernel
+from vkserve.devices.cpu.scratch import Scratch
+from vkserve.devices.errors import UnsupportedError
+from vkserve.models.layers import Shape, ShapeError
 
 BYTES_PER_ELEMENT = 2
 
@@ -38,6 +42,15 @@ FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoi
 #: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
 #: slot or a new array, never a slot those activations use, never a view of an input)
 FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp"})
+
+
+class StepKind(enum.Enum):
+    """How ``Plan.run`` feeds a step."""
+
+    ALIAS = "alias"  # outputs are an input's bytes: nothing runs (data-dependent blobs pass on)
+    BF16_NATIVE = "bf16-native"  # bf16 arena views in, uint16 results copied out
+    RAW_INPUTS = "raw-inputs"  # bf16 arena views in (``forward_bf16``), fp32 out
+    WIDENED = "widened"  # inputs widened to fp32 scratch, fp32 out
 
 
 @dataclass
@@ -107,7 +120,7 @@ class Plan:
             try:
                 kernel = REGISTRY[layer.type](layer, in_shapes)
                 kernel.scratch = self.scratch
-            except UnsupportedError as e:
+            except (UnsupportedError, ShapeError) as e:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
             if len(kernel.out_shapes) != len(layer.outputs):
@@ -207,13 +220,10 @@ class Plan:
         )
 
     def _prepare(self) -> None:
-        """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post).
-
-        kind: 0 alias (nothing to do unless data-dependent), 1 bf16-native (views in, uint16
-        out), 2 raw inputs (bf16 views in, fp32 out), 3 widened inputs (fp32 in, fp32 out).
-        Inputs are arena views, or a name for data-dependent (fp32, by name) blobs; outputs
-        are (view or name, exact store)."""
-        self._program: list[tuple[int, Kernel, list[Any], list[Any], list[Kernel], str]] = []
+        """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post,
+        name). Inputs are arena views, or a name for data-dependent (fp32, by name) blobs;
+        outputs are (view or name, exact store)."""
+        self._program: list[tuple[StepKind, Kernel, list[Any], list[Any], list[Kernel], str]] = []
         #: bf16-native steps with several inputs or outputs whose bytes overlap in the arena
         #: (a blob last read by a step may share bytes with its outputs): their inputs are
         #: copied first, since an early write could clobber a later read. One copy from one
@@ -229,19 +239,19 @@ class Plan:
                 else:
                     outs.append((self._views.get(b), bool(k.exact_store) and not step.post))
             if k.alias:
-                kind = 0
+                kind = StepKind.ALIAS
                 ins = list(step.inputs)
                 outs = [(b, b in self._dynamic) for b in step.outputs]
             elif self._native(step):
-                kind = 1
+                kind = StepKind.BF16_NATIVE
                 if (len(ins) > 1 or len(outs) > 1) and any(
                     np.may_share_memory(o, x) for o, _ in outs for x in ins
                 ):
                     self._copy_inputs.add(len(self._program))
             elif k.raw_inputs:
-                kind = 2
+                kind = StepKind.RAW_INPUTS
             else:
-                kind = 3
+                kind = StepKind.WIDENED
             self._program.append((kind, k, ins, outs, list(step.post), step.name))
 
     # -- run -------------------------------------------------------------------------------
@@ -262,13 +272,13 @@ class Plan:
             scratch_get = self.scratch.get
             copy_inputs = self._copy_inputs
             for index, (kind, kernel, ins, outs, post, name) in enumerate(self._program):
-                if kind == 0:
+                if kind is StepKind.ALIAS:
                     # no compute; only data-dependent blobs need passing along by name
                     for i, (blob, dyn) in enumerate(outs):
                         if dyn:
                             dynamic[blob] = dynamic[ins[kernel.source(i)]]
                     continue
-                if kind == 1:
+                if kind is StepKind.BF16_NATIVE:
                     if index in copy_inputs:
                         ins = [x.copy() for x in ins]
                     into = getattr(kernel, "forward_into", None)
@@ -279,7 +289,7 @@ class Plan:
                     for (view, _), y in zip(outs, ys):
                         np.copyto(view, y)
                     continue
-                if kind == 2:
+                if kind is StepKind.RAW_INPUTS:
                     ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])
                 else:
                     ys = kernel.forward([

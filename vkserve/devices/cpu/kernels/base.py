@@ -8,19 +8,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
-
-Shape = tuple[int, ...]
-
-
-class UnsupportedError(ValueError):
-    """A layer (or one of its parameter forms) the CPU engine cannot run."""
+from vkserve.models.layers import Shape, activation_values
 
 
 class Kernel:
     """One layer, compiled for fixed input shapes.
 
-    ``__init__`` checks parameters, narrows weights to bf16 once and computes
-    ``out_shapes``; ``forward`` takes fp32 arrays and returns fp32 arrays.
+    ``__init__`` takes ``out_shapes`` from the layer's definition (``infer``), checks what this
+    engine cannot run and narrows weights to bf16 once; ``forward`` takes fp32 arrays and
+    returns fp32 arrays.
     """
 
     #: outputs are the bytes of input 0 under a new shape (no compute at run time)
@@ -46,7 +42,9 @@ class Kernel:
         self.out_shapes: list[Shape] = self.infer(self.in_shapes)
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        raise NotImplementedError
+        """Output shapes, as ``vkserve.models.layers`` defines them (ShapeError when the inputs
+        do not fit); kernels extend it with their checks and set-up."""
+        return [tuple(s) for s in self.p.infer_shapes(in_shapes, len(self.layer.outputs))]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
@@ -113,30 +111,20 @@ def leaky_relu(y: np.ndarray, slope: float, out: np.ndarray | None = None) -> np
 
 
 def activate(y: np.ndarray, act_type: int, act_params: Sequence[float]) -> np.ndarray:
-    """ncnn's fused activation (activation_type 0..6), applied in place where possible."""
-    params = [float(v) for v in act_params] if act_params is not None else []
+    """ncnn's fused activation (activation_type 0..6, validated by the params), applied in
+    place where possible."""
+    a, b = activation_values(act_type, tuple(act_params))
     if act_type == 0:
         return y
     if act_type == 1:
         return np.maximum(y, 0.0, out=y)
     if act_type == 2:
-        return leaky_relu(y, params[0] if params else 0.0)
+        return leaky_relu(y, a)
     if act_type == 3:
-        lo = params[0] if params else -np.finfo(np.float32).max
-        hi = params[1] if len(params) > 1 else np.finfo(np.float32).max
-        return np.clip(y, lo, hi, out=y)
+        return np.clip(y, a, b, out=y)
     if act_type == 4:
         return sigmoid(y)
     if act_type == 5:
         with np.errstate(over="ignore"):
             return y * np.tanh(np.logaddexp(y, 0.0))
-    if act_type == 6:
-        alpha = params[0] if params else 0.2
-        beta = params[1] if len(params) > 1 else 0.5
-        return hardswish(y, alpha, beta)
-    raise UnsupportedError(f"activation_type={act_type}")
-
-
-def check_activation(act_type: int) -> None:
-    if act_type not in range(7):
-        raise UnsupportedError(f"activation_type={act_type}")
+    return hardswish(y, a, b)

@@ -1,8 +1,7 @@
 """Convolution, ConvolutionDepthWise and InnerProduct: im2col + GEMM (np.matmul / BLAS).
 
-Weights are narrowed to bf16 once per plan and widened for each call. Padding follows
-ncnn's ``make_padding``: positive pads with ``pad_value``; all four pads -233 mean
-SAME_UPPER, -234 SAME_LOWER (the extra pixel goes bottom/right resp. top/left).
+Weights are narrowed to bf16 once per plan and widened for each call. Padding is the
+layer's (``ConvolutionParams.pads``: ncnn's make_padding), filled with ``pad_value``.
 """
 
 from __future__ import annotations
@@ -10,21 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from vkserve.devices.cpu.bf16 import widen_into
-from vkserve.devices.cpu.kernels.base import (
-    Kernel,
-    Shape,
-    UnsupportedError,
-    activate,
-    check_activation,
-    register,
-)
+from vkserve.devices.cpu.kernels.base import Kernel, activate, register
 from vkserve.devices.cpu.threads import run_chunks, split
-
-
-def cdiv(a: int, b: int) -> int:
-    """C integer division (truncates toward zero)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
+from vkserve.models.layers import Shape
 
 
 def border(x: np.ndarray, top: int, bottom: int, left: int, right: int, value: float) -> np.ndarray:
@@ -36,27 +23,6 @@ def border(x: np.ndarray, top: int, bottom: int, left: int, right: int, value: f
         return x
     pad = [(0, 0)] * (x.ndim - 2) + [(t, b), (l, r)]
     return np.pad(x, pad, mode="constant", constant_values=np.float32(value))
-
-
-def same_pads(size: int, kernel_extent: int, stride: int, lower: bool) -> tuple[int, int]:
-    total = kernel_extent + cdiv(size - 1, stride) * stride - size
-    small = cdiv(total, 2)
-    return (total - small, small) if lower else (small, total - small)
-
-
-def conv_pads(p: object, h: int, w: int, ext_h: int, ext_w: int) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) as ncnn's Convolution::make_padding resolves them."""
-    pads = (p.pad_top, p.pad_bottom, p.pad_left, p.pad_right)  # type: ignore[attr-defined]
-    if any(v > 0 for v in pads):
-        return tuple(max(0, v) for v in pads)  # type: ignore[return-value]
-    for code, lower in ((-233, False), (-234, True)):
-        if all(v == code for v in pads):
-            t, b = same_pads(h, ext_h, p.stride_h, lower)  # type: ignore[attr-defined]
-            l, r = same_pads(w, ext_w, p.stride_w, lower)  # type: ignore[attr-defined]
-            if t > 0 or b > 0 or l > 0 or r > 0:
-                return t, b, l, r
-            return 0, 0, 0, 0
-    return 0, 0, 0, 0
 
 
 #: im2col is built in chunks of output rows of at most this many fp32 values (8 MiB), so
@@ -163,30 +129,14 @@ class Convolution(Kernel):
     raw_inputs = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
         p = self.p
-        if len(in_shapes[0]) != 3:
-            raise UnsupportedError(f"input of {len(in_shapes[0])} dims (need c,h,w)")
-        if p.int8_scale_term:
-            raise UnsupportedError("int8 weights")
-        check_activation(p.activation_type)
         c, h, w = in_shapes[0]
-        self.group = p.group if self.layer.type == "ConvolutionDepthWise" else 1
-        g = self.group
-        if c % g or p.num_output % g:
-            raise UnsupportedError(f"channels {c} / num_output {p.num_output} not divisible by group {g}")
+        _, oh, ow = out[0]
+        self.group = g = p.group_count()
         kh, kw = p.kernel_h, p.kernel_w
-        self.ext_h = p.dilation_h * (kh - 1) + 1
-        self.ext_w = p.dilation_w * (kw - 1) + 1
-        self.pads = conv_pads(p, h, w, self.ext_h, self.ext_w)
-        t, b, l, r = self.pads
-        oh = (h + t + b - self.ext_h) // p.stride_h + 1
-        ow = (w + l + r - self.ext_w) // p.stride_w + 1
-        if oh <= 0 or ow <= 0:
-            raise UnsupportedError(f"empty output for input {in_shapes[0]}")
-        expected = p.num_output * (c // g) * kh * kw
+        t, b, l, r = p.pads(h, w)
         self.weight = self.bf16_weight(0)
-        if self.weight.size != expected:
-            raise UnsupportedError(f"weight has {self.weight.size} values, expected {expected}")
         self.bias = self.fp32_bias(1) if p.bias_term else None
         # the padded input: negative pads crop, positive pads add a border
         self.crop = (max(0, -t), max(0, -b), max(0, -l), max(0, -r))
@@ -205,7 +155,7 @@ class Convolution(Kernel):
             self.padded = (c, self.padded[1] + self.extra[0], self.padded[2] + self.extra[1])
         else:
             self.extra = (0, 0)
-        return [(p.num_output, oh, ow)]
+        return out
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
         return self._run(us[0], bf16=True)
@@ -371,23 +321,13 @@ class Convolution(Kernel):
 @register("InnerProduct")
 class InnerProduct(Kernel):
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
         p = self.p
-        if p.int8_scale_term:
-            raise UnsupportedError("int8 weights")
-        check_activation(p.activation_type)
-        shape = in_shapes[0]
         self.weight = self.bf16_weight(0)
-        if self.weight.size % p.num_output:
-            raise UnsupportedError(f"weight size {self.weight.size} vs num_output {p.num_output}")
-        self.num_input = self.weight.size // p.num_output
+        self.num_input = p.num_input()
         self.bias = self.fp32_bias(1) if p.bias_term else None
-        # ncnn: a 2-D input whose rows are num_input wide is a batch of rows (gemm)
-        self.rows = len(shape) == 2 and shape[1] == self.num_input and shape[0] > 1
-        if self.rows:
-            return [(shape[0], p.num_output)]
-        if int(np.prod(shape)) != self.num_input:
-            raise UnsupportedError(f"input {shape} has {int(np.prod(shape))} values, weights expect {self.num_input}")
-        return [(p.num_output,)]
+        self.rows = p.batch_rows(in_shapes[0]) is not None
+        return out
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         """y = W x (+ bias): the bf16 weights are widened block by block into one reusable

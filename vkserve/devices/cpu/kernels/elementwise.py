@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkserve.devices.cpu.kernels.base import (
-    Kernel,
-    Shape,
-    UnsupportedError,
-    leaky_relu,
-    register,
-)
-
-
-class Unary(Kernel):
-    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        return [in_shapes[0]]
+from vkserve.devices.cpu.kernels.base import Kernel, leaky_relu, register
+from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 
 
 @register("ReLU")
-class ReLU(Unary):
+class ReLU(Kernel):
     @property
     def exact_store(self) -> bool:  # type: ignore[override]
         return self.p.slope == 0.0
@@ -32,7 +22,7 @@ class ReLU(Unary):
 
 
 @register("Clip")
-class Clip(Unary):
+class Clip(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [np.clip(xs[0], np.float32(self.p.min), np.float32(self.p.max), out=xs[0])]
 
@@ -46,7 +36,7 @@ def exp_neg_plus_one(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @register("Sigmoid")
-class Sigmoid(Unary):
+class Sigmoid(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
         d = exp_neg_plus_one(x, self.buf("tmp", x.shape))
@@ -54,7 +44,7 @@ class Sigmoid(Unary):
 
 
 @register("Swish")
-class Swish(Unary):
+class Swish(Kernel):
     """x / (1 + exp(-x)), ncnn's expression (one rounding fewer than x * sigmoid(x))."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -64,7 +54,7 @@ class Swish(Unary):
 
 
 @register("HardSigmoid")
-class HardSigmoid(Unary):
+class HardSigmoid(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [hard_sigmoid_into(xs[0], self.p.alpha, self.p.beta, self.buf("tmp", xs[0].shape))]
 
@@ -78,7 +68,7 @@ def hard_sigmoid_into(x: np.ndarray, alpha: float, beta: float, out: np.ndarray)
 
 
 @register("HardSwish")
-class HardSwish(Unary):
+class HardSwish(Kernel):
     """x * clip(x * alpha + beta, 0, 1), in a scratch buffer (no per-run allocation)."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -88,7 +78,7 @@ class HardSwish(Unary):
 
 
 @register("Dropout")
-class Dropout(Unary):
+class Dropout(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         scale = self.p.scale
         return [xs[0] if scale == 1.0 else xs[0] * np.float32(scale)]
@@ -111,43 +101,13 @@ _BINARY = {
 }
 
 
-def expand_for_binary(shape: Shape, other: Shape, outdims: int) -> Shape:
-    """ncnn's BinaryOp rule for the lower-rank operand ("expand inner axes").
-
-    Shapes are numpy-ordered ncnn shapes: (w,), (h, w), (c, h, w), (c, d, h, w).
-    A 1-D operand lines up with the other's outermost axis when the lengths match
-    (channels for 3-D/4-D, rows for 2-D), else with its innermost (w); a 2-D (h, w)
-    lines up as (c=h, h=w) against 3-D and as (c=h, d=w) against 4-D; a 3-D (c, h, w)
-    as (c, d=h, h=w) against 4-D.
-    """
-    n = len(shape)
-    if n == outdims:
-        return shape
-    if n == 1:
-        if shape[0] == other[0]:
-            return shape + (1,) * (outdims - 1)
-        return (1,) * (outdims - 1) + shape
-    return shape + (1,) * (outdims - n)
-
-
 @register("BinaryOp")
 class BinaryOp(Kernel):
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        p = self.p
-        if p.op_type not in _BINARY:
-            raise UnsupportedError(f"op_type={p.op_type}")
-        self.op = _BINARY[p.op_type]
-        if p.with_scalar:
-            return [in_shapes[0]]
-        a, b = in_shapes[0], in_shapes[1]
-        outdims = max(len(a), len(b))
-        self.a_shape = expand_for_binary(a, b, outdims)
-        self.b_shape = expand_for_binary(b, a, outdims)
-        try:
-            out = np.broadcast_shapes(self.a_shape, self.b_shape)
-        except ValueError as e:
-            raise UnsupportedError(f"shapes {a} and {b} do not broadcast") from e
-        return [tuple(int(v) for v in out)]
+        self.op = _BINARY[self.p.op_type]
+        if not self.p.with_scalar:
+            self.a_shape, self.b_shape, _ = binary_broadcast_shape(in_shapes[0], in_shapes[1])
+        return super().infer(in_shapes)
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         """One ufunc pass into this step's "out" scratch buffer (no per-run allocation)."""
@@ -164,13 +124,6 @@ class BinaryOp(Kernel):
 
 @register("Eltwise")
 class Eltwise(Kernel):
-    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        if self.p.op_type not in (0, 1, 2):
-            raise UnsupportedError(f"op_type={self.p.op_type}")
-        if any(s != in_shapes[0] for s in in_shapes):
-            raise UnsupportedError(f"inputs differ in shape: {in_shapes}")
-        return [in_shapes[0]]
-
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         y = self.buf("out", self.out_shapes[0])
@@ -192,15 +145,8 @@ class Eltwise(Kernel):
 @register("Softmax")
 class Softmax(Kernel):
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        shape = in_shapes[0]
-        axis = self.p.axis
-        if not self.p.fixbug0 and axis != 0:
-            # ncnn refuses these params ("param is too old, please regenerate")
-            raise UnsupportedError(f"axis={axis} without fixbug0=1 (old converter output)")
-        self.axis = axis + len(shape) if axis < 0 else axis
-        if not 0 <= self.axis < len(shape):
-            raise UnsupportedError(f"axis={axis} for a {len(shape)}-D input")
-        return [shape]
+        self.axis = positive_axis(self.p.axis, len(in_shapes[0]))
+        return super().infer(in_shapes)
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
@@ -211,13 +157,6 @@ class Softmax(Kernel):
 
 @register("LRN")
 class LRN(Kernel):
-    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        if len(in_shapes[0]) != 3:
-            raise UnsupportedError(f"input of {len(in_shapes[0])} dims (need c,h,w)")
-        if self.p.region_type not in (0, 1):
-            raise UnsupportedError(f"region_type={self.p.region_type}")
-        return [in_shapes[0]]
-
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p
         x = xs[0]

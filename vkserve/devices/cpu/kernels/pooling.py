@@ -1,20 +1,18 @@
 """Pooling (max / average; global; pad_mode 0 full, 1 valid, 2 SAME_UPPER, 3 SAME_LOWER).
 
-Padding as ncnn's Pooling::make_padding: max pools pad with -FLT_MAX, average pools with 0.
-pad_mode 0 adds a tail on the bottom/right so the last partial window is kept (ceil mode).
-Average pooling without ``avgpool_count_include_pad`` divides by the number of window
-elements inside the region bounded by the *declared* pads (and the full-mode tail), as ncnn
-does; with it, by kernel_w * kernel_h.
+The padding and the divisor of averages are the layer's (``PoolingParams.pads`` and
+``count_region``); with ``avgpool_count_include_pad`` an average divides by
+kernel_w * kernel_h.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from vkserve.devices.cpu.kernels.base import Kernel, Shape, UnsupportedError, register
-from vkserve.devices.cpu.kernels.conv import border, cdiv, fill_border
-
-FLT_MAX = float(np.finfo(np.float32).max)
+from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.conv import border, fill_border
+from vkserve.devices.errors import UnsupportedError
+from vkserve.models.layers import FLT_MAX, Shape
 
 
 def pool_windows(
@@ -44,46 +42,17 @@ def pool_windows(
 class Pooling(Kernel):
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
-        shape = in_shapes[0]
-        if p.pooling_type not in (0, 1):
-            raise UnsupportedError(f"pooling_type={p.pooling_type}")
-        if len(shape) != 3:
-            raise UnsupportedError(f"input of {len(shape)} dims (need c,h,w)")
-        c, h, w = shape
+        if p.adaptive_pooling and not p.global_pooling:
+            raise UnsupportedError("adaptive_pooling (used by no shipped model)")
+        out = super().infer(in_shapes)
         if p.global_pooling:
             self.exact_store = p.pooling_type == 0
-            return [(c,)]
-        if p.adaptive_pooling:
-            raise UnsupportedError("adaptive_pooling (used by no shipped model)")
+            return out
+        _, h, w = in_shapes[0]
+        _, oh, ow = out[0]
         kh, kw, sh, sw = p.kernel_h, p.kernel_w, p.stride_h, p.stride_w
-        t, b, l, r = p.pad_top, p.pad_bottom, p.pad_left, p.pad_right
-        self.tail_h = self.tail_w = 0
-        if p.pad_mode == 0:
-            wtail = (w + l + r - kw) % sw
-            htail = (h + t + b - kh) % sh
-            self.tail_w = sw - wtail if wtail else 0
-            self.tail_h = sh - htail if htail else 0
-            pads = (t, b + self.tail_h, l, r + self.tail_w)
-        elif p.pad_mode == 1:
-            pads = (t, b, l, r)
-        elif p.pad_mode in (2, 3):
-            hpad = kh + cdiv(h - 1, sh) * sh - h
-            wpad = kw + cdiv(w - 1, sw) * sw - w
-            if hpad > 0 or wpad > 0:
-                hs, ws = cdiv(hpad, 2), cdiv(wpad, 2)
-                if p.pad_mode == 2:
-                    pads = (hs, hpad - hs, ws, wpad - ws)
-                else:
-                    pads = (hpad - hs, hs, wpad - ws, ws)
-            else:
-                pads = (0, 0, 0, 0)
-        else:
-            raise UnsupportedError(f"pad_mode={p.pad_mode}")
-        self.pads = pads
+        self.pads = pads = p.pads(h, w)
         hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
-        oh, ow = (hp - kh) // sh + 1, (wp - kw) // sw + 1
-        if oh <= 0 or ow <= 0:
-            raise UnsupportedError(f"empty output for input {shape}")
         # a maximum of bf16 values is one, unless a window lies wholly in the -FLT_MAX border
         # (never when every border is narrower than the window and windows do not skip rows)
         self.exact_store = (
@@ -92,11 +61,11 @@ class Pooling(Kernel):
         )
         self.divisor: np.ndarray | None = None
         if p.pooling_type == 1 and not p.avgpool_count_include_pad:
-            # count the window cells inside [declared pads, size - declared pads - tail)
+            y0, y1, x0, x1 = p.count_region(h, w)
             valid = np.zeros((hp, wp), dtype=np.float32)
-            valid[t : hp - b - self.tail_h, l : wp - r - self.tail_w] = 1.0
+            valid[y0:y1, x0:x1] = 1.0
             self.divisor = pool_windows(valid, kh, kw, sh, sw, oh, ow, is_max=False)
-        return [(c, oh, ow)]
+        return out
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p

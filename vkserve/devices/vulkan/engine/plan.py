@@ -2,14 +2,15 @@
 instances replay one recorded command buffer per inference (DESIGN §7).
 
 Compile (once per Plan):
-- every layer gets its `VulkanLayer` (vkserve.devices.vulkan.layers); a trailing run of layers the
-  Vulkan side lacks (detection output) runs on the CPU engine's fp32 kernels afterwards;
-  every other layer without a Vulkan implementation is named in one `PlanError`;
+- every layer gets its `VulkanLayer` (vkserve.devices.vulkan.layers); a trailing run of layers
+  whose class is not `usable` here but has a `host_step` (detection output) runs on the host
+  in fp32 afterwards (the host tail); every other layer without a Vulkan implementation is
+  named in one `PlanError`;
 - weights are converted to the storage type (fp16 in the fp16 modes) and uploaded once into
   one device-local buffer shared by all instances;
 - pipelines come from the device's PipelineCache (a warm cache compiles nothing), fetched in
   parallel threads because cold builds are independent;
-- blobs are packed into ONE arena by lifetime (`vkserve.devices.cpu.arena.plan_offsets`, offsets
+- blobs are packed into ONE arena by lifetime (`vkserve.devices.arena.plan_offsets`, offsets
   aligned to minStorageBufferOffsetAlignment); aliasing layers (Split, Reshape, ...) reuse
   their input's bytes, and an elementwise layer takes over an input that dies there;
 - a barrier is placed only before a dispatch that touches arena bytes another dispatch
@@ -24,8 +25,8 @@ Host-finished layers (data-dependent outputs, e.g. detection output): a VulkanLa
 define `host_readback() -> {scratch key: bytes}` and `finish_on_host({key: uint8 view}) ->
 [outputs]`. Its dispatches run in the command buffer like any other; those scratch bytes are
 read back with the outputs, and `finish_on_host` turns them into the layer's outputs after the
-fence (before the CPU tail). Its outputs get no arena bytes, so no dispatch may read them. A
-trailing such layer whose class says `usable(caps, layer, in_shapes)` is False runs on the CPU
+fence (before the host tail). Its outputs get no arena bytes, so no dispatch may read them. A
+trailing such layer whose class says `usable(caps, layer, in_shapes)` is False runs on the host
 tail instead.
 
 Instances own an arena, a staging buffer, descriptor sets, a command buffer and a fence;
@@ -45,21 +46,19 @@ import pkgutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from vkserve.devices.arena import Interval, align_up, plan_offsets
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.cpu.arena import Interval, align_up, plan_offsets
-from vkserve.devices.cpu.kernels import REGISTRY as CPU_KERNELS
-from vkserve.devices.cpu.kernels import Kernel, UnsupportedError
+from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind
 from vkserve.devices.vulkan.descriptors import DescriptorPool
-from vkserve.devices.vulkan.engine.profile import DispatchProfiler
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
-from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS, Dispatch, VulkanLayer
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
 from vkserve.devices.vulkan.pipeline import ComputePipeline, pack_scalars
 from vkserve.models.graph import Graph, Layer, infer_shapes
 from vkserve.models.layers import Shape
@@ -69,8 +68,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Every dispatch dimension must fit the Vulkan minimum of maxComputeWorkGroupCount.
-MAX_GROUPS = 65535
 STAGING_ALIGN = 64
 
 
@@ -136,7 +133,7 @@ class _Binding:
 
 
 @dataclasses.dataclass
-class _Step:
+class Step:
     """One dispatch, resolved: everything an instance needs to write sets and record."""
 
     pipeline: ComputePipeline
@@ -158,36 +155,27 @@ class _Transfer:
     nbytes: int
 
 
-class _CpuTail:
-    """The trailing layers the Vulkan side lacks, run with the CPU engine's fp32 kernels on
-    the Vulkan part's outputs (detection output is sequential post-processing)."""
+class _HostTail:
+    """The trailing layers run on the host in fp32 on the Vulkan part's outputs, by their
+    classes' `host_step` (detection output is sequential post-processing)."""
 
-    def __init__(self, layers: Sequence[Layer], shapes: Mapping[str, Shape],
-                 problems: list[str]) -> None:
-        self.steps: list[tuple[Kernel, Layer]] = []
-        known = dict(shapes)
-        for layer in layers:
-            try:
-                kernel = CPU_KERNELS[layer.type](layer, [known[b] for b in layer.inputs])
-            except UnsupportedError as e:
-                problems.append(f"{layer.name} ({layer.type}, line {layer.line}) on the CPU "
-                                f"tail: {e}")
-                continue
-            known.update(zip(layer.outputs, kernel.out_shapes))
-            self.steps.append((kernel, layer))
+    def __init__(self, layers: Sequence[Layer], shapes: Mapping[str, Shape]) -> None:
+        self.steps = [(VULKAN_LAYERS[layer.type].host_step(  # type: ignore[attr-defined]
+            layer, [shapes[b] for b in layer.inputs]), layer) for layer in layers]
 
     def run(self, blobs: dict[str, np.ndarray]) -> None:
-        for kernel, layer in self.steps:
-            ys = kernel.forward([blobs[b] for b in layer.inputs])
+        for step, layer in self.steps:
+            ys = step([blobs[b] for b in layer.inputs])
             blobs.update(zip(layer.outputs, (np.asarray(y, dtype=np.float32) for y in ys)))
 
 
 def _split_tail(layers: Sequence[Layer], on_vulkan: Callable[[Layer], bool]) -> int:
-    """Index where the trailing run of layers without a (usable) Vulkan implementation starts."""
+    """Index where the trailing run of layers that run on the host (not usable on Vulkan, with
+    a `host_step`) starts."""
     k = len(layers)
     while k > 0:
         layer = layers[k - 1]
-        if layer.type == "Input" or layer.type not in CPU_KERNELS or on_vulkan(layer):
+        if on_vulkan(layer) or not hasattr(VULKAN_LAYERS.get(layer.type), "host_step"):
             break
         k -= 1
     return k
@@ -284,7 +272,7 @@ class Plan:
                 problems.append(f"{lay.name} ({lay.type}, line {lay.line}) reads a host-side "
                                 f"output ({', '.join(sorted(set(lay.inputs) & finished))})")
         produced_body = {b for lay in body for b in lay.outputs} - finished
-        self.tail = _CpuTail(tail_layers, self.blob_shapes, problems) if tail_layers else None
+        self.tail = _HostTail(tail_layers, self.blob_shapes) if tail_layers else None
         needed = [n for n in self.output_names if n in produced_body]
         if tail_layers:
             needed += [b for lay in tail_layers for b in lay.inputs
@@ -453,7 +441,7 @@ class Plan:
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
             built = dict(zip(requests, ex.map(
                 lambda r: self.device.pipeline(r[0], self.precision, r[1], r[2]), requests)))
-        self.steps: list[_Step] = []
+        self.steps: list[Step] = []
         pending_reads: list[tuple[int, int]] = []
         pending_writes: list[tuple[int, int]] = []
         self.barrier_count = 0
@@ -485,7 +473,7 @@ class Plan:
                 self.barrier_count += 1
             pending_reads += reads
             pending_writes += writes
-            self.steps.append(_Step(pipeline, bindings, push[:pipeline.push_constant_size],
+            self.steps.append(Step(pipeline, bindings, push[:pipeline.push_constant_size],
                                     groups, barrier, label, d.shader,  # type: ignore[arg-type]
                                     default))
 
@@ -587,7 +575,7 @@ class Plan:
                 "barriers": self.barrier_count, "arena_bytes": self.arena_bytes,
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
-                "cpu_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],
+                "host_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],
                 "host_finish": [layer.name for _, layer, _ in self.finishers]}
 
 
@@ -598,11 +586,20 @@ def _overlaps(spans: list[tuple[int, int]], others: list[tuple[int, int]]) -> bo
 # -------------------------------------------------------------------------------- instance
 
 
+class StepTimer(Protocol):
+    """What a profiling instance records around its dispatches (engine.profile's
+    DispatchProfiler): a timestamp before the first dispatch and one after each."""
+
+    def record_start(self, cmd: Any) -> None: ...
+
+    def record_step(self, cmd: Any, k: int) -> None: ...
+
+
 class PlanInstance:
     """One replayable copy of a Plan: its own arena, staging buffer, descriptor sets,
     recorded command buffer and fence. Not re-entrant: one inference at a time."""
 
-    def __init__(self, plan: Plan, profiler: DispatchProfiler | None = None) -> None:
+    def __init__(self, plan: Plan, profiler: StepTimer | None = None) -> None:
         self.plan = plan
         ctx = self.ctx = plan.ctx
         vk = ctx.vk
@@ -728,7 +725,7 @@ class PlanInstance:
 
     def finish(self, timeout_s: float | None = None,
                between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
-        """Wait for the submission and copy the outputs out (then run the CPU tail).
+        """Wait for the submission and copy the outputs out (then run the host tail).
 
         `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
         cancellation there and may raise); `timeout_s` bounds the wait. After either gives

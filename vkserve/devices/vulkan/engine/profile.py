@@ -10,15 +10,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from vkserve.devices.vulkan.context import VulkanContext, _track
+from vkserve.devices.vulkan.engine.plan import Plan, PlanInstance
 from vkserve.devices.vulkan.errors import check, vk_errors
-
-if TYPE_CHECKING:
-    from vkserve.devices.vulkan.engine.plan import Plan
 
 
 class DispatchProfiler:
@@ -78,8 +76,6 @@ class StepTime:
 def profile_plan(plan: Plan, inputs: Mapping[str, np.ndarray], runs: int = 10,
                  warmup: int = 3) -> tuple[list[StepTime], float]:
     """Median per-dispatch GPU time over `runs` replays, and the median sum."""
-    from vkserve.devices.vulkan.engine.plan import PlanInstance  # noqa: PLC0415 (circular)
-
     profiler = DispatchProfiler(plan.ctx, len(plan.steps))
     instance = PlanInstance(plan, profiler)
     try:

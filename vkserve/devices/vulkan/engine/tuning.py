@@ -2,9 +2,9 @@
 
 Why: a dispatch's speed can change a lot with how its global size is cut into work groups,
 and no rule picks the best cut for every shader, shape and GPU. Like CLTuner (NORMAL mode),
-`tune_plan` times a list of candidate local sizes for each distinct dispatch of a Plan and
-keeps the fastest; Plans built later look the winner up (`tuned_dispatches`) and fall back to
-the layer's default when the table has nothing.
+`tune_plan` (engine.tuner) times a list of candidate local sizes for each distinct dispatch of
+a Plan and keeps the fastest in a `TuningTable`; Plans built later look the winner up here
+(`tuned_dispatches`) and fall back to the layer's default when the table has nothing.
 
 Key of an entry (`TuningKey`): shader id, a hash of the shader source, precision, global
 size, the layer's default local size, specialization constants and push constants (the
@@ -26,14 +26,6 @@ leave SIMD lanes idle) unless the whole dispatch is smaller. Each axis is also k
 the global size along it, which keeps every extra invocation out of range on the axes the
 shaders bound-check.
 
-Measurement: unlike CLTuner (one run each, no warm-up), each candidate runs `warmup + runs`
-times, interleaved round-robin with the others inside one command buffer so that clock
-changes hit all alike; each timed run sits between a barrier and two timestamps, and the
-median counts. The default local size is the baseline; a candidate replaces it only when its
-median is faster by more than `margin` (a fraction), so noise does not churn the table, and
-then again in a head-to-head rerun against the default (the fastest of hundreds of noisy
-medians is biased low; on an H100 without the rerun nearly every dispatch "improved").
-
 File: `<cache dir>/<pipeline cache name>.tuning` (the pipeline cache's name with the suffix
 `.tuning`), JSON: magic, format version, the device identity, entries and a BLAKE2b digest of
 the rest. Any doubt (size, parse, magic, version, digest, another device, a malformed entry)
@@ -44,7 +36,6 @@ with `vkserve.cache.persist.atomic_write`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -55,35 +46,28 @@ import numbers
 import os
 import re
 import stat
-import statistics
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from vkserve.cache.cache_file import DeviceIdentity
 from vkserve.cache.persist import WriterLock, atomic_write
 from vkserve.devices.capabilities import Precision
-from vkserve.devices.vulkan.engine.profile import DispatchProfiler
 from vkserve.devices.vulkan.glsl_extension import declares_local_size, strip_comments
-from vkserve.devices.vulkan.layers.base import Dispatch, Scalar
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar
 from vkserve.devices.vulkan.shader_registry import builtin_shader
 
 if TYPE_CHECKING:
     from vkserve.devices.vulkan.device import VulkanDevice
-    from vkserve.devices.vulkan.engine.plan import Plan
 
 log = logging.getLogger(__name__)
 
 MAGIC = "vkserve-tuning"
 FORMAT_VERSION = 1
 MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_GROUPS = 65535  # Vulkan's guaranteed maxComputeWorkGroupCount, as the Plan checks
 SUFFIX = ".tuning"
-CONFIRM_RUNS = 4  # the finalist's head-to-head against the default: this many times `runs`
 
 LocalSize = tuple[int, int, int]
 
@@ -437,7 +421,7 @@ def tuned_dispatches(device: VulkanDevice, precision: Precision,
     table = table_for(device)
     if table is None or not len(table):
         return list(dispatches)
-    limits = _limits_for(device)
+    limits = limits_for(device)
     out = []
     for d in dispatches:
         local = table.lookup(d, precision)
@@ -450,7 +434,7 @@ def tuned_dispatches(device: VulkanDevice, precision: Precision,
 _limits: weakref.WeakKeyDictionary[Any, WorkGroupLimits] = weakref.WeakKeyDictionary()
 
 
-def _limits_for(device: VulkanDevice) -> WorkGroupLimits:
+def limits_for(device: VulkanDevice) -> WorkGroupLimits:
     with _tables_lock:
         found = _limits.get(device)
     if found is None:
@@ -458,136 +442,3 @@ def _limits_for(device: VulkanDevice) -> WorkGroupLimits:
         with _tables_lock:
             _limits[device] = found
     return found
-
-
-# -------------------------------------------------------------------------------- the tuner
-
-
-@dataclasses.dataclass
-class DispatchResult:
-    """One distinct dispatch: where it first occurs in the Plan and what tuning found."""
-
-    step: int
-    label: str
-    shader: str
-    global_size: LocalSize
-    default_local_size: LocalSize
-    best_local_size: LocalSize
-    default_ms: float
-    best_ms: float
-    candidates: int
-    occurrences: int
-
-    @property
-    def improved(self) -> bool:
-        return self.best_local_size != self.default_local_size
-
-
-def _measure(plan: Plan, instance: Any, step: Any, dispatch: Dispatch, sizes: list[LocalSize],
-             runs: int, warmup: int) -> list[float]:
-    """Median GPU time (ms) of `dispatch` with each local size, on the plan's real buffers."""
-    from vkserve.devices.vulkan.descriptors import DescriptorPool  # noqa: PLC0415
-
-    device, ctx = plan.device, plan.ctx
-    vk = ctx.vk
-    workers = max(1, min(8, os.cpu_count() or 1, len(sizes)))
-    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-        pipelines = list(ex.map(lambda ls: device.pipeline(
-            dispatch.shader, plan.precision, ls, tuple(dispatch.spec_constants)), sizes))
-    buffers = {"weights": plan.weights, "arena": instance.arena, "staging": instance.staging}
-    bufs = [(buffers[b.buffer], b.offset, b.size) for b in step.bindings]
-    pool = DescriptorPool(ctx, len(sizes), len(sizes) * max(1, len(bufs)))
-    timed = len(sizes) * runs
-    profiler = DispatchProfiler(ctx, 2 * timed)
-    try:
-        sets = [pool.allocate(p.set_layout, bufs[:p.binding_count]) for p in pipelines]
-        groups = [tuple(-(-g // s) for g, s in zip(dispatch.global_size, ls)) for ls in sizes]
-        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        access = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-        slot: list[list[int]] = [[] for _ in sizes]  # profiler step index of each timed run
-
-        def record(cmd: Any) -> None:
-            profiler.record_start(cmd)
-            mark = 0
-            for r in range(warmup + runs):
-                for c, (pipe, dset) in enumerate(zip(pipelines, sets)):
-                    mb = vk.VkMemoryBarrier(srcAccessMask=access, dstAccessMask=access)
-                    vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [mb], 0, None, 0, None)
-                    if r >= warmup:
-                        profiler.record_step(cmd, mark)
-                    vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.handle)
-                    vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
-                                               pipe.layout, 0, 1, [dset], 0, None)
-                    push = step.push[:pipe.push_constant_size]
-                    if push:
-                        vk.vkCmdPushConstants(cmd, pipe.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                                              0, len(push), vk.ffi.from_buffer(push))
-                    vk.vkCmdDispatch(cmd, *groups[c])
-                    if r >= warmup:
-                        profiler.record_step(cmd, mark + 1)
-                        slot[c].append(mark + 1)  # durations[k] = t[k+1] - t[k]
-                        mark += 2
-
-        ctx.run_once(record, timeout_s=600.0)
-        durations = profiler.durations_ms()
-    finally:
-        profiler.destroy()
-        pool.destroy()
-    return [float(statistics.median(durations[k] for k in ks)) for ks in slot]
-
-
-def tune_plan(plan: Plan, inputs: Mapping[str, np.ndarray], table: TuningTable,
-              mode: str = "normal", runs: int = 5, warmup: int = 1, margin: float = 0.03,
-              progress: Callable[[DispatchResult], None] | None = None) -> list[DispatchResult]:
-    """Tune every distinct tunable dispatch of `plan` and record the winners in `table`.
-
-    The plan's inputs are run once first so the buffers hold realistic values. A candidate
-    wins only when its median beats the default's by more than `margin` (fraction), first
-    among all candidates and then again head to head with the default; the entry is stored
-    either way (so a tuned default is known to be the best).
-
-    The candidate pipelines stay alive in the device's PipelineCache until the device closes,
-    and many live pipelines slow every dispatch on some drivers (3.7x on an H100 with 600):
-    tune on a device of its own and close it with save=False (`vkserve tune` does)."""
-    if runs < 1 or warmup < 0 or margin < 0:
-        raise ValueError("runs >= 1, warmup >= 0 and margin >= 0 required")
-    limits = _limits_for(plan.device)
-    groups: dict[TuningKey, list[int]] = {}
-    for k, step in enumerate(plan.steps):
-        d = step.dispatch
-        if d is not None and tunable(d):
-            groups.setdefault(TuningKey.of(d, plan.precision), []).append(k)
-    results = []
-    with plan.acquire() as inst:
-        inst.run(inputs)
-        for key, ks in groups.items():
-            step = plan.steps[ks[0]]
-            d: Dispatch = step.dispatch
-            default = tuple(d.local_size)
-            sizes = [default] + [c for c in candidates(d.global_size, limits, mode) if c != default]
-            times = _measure(plan, inst, step, d, sizes, runs, warmup)  # type: ignore[arg-type]
-            best = min(range(len(sizes)), key=lambda i: times[i])
-            default_ms, best_ms = times[0], times[best]
-            if best and best_ms < default_ms * (1.0 - margin):
-                # The minimum of many noisy medians is biased low (the winner's curse): the
-                # finalist must beat the default again, head to head, with more runs.
-                default_ms, best_ms = _measure(plan, inst, step, d,  # type: ignore[arg-type]
-                                               [default, sizes[best]], CONFIRM_RUNS * runs, warmup)
-            if not (best and best_ms < default_ms * (1.0 - margin)):
-                best, best_ms = 0, default_ms
-            table.put(key, TunedEntry(sizes[best], round(default_ms, 6), round(best_ms, 6)))
-            result = DispatchResult(ks[0], step.label, d.shader, tuple(d.global_size),  # type: ignore[arg-type]
-                                    default, sizes[best], default_ms, best_ms, len(sizes),
-                                    len(ks))
-            results.append(result)
-            if progress is not None:
-                progress(result)
-    return results
-
-
-def summarize(results: Iterable[DispatchResult]) -> dict[str, Any]:
-    """Totals weighted by how often each dispatch occurs in the plan."""
-    rs = list(results)
-    return {"dispatches_tuned": len(rs), "improved": sum(r.improved for r in rs),
-            "default_ms": sum(r.default_ms * r.occurrences for r in rs),
-            "best_ms": sum(r.best_ms * r.occurrences for r in rs)}

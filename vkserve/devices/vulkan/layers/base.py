@@ -20,9 +20,12 @@ import numpy as np
 
 from vkserve.devices.capabilities import Precision
 from vkserve.models.graph import Layer
+from vkserve.models.layers import Shape
 
-Shape = tuple[int, ...]
 Scalar = int | float
+
+# Work groups per dispatch dimension every Vulkan device supports (maxComputeWorkGroupCount).
+MAX_GROUPS = 65535
 
 
 @dataclasses.dataclass(frozen=True)

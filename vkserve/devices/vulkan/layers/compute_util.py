@@ -11,27 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from vkserve.devices.cpu.kernels.base import UnsupportedError
 from vkserve.devices.vulkan.layers.base import Dispatch, Scalar
-
-FLT_MAX = float(np.finfo(np.float32).max)
+from vkserve.models.layers import activation_values
 
 # Work-group size of the shaders that reduce across a work group (they declare it themselves).
 REDUCE_LOCAL = 64
 
 
 def activation_constants(activation_type: int, activation_params: Sequence[float]) -> tuple[Scalar, ...]:
-    """(type, param 0, param 1) for the shaders' `activate()`, with ncnn's defaults filled in
-    (as the CPU engine's `activate`)."""
-    if activation_type not in range(7):
-        raise UnsupportedError(f"activation_type={activation_type}")
-    params = [float(v) for v in activation_params or ()]
-    defaults = {2: (0.0, 0.0), 3: (-FLT_MAX, FLT_MAX), 6: (0.2, 0.5)}.get(activation_type, (0.0, 0.0))
-    p0 = params[0] if params else defaults[0]
-    p1 = params[1] if len(params) > 1 else defaults[1]
-    return (int(activation_type), float(p0), float(p1))
+    """(type, param 0, param 1) for the shaders' `activate()` (vkserve.models.layers'
+    `activation_values`: ncnn's defaults filled in)."""
+    return (int(activation_type), *activation_values(activation_type, tuple(activation_params)))
 
 
 def _pow2ceil(n: int) -> int:

@@ -9,9 +9,9 @@
 - ``conv``: the rest (grouped convs with few channels per group), 4 output channels of one
   group per invocation.
 
-Padding is resolved on the host exactly as the CPU engine does (ncnn's ``make_padding``,
-including the -233 / -234 SAME modes); the shaders only need the left/top pad because the
-output size fixes the rest. Weights are re-laid out per shader: for ``conv`` the 4 output
+Padding is the layer's (``ConvolutionParams.pads``: ncnn's ``make_padding``, including the
+-233 / -234 SAME modes); the shaders only need the left/top pad because the output size
+fixes the rest. Weights are re-laid out per shader: for ``conv`` the 4 output
 channels of a tile are one vec4 and consecutive in the inner loop, padded with zeros to a
 multiple of 4 channels per group; for ``conv_gemm`` they are A[group][k][channel], padded
 with zeros to whole tiles so that the shader reads them without bounds checks.
@@ -25,9 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vkserve.devices.capabilities import Precision
-from vkserve.devices.cpu.kernels.base import UnsupportedError
-from vkserve.devices.cpu.kernels.conv import conv_pads
-from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
 from vkserve.models.graph import Layer
 
@@ -50,7 +48,6 @@ GEMM_GROUPS_PER_UNIT = 8  # resident 256-invocation work groups per unit
 GEMM_STEP_LATENCY = 1000  # cycles a step takes however little arithmetic it has (load, barriers)
 GEMM_THREADS = 256        # conv_gemm's work-group size (it declares it)
 GEMM_SHARED_FLOATS = 4096  # conv_gemm's shared memory (16 KiB of vec4)
-MAX_GROUPS = 65535  # Vulkan's guaranteed maxComputeWorkGroupCount per dimension
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,20 +105,12 @@ class VulkanConvolution(VulkanLayer):
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
-        if len(self.in_shapes[0]) != 3:
-            raise UnsupportedError(f"{layer.type} input of {len(self.in_shapes[0])} dims (need c,h,w)")
-        if p.int8_scale_term:
-            raise UnsupportedError("int8 weights")
         self.activation = activation_constants(p.activation_type, p.activation_params)
         c, h, w = self.in_shapes[0]
         oc, self.outh, self.outw = self.out_shapes[0]
         self.groups = p.group_count()
-        if c % self.groups or oc % self.groups:
-            raise UnsupportedError(f"channels {c} / num_output {oc} not divisible by group {self.groups}")
         self.icg, self.ocg = c // self.groups, oc // self.groups
-        ext_h = p.dilation_h * (p.kernel_h - 1) + 1
-        ext_w = p.dilation_w * (p.kernel_w - 1) + 1
-        self.pad_top, _, self.pad_left, _ = conv_pads(p, h, w, ext_h, ext_w)
+        self.pad_top, _, self.pad_left, _ = p.pads(h, w)
         maxk = p.kernel_h * p.kernel_w
         self.tile: GemmTile | None = None
         if self.icg == 1 and self.ocg == 1:
@@ -131,8 +120,6 @@ class VulkanConvolution(VulkanLayer):
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
         weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
-        if weight.size != oc * self.icg * maxk:
-            raise UnsupportedError(f"weight has {weight.size} values, expected {oc * self.icg * maxk}")
         bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
                 else np.zeros(oc, np.float32))
         self._weights = self._layout(weight, bias, maxk)

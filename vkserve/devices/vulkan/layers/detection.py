@@ -1,43 +1,43 @@
 """Yolov3DetectionOutput on Vulkan: decode and the NMS overlap bitmask on the GPU, the sort
 and the greedy walk on the host (a host-finished layer, see devices.vulkan.engine.plan).
 
-Semantics are the CPU kernel's (vkserve.devices.cpu.kernels.detection): ncnn's confidence formula,
-the decode, a stable sort by confidence, class-agnostic greedy NMS with numpy's float32 IoU;
-rows (label + 1, confidence, xmin, ymin, xmax, ymax).
+Semantics are the layer's (vkserve.models.detection): ncnn's confidence formula, the decode, a
+stable sort by confidence, class-agnostic greedy NMS with numpy's float32 IoU; rows
+(label + 1, confidence, xmin, ymin, xmax, ymax).
 
 Dispatches (one command buffer with the rest of the model):
 
 1. ``detection_reset`` zeroes the candidate counter;
 2. ``detection_decode`` per input head: every anchor cell's confidence; a cell that passes
    the threshold is decoded and appended to ``records`` (slot from an atomic counter), with
-   its anchor index (its row in the CPU kernel's concatenation, before the sort);
+   its anchor index (its row in the concatenation of all heads' candidates, before the sort);
 3. ``detection_mask``: bit j of row i = IoU(candidate i, candidate j) > nms_threshold, over
    slots (torchvision's CUDA NMS mask in 32-bit words, but for every j: slots are unsorted).
 
 After the fence the host reads back the counter, the records and the mask, sorts the slots by
-(confidence descending, anchor index ascending) (the CPU kernel's stable sort) and walks
+(confidence descending, anchor index ascending) (the layer's stable sort) and walks
 them greedily: a slot is kept unless its bit is set in the OR of the kept slots' rows (Python
 ints as bitsets: one shift/test and one OR of ~n/32 words per step).
 
-Identical to the CPU kernel up to float32 rounding of the decode (GPU exp/division are not
-correctly rounded): the IoU test itself is exact (see detection_mask.comp). The CPU tail
-keeps the layer (`usable` False) on devices without shaderFloat64, below MIN_ANCHORS (a
-few dozen boxes cost the CPU microseconds) or above MAX_ANCHORS (the mask, anchors^2 / 8
-bytes, is read back whole), and for thresholds or anchor setups the shaders do not take.
+Identical to `vkserve.models.detection.detect` up to float32 rounding of the decode (GPU
+exp/division are not correctly rounded): the IoU test itself is exact (see
+detection_mask.comp). The Plan's host tail runs `detect` itself (`usable` False) on devices
+without shaderFloat64, below MIN_ANCHORS (a few dozen boxes cost the host microseconds) or
+above MAX_ANCHORS (the mask, anchors^2 / 8 bytes, is read back whole), and for thresholds or
+anchor setups the shaders do not take.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.cpu.kernels.base import UnsupportedError
-from vkserve.devices.cpu.kernels.detection import Yolov3DetectionOutput as CpuDetection
+from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
+from vkserve.models import detection
 from vkserve.models.graph import Layer
 
 MIN_ANCHORS = 64
@@ -48,7 +48,7 @@ RECORD_FLOATS = 8  # (xmin, ymin, xmax, ymax), (label + 1, conf, anchor index, 0
 
 def threshold_split(threshold: float) -> tuple[float, float] | None:
     """(thr, half_ulp) for detection_mask.comp: thr is the largest float32 t for which numpy's
-    ``float32 array > threshold`` is false at t (the CPU kernel's comparison), and half_ulp
+    ``float32 array > threshold`` is false at t (the layer's comparison), and half_ulp
     half the step to the next float32. None where the shader cannot take it (not finite, or
     so small or large that half_ulp is not a normal float32)."""
     threshold = float(threshold)
@@ -87,62 +87,58 @@ def greedy_walk(order: Sequence[int], mask: np.ndarray, row_bytes: int, n: int) 
 
 def detections_from_mask(rec: np.ndarray, mask: np.ndarray, row_bytes: int) -> np.ndarray:
     """Output rows (label + 1, conf, xmin, ymin, xmax, ymax) from the (n, 8) candidate
-    records by slot and their overlap mask: the CPU kernel's stable sort by confidence
-    (ties in anchor-index order), then the greedy walk."""
+    records by slot and their overlap mask: the layer's stable sort by confidence (ties in
+    anchor-index order), then the greedy walk."""
     order = np.lexsort((rec[:, 6], -rec[:, 5])).tolist()
     keep = greedy_walk(order, mask, row_bytes, len(rec))
     return rec[np.asarray(keep, dtype=np.intp)][:, [4, 5, 0, 1, 2, 3]].reshape(-1, 6)
 
 
-def _plan_of(layer: Layer, in_shapes: Sequence[Shape]) -> tuple[CpuDetection, list[dict[str, Any]]]:
-    """The CPU kernel (its checks and arrays) and, per input head, the decode constants;
-    raises UnsupportedError where the shaders do not take the layer."""
-    kernel = CpuDetection(layer, list(in_shapes))
+def _anchors(layer: Layer, heads: Sequence[detection.Head]) -> int:
+    return sum(layer.params.num_box * hd.h * hd.w for hd in heads)
+
+
+def _heads(layer: Layer, in_shapes: Sequence[Shape]) -> list[detection.Head]:
+    """The layer's decode constants per input head; UnsupportedError where the shaders do not
+    take the layer."""
     p = layer.params
-    if p.num_box > MAX_BOX or p.num_class < 1:
-        raise UnsupportedError(f"num_box={p.num_box} (at most {MAX_BOX}), num_class={p.num_class}")
-    heads, base = [], 0
-    for b, s in enumerate(in_shapes):
-        _, h, w = s
-        anchor = kernel.mask[b * p.num_box:(b + 1) * p.num_box]
-        if anchor.min(initial=0) < 0 or 2 * anchor.max(initial=0) + 1 >= len(kernel.biases):
-            raise UnsupportedError("mask names a bias pair past the biases")
-        bias = np.zeros((2, MAX_BOX), np.float32)  # widths, heights
-        bias[0, :p.num_box] = kernel.biases[anchor * 2]
-        bias[1, :p.num_box] = kernel.biases[anchor * 2 + 1]
-        heads.append({
-            "w": w, "h": h, "base": base, "bias": bias,
-            "net_w": int(np.float32(kernel.anchors_scale[b]) * np.float32(w)),
-            "net_h": int(np.float32(kernel.anchors_scale[b]) * np.float32(h)),
-        })
-        base += p.num_box * h * w
-    if base > MAX_ANCHORS:
-        raise UnsupportedError(f"{base} anchors (the overlap mask is read back whole; at most "
-                               f"{MAX_ANCHORS})")
+    if p.num_box > MAX_BOX:
+        raise UnsupportedError(f"num_box={p.num_box} (at most {MAX_BOX})")
+    heads = detection.heads(p, in_shapes)
+    anchors = _anchors(layer, heads)
+    if anchors > MAX_ANCHORS:
+        raise UnsupportedError(f"{anchors} anchors (the overlap mask is read back whole; at "
+                               f"most {MAX_ANCHORS})")
     if threshold_split(p.nms_threshold) is None:
         raise UnsupportedError(f"nms_threshold={p.nms_threshold}")
-    return kernel, heads
+    return heads
 
 
 @register("Yolov3DetectionOutput")
 class VulkanYolov3DetectionOutput(VulkanLayer):
     @classmethod
     def usable(cls, caps: DeviceCaps, layer: Layer, in_shapes: Sequence[Shape]) -> bool:
-        """Whether the Plan should run the layer here rather than on the CPU tail."""
+        """Whether the Plan should run the layer here rather than on its host tail."""
         if not caps.features.get("shaderFloat64"):
             return False
         try:
-            _, heads = _plan_of(layer, in_shapes)
-        except (UnsupportedError, ValueError, IndexError, TypeError):
+            heads = _heads(layer, in_shapes)
+        except UnsupportedError:
             return False
-        anchors = sum(layer.params.num_box * hd["w"] * hd["h"] for hd in heads)
-        return anchors >= MIN_ANCHORS
+        return _anchors(layer, heads) >= MIN_ANCHORS
+
+    @staticmethod
+    def host_step(layer: Layer, in_shapes: Sequence[Shape]) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """The layer on the host in fp32 (`vkserve.models.detection.detect`), for the Plan's
+        host tail."""
+        heads = detection.heads(layer.params, in_shapes)
+        return lambda xs: [detection.detect(layer.params, heads, xs)]
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
-        self.kernel, self.heads = _plan_of(layer, in_shapes)
-        self.capacity = sum(self.params.num_box * hd["w"] * hd["h"] for hd in self.heads)
+        self.heads = _heads(layer, in_shapes)
+        self.capacity = _anchors(layer, self.heads)
         self.words = -(-self.capacity // 32)
         split = threshold_split(self.params.nms_threshold)
         assert split is not None
@@ -162,10 +158,12 @@ class VulkanYolov3DetectionOutput(VulkanLayer):
         conf_thr = float(np.float32(p.confidence_threshold))
         out = [Dispatch("detection_reset", ("s:counter",), (1, 1, 1), local_size=(1, 1, 1))]
         for name, hd in zip(self.layer.inputs, self.heads):
-            push = (hd["w"], hd["h"], p.num_box, p.num_class, hd["base"], float(hd["net_w"]),
-                    float(hd["net_h"]), conf_thr, *(float(v) for v in hd["bias"].ravel()))
+            bias = np.zeros((2, MAX_BOX), np.float32)  # widths, heights
+            bias[0, :p.num_box], bias[1, :p.num_box] = hd.bias_w, hd.bias_h
+            push = (hd.w, hd.h, p.num_box, p.num_class, hd.base, float(hd.net_w),
+                    float(hd.net_h), conf_thr, *(float(v) for v in bias.ravel()))
             out.append(Dispatch("detection_decode", (name, "s:counter", "s:records"),
-                                (hd["w"] * hd["h"], p.num_box, 1), push))
+                                (hd.w * hd.h, p.num_box, 1), push))
         thr, half = self.split
         out.append(Dispatch("detection_mask", ("s:counter", "s:records", "s:mask"),
                             (self.capacity, self.words, 1), (self.words, thr, half)))

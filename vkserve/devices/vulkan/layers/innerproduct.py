@@ -2,18 +2,16 @@
 ``innerproduct_vec4`` (the same reading vec4s) when num_input is a multiple of 4.
 
 Any input shape is read flat (the blob is dense), except ncnn's 2-D form whose rows are
-num_input wide and more than one: a batch of rows, one GEMV per row (work group y).
+num_input wide (``InnerProductParams.batch_rows``): one GEMV per row (work group y).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from vkserve.devices.capabilities import Precision
-from vkserve.devices.cpu.kernels.base import UnsupportedError
 from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL, activation_constants, make_dispatch
 from vkserve.models.graph import Layer
@@ -27,17 +25,10 @@ class VulkanInnerProduct(VulkanLayer):
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
-        if p.int8_scale_term:
-            raise UnsupportedError("int8 weights")
         self.activation = activation_constants(p.activation_type, p.activation_params)
         weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
-        if weight.size % p.num_output:
-            raise UnsupportedError(f"weight size {weight.size} vs num_output {p.num_output}")
-        self.num_input = weight.size // p.num_output
-        shape = self.in_shapes[0]
-        self.rows = shape[0] if len(shape) == 2 and shape[1] == self.num_input and shape[0] > 1 else 1
-        if self.rows == 1 and math.prod(shape) != self.num_input:
-            raise UnsupportedError(f"input {shape} has {math.prod(shape)} values, weights expect {self.num_input}")
+        self.num_input = p.num_input()
+        self.rows = p.batch_rows(self.in_shapes[0]) or 1
         bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
                 else np.zeros(p.num_output, np.float32))
         self._weights = {"weight": weight, "bias": bias}

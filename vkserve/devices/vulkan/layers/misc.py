@@ -13,14 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from vkserve.devices.capabilities import Precision
-from vkserve.devices.cpu.kernels.base import UnsupportedError
-from vkserve.devices.cpu.kernels.shape import Crop as CpuCrop
-from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL, make_dispatch
 from vkserve.models.graph import Layer
-
-# Work groups per dispatch dimension every Vulkan device supports (maxComputeWorkGroupCount).
-MAX_GROUPS = 65535
+from vkserve.models.layers import positive_axis
 
 
 def _view4(shape: Shape) -> tuple[int, int, int, int]:
@@ -53,8 +50,6 @@ class VulkanPadding(VulkanLayer):
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
         shape = self.in_shapes[0]
-        if p.type not in (0, 1, 2):
-            raise UnsupportedError(f"Padding type={p.type}")
         if p.type != 0 and (p.front or p.behind):
             raise UnsupportedError("front/behind padding with a non-constant type")
         if p.per_channel_pad_data_size and len(shape) != 3:
@@ -73,21 +68,20 @@ class VulkanPadding(VulkanLayer):
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
-        dims = len(self.in_shapes[0])
-        offsets = (0, p.front if dims >= 3 else 0, p.top if dims >= 2 else 0, p.left)
+        befores = tuple(a for a, _ in p.pads(len(self.in_shapes[0])))
+        offsets = (0,) * (4 - len(befores)) + befores  # (outer, d, h, w)
         return [_copy_dispatch(self.layer, self.in_shapes[0], self.out_shapes[0], offsets, p.type)]
 
 
 @register("Crop")
 class VulkanCrop(VulkanLayer):
-    """Every Crop form the CPU engine accepts (offsets + sizes, numpy-style starts/ends/axes,
-    a reference blob); the window is resolved by the CPU kernel, so both engines agree."""
+    """Every Crop form: the window is the layer's (``CropParams.window``)."""
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
-        window = CpuCrop(layer, self.in_shapes).window
-        starts = tuple(s.start for s in window)
+        reference = self.in_shapes[1] if self.params.uses_reference() else None
+        starts, _ = self.params.window(self.in_shapes[0], reference)
         self.offsets = (0,) * (4 - len(starts)) + starts  # (outer, d, h, w) offsets
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -100,9 +94,8 @@ class VulkanCrop(VulkanLayer):
 
 @register("Interp")
 class VulkanInterp(VulkanLayer):
-    """Nearest and bilinear resize of a 3-D blob; the source step per output pixel is the CPU
-    engine's (ncnn's): in/out when the output size is given, else 1/scale factor (so 9 columns
-    halved to 4 step by 2, not 2.25); (in-1)/(out-1) for bilinear with align_corner."""
+    """Nearest and bilinear resize of a 3-D blob; the source step per output pixel is the
+    layer's (``InterpParams.source_steps``), in float32."""
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
@@ -113,27 +106,11 @@ class VulkanInterp(VulkanLayer):
         if p.resize_type not in (1, 2):
             raise UnsupportedError(f"resize_type={p.resize_type} (nearest and bilinear only)")
 
-    def _scales(self) -> tuple[float, float]:
-        p = self.params
-        _, h, w = self.in_shapes[0]
-        _, oh, ow = self.out_shapes[0]
-        f32 = np.float32
-        if p.resize_type == 1:
-            if p.dynamic_target_size or p.output_height:
-                return float(f32(w) / f32(ow)), float(f32(h) / f32(oh))
-            return float(f32(1.0) / f32(p.width_scale)), float(f32(1.0) / f32(p.height_scale))
-        if p.align_corner:
-            return (float(f32((w - 1) / (ow - 1))) if ow > 1 else 0.0,
-                    float(f32((h - 1) / (oh - 1))) if oh > 1 else 0.0)
-        if p.dynamic_target_size or p.output_height or p.output_width:
-            return float(f32(w / ow)), float(f32(h / oh))
-        return float(f32(1.0 / float(f32(p.width_scale)))), float(f32(1.0 / float(f32(p.height_scale))))
-
     def dispatches(self) -> list[Dispatch]:
         p = self.params
         c, h, w = self.in_shapes[0]
         _, oh, ow = self.out_shapes[0]
-        scale_w, scale_h = self._scales()
+        scale_h, scale_w = (float(np.float32(s)) for s in p.source_steps((h, w), (oh, ow)))
         return [make_dispatch("interp", (self.layer.inputs[0], self.layer.outputs[0]), (ow, oh, c),
                               psc=(w, h, ow, oh, c, scale_w, scale_h),
                               fixed=(p.resize_type, int(bool(p.align_corner))))]
@@ -149,11 +126,7 @@ class VulkanSoftmax(VulkanLayer):
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
         shape = self.in_shapes[0]
-        if not p.fixbug0 and p.axis != 0:
-            raise UnsupportedError(f"axis={p.axis} without fixbug0=1 (old converter output)")
-        axis = p.axis + len(shape) if p.axis < 0 else p.axis
-        if not 0 <= axis < len(shape):
-            raise UnsupportedError(f"axis={p.axis} for a {len(shape)}-D input")
+        axis = positive_axis(p.axis, len(shape))
         self.outer, self.n, self.inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
         self.cooperative = self.n >= 32 and self.inner <= MAX_GROUPS
         groups_x = self.inner if self.cooperative else -(-self.inner // REDUCE_LOCAL)
@@ -170,14 +143,6 @@ class VulkanSoftmax(VulkanLayer):
 @register("LRN")
 class VulkanLRN(VulkanLayer):
     """LRN across channels (region_type 0) or within a channel (1) of a 3-D blob."""
-
-    def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                 precision: Precision) -> None:
-        super().__init__(layer, in_shapes, out_shapes, precision)
-        if len(self.in_shapes[0]) != 3:
-            raise UnsupportedError(f"LRN input of {len(self.in_shapes[0])} dims (need c,h,w)")
-        if self.params.region_type not in (0, 1):
-            raise UnsupportedError(f"region_type={self.params.region_type}")
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params

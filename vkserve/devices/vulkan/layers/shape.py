@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
+from vkserve.models.layers import positive_axis
 
 LOCAL = (64, 1, 1)
-MAX_GROUPS = 65535  # Vulkan's guaranteed minimum of maxComputeWorkGroupCount per dimension
 
 
 def linear_grid(n: int) -> tuple[int, int, int]:
@@ -65,17 +65,13 @@ class _Alias(VulkanLayer):
 register("Split", "Reshape", "Flatten", "Noop")(_Alias)
 
 
-def _axis(axis: int, dims: int) -> int:
-    return axis + dims if axis < 0 else axis
-
-
 @register("Concat")
 class Concat(VulkanLayer):
     """One copy per input into its window of the output."""
 
     def dispatches(self) -> list[Dispatch]:
         out = self.out_shapes[0]
-        axis = _axis(self.params.axis, len(out))
+        axis = positive_axis(self.params.axis, len(out))
         out_strides = contiguous_strides(out)
         result, start = [], 0
         for blob, shape in zip(self.layer.inputs, self.in_shapes):
@@ -93,7 +89,7 @@ class Slice(VulkanLayer):
 
     def dispatches(self) -> list[Dispatch]:
         shape = self.in_shapes[0]
-        axis = _axis(self.params.axis, len(shape))
+        axis = positive_axis(self.params.axis, len(shape))
         in_strides = contiguous_strides(shape)
         result, start = [], 0
         for blob, out in zip(self.layer.outputs, self.out_shapes):
@@ -116,12 +112,11 @@ class Permute(VulkanLayer):
 
 @register("ShuffleChannel")
 class ShuffleChannel(VulkanLayer):
-    """(groups, c / groups, h * w) -> (c / groups, groups, h * w); `reverse` swaps the roles
-    of group and channels per group, as ncnn does."""
+    """(groups, c / groups, h * w) -> (c / groups, groups, h * w), the layer's groups."""
 
     def dispatches(self) -> list[Dispatch]:
         c, h, w = self.in_shapes[0]
-        groups = c // self.params.group if self.params.reverse else self.params.group
+        groups = self.params.groups(c)
         per, hw = c // groups, h * w
         return [strided_copy(self.layer.inputs[0], self.layer.outputs[0], (per, groups, hw),
                              (hw, per * hw, 1), (groups * hw, hw, 1))]

@@ -1,11 +1,11 @@
 #version 450
 // Yolov3DetectionOutput, step 2 of 3 (one dispatch per input head): decode every anchor cell
-// of a (num_box * (5 + num_class), h, w) head as devices/cpu/kernels/detection.py does, and
+// of a (num_box * (5 + num_class), h, w) head as models/detection.py defines it, and
 // append the candidates whose confidence passes the threshold to `records` (slot from an
 // atomic counter, so the slot order is arbitrary; the host sorts).
 // Record of slot s: records[2s] = (xmin, ymin, xmax, ymax),
 //                   records[2s + 1] = (label + 1, confidence, anchor index, 0)
-// where the anchor index is the row the CPU kernel gives the cell before its sort:
+// where the anchor index is the row the layer gives the cell before its sort:
 // base (anchors of the earlier heads) + (k * h + y) * w + x. All arithmetic is float;
 // `precise` keeps the compiler from fusing what numpy rounds twice.
 layout (local_size_x = 64) in;

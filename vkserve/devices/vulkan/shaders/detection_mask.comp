@@ -2,7 +2,7 @@
 // Yolov3DetectionOutput, step 3 of 3: the NMS overlap bitmask of the candidates.
 // Invocation (i, word): bit b of mask[i * words + word] = IoU(candidate i, candidate 32 word + b)
 // > threshold, for candidates (slots) below the counter; rows at or past it are not written.
-// The IoU is float32 exactly as numpy computes it (devices/cpu/kernels/detection.py: iw, ih
+// The IoU is float32 exactly as numpy computes it (models/detection.py: iw, ih
 // clamped at 0, inter = iw * ih, union = (area_i + area_j) - inter), and the decision
 // fl32(inter / union) > thr is taken without a division (GPU division is not correctly
 // rounded): with thr_up the next float above thr and mid = (thr + thr_up) / 2,
