@@ -1,11 +1,12 @@
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.daemon import Daemon, start_daemon
+from tests.support.daemon import Daemon, Launch, running_daemon
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
 from vkserve.devices.discovery import discover_devices
 
@@ -42,19 +43,26 @@ def private_cache_home(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = old
 
 
+def _daemon_launcher() -> Iterator[Launch]:
+    """``launch(workdir, config, **start_daemon_kwargs)`` starts `vkserve serve`
+    (tests.support.daemon.running_daemon); at the fixture's teardown every daemon whose exit the
+    test has not collected gets SIGTERM and must exit 0, and one that does not stop is killed: no
+    process outlives the fixture."""
+    with ExitStack() as stack:
+
+        def launch(workdir: Path, config: str, **kwargs: Any) -> Daemon:
+            return stack.enter_context(running_daemon(workdir, config, **kwargs))
+
+        yield launch
+
+
 @pytest.fixture
-def launch_daemon() -> Iterator[Callable[..., Daemon]]:
-    """The daemon-launching fixture: ``launch_daemon(workdir, config, **start_daemon_kwargs)``
-    starts `vkserve serve` (tests.support.daemon.start_daemon); any daemon a test leaves running
-    is killed at teardown, so a failed assertion never leaks a process."""
-    started: list[Daemon] = []
+def launch_daemon() -> Iterator[Launch]:
+    """The daemon-launching fixture of a test (see ``_daemon_launcher``)."""
+    yield from _daemon_launcher()
 
-    def launch(workdir: Path, config: str, **kwargs: Any) -> Daemon:
-        started.append(start_daemon(workdir, config, **kwargs))
-        return started[-1]
 
-    yield launch
-    for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+@pytest.fixture(scope="module")
+def launch_module_daemon() -> Iterator[Launch]:
+    """The same, for module-scoped daemon fixtures: the daemons live until the module's end."""
+    yield from _daemon_launcher()

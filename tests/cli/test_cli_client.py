@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,18 +15,18 @@ from tests.support.daemon import (
     ROOT,
     TOKEN,
     Daemon,
+    Launch,
     cpu_engine_prob,
     make_repository,
-    start_daemon,
     vkserve_cmd,
 )
 
 
 @pytest.fixture(scope="module")
-def cli_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def cli_daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
     work = tmp_path_factory.mktemp("cli")
     repo = make_repository(work / "repo", slow=False)
-    d = start_daemon(work, f"""
+    return launch_module_daemon(work, f"""
 [server]
 socket = "{work}/c.sock"
 tcp = "127.0.0.1:0"
@@ -35,10 +34,6 @@ token = "{TOKEN}"
 [models]
 repository = "{repo}"
 """)
-    try:
-        yield d
-    finally:
-        assert d.stop() == 0
 
 
 def vk(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -32,6 +32,7 @@ from tests.support.daemon import (
     SLOW_SHAPE,
     TOKEN,
     Daemon,
+    Launch,
     Raw,
     cpu_engine_prob,
     digits_request,
@@ -40,7 +41,6 @@ from tests.support.daemon import (
     req,
     sample,
     slow_request,
-    start_daemon,
     status,
     wait_status,
 )
@@ -52,10 +52,10 @@ from vkserve.client.protocol import (
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
     work = tmp_path_factory.mktemp("daemon")
     repo = make_repository(work / "repo")
-    d = start_daemon(work, f"""
+    return launch_module_daemon(work, f"""
 [server]
 socket = "{work}/d.sock"
 tcp = "127.0.0.1:0"
@@ -68,11 +68,6 @@ repository = "{repo}"
 [scheduler]
 queue_limit_per_model = 128
 """, env=SLOW_ENV)
-    try:
-        yield d
-    finally:
-        rc = d.stop()
-        assert rc == 0, d.log_text()[-3000:]
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -218,8 +213,8 @@ def test_tcp_token(daemon: Daemon) -> None:
 # ------------------------------------------------------------------------------ sockets
 
 
-def test_live_socket_is_refused(daemon: Daemon, tmp_path: Path) -> None:
-    d2 = start_daemon(tmp_path, f'[server]\nsocket = "{daemon.socket}"\n', name="second", wait=False)
+def test_live_socket_is_refused(daemon: Daemon, tmp_path: Path, launch_daemon: Launch) -> None:
+    d2 = launch_daemon(tmp_path, f'[server]\nsocket = "{daemon.socket}"\n', name="second", wait=False)
     rc = d2.proc.wait(60)
     assert rc == 1
     assert "listening there" in d2.log_text()
@@ -400,14 +395,14 @@ def test_oversized_truncated_and_nested_frames(daemon: Daemon, steady: Steady) -
 # ------------------------------------------------------------------------------ shutdown
 
 
-def test_sighup_rescans_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
+def test_sighup_rescans_sigterm_drains_and_exits_0(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = make_repository(tmp_path / "repo", digits=False)
     sock = tmp_path / "run" / "vk.sock"
     sock.parent.mkdir()
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(sock))
     stale.close()  # a crashed daemon's socket file: replaced at start
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{sock}"
 idle_timeout = 1.0
@@ -415,67 +410,59 @@ drain_timeout = 15.0
 [models]
 repository = "{repo}"
 """, env=SLOW_ENV)
-    try:
-        assert "replacing stale socket" in d.log_text()
-        (repo / "digits").symlink_to(DIGITS)  # SIGHUP: the new model folder loads
-        d.proc.send_signal(signal.SIGHUP)
-        wait_status(d, lambda s: s["models"].get("digits", {}).get("state") == "ready", timeout=30)
-        with Raw(sock) as idle:  # a torn frame is not kept open forever
-            idle.sock.sendall(b"\x00\x00")
-            start = time.monotonic()
-            answers = idle.read_to_eof()
-            assert 0.8 < time.monotonic() - start < 5
-            assert [(a.id, a.error.code) for a in answers] == [(0, "BAD_REQUEST")]
-        r = Raw(sock)
-        for i in range(1, 5):
-            r.send(slow_request(i))
-        wait_status(d, lambda s: s["server"]["infer_in_flight"] == 4 and s["in_flight"] >= 1)
-        d.proc.send_signal(signal.SIGTERM)
-        d.wait_line("stopping; draining 4 request(s)", timeout=10)
-        r.send(slow_request(9))  # new work during the drain is refused
-        answers = {}
-        while len(answers) < 5:
-            a = r.recv(timeout=15)
-            assert a is not None, answers
-            answers[a.id] = a
-        assert all(answers[i].ok for i in range(1, 5)), answers
-        assert answers[9].error.code == "UNAVAILABLE"
-        assert r.read_to_eof() == []  # the daemon closes the drained connection
-        r.sock.close()
-        assert d.proc.wait(20) == 0
-        assert not sock.exists()
-        d.wait_line("vkserve: stopped", timeout=5)
-    finally:
-        if d.proc.poll() is None:
-            d.stop(signal.SIGKILL)
+    assert "replacing stale socket" in d.log_text()
+    (repo / "digits").symlink_to(DIGITS)  # SIGHUP: the new model folder loads
+    d.proc.send_signal(signal.SIGHUP)
+    wait_status(d, lambda s: s["models"].get("digits", {}).get("state") == "ready", timeout=30)
+    with Raw(sock) as idle:  # a torn frame is not kept open forever
+        idle.sock.sendall(b"\x00\x00")
+        start = time.monotonic()
+        answers = idle.read_to_eof()
+        assert 0.8 < time.monotonic() - start < 5
+        assert [(a.id, a.error.code) for a in answers] == [(0, "BAD_REQUEST")]
+    r = Raw(sock)
+    for i in range(1, 5):
+        r.send(slow_request(i))
+    wait_status(d, lambda s: s["server"]["infer_in_flight"] == 4 and s["in_flight"] >= 1)
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_line("stopping; draining 4 request(s)", timeout=10)
+    r.send(slow_request(9))  # new work during the drain is refused
+    answers = {}
+    while len(answers) < 5:
+        a = r.recv(timeout=15)
+        assert a is not None, answers
+        answers[a.id] = a
+    assert all(answers[i].ok for i in range(1, 5)), answers
+    assert answers[9].error.code == "UNAVAILABLE"
+    assert r.read_to_eof() == []  # the daemon closes the drained connection
+    r.sock.close()
+    assert d.proc.wait(20) == 0
+    assert not sock.exists()
+    d.wait_line("vkserve: stopped", timeout=5)
 
 
-def test_sigint_drain_timeout_cancels_what_is_left(tmp_path: Path) -> None:
+def test_sigint_drain_timeout_cancels_what_is_left(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = make_repository(tmp_path / "repo", digits=False)
     sock = tmp_path / "vk.sock"
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{sock}"
 drain_timeout = 0.3
 [models]
 repository = "{repo}"
 """, env=SLOW_ENV)
-    try:
-        r = Raw(sock)
-        for i in range(1, 13):  # ~2 s of work on two CPU slots
-            r.send(slow_request(i))
-        wait_status(d, lambda s: s["server"]["infer_in_flight"] == 12 and s["in_flight"] >= 1)
-        start = time.monotonic()
-        d.proc.send_signal(signal.SIGINT)
-        answers = r.read_to_eof(timeout=10)
-        assert d.proc.wait(10) == 0
-        assert time.monotonic() - start < 3.0  # 0.3 s drain + the runs already started
-        # every request is answered: the finished ones with results, the rest UNAVAILABLE
-        assert sorted(a.id for a in answers) == list(range(1, 13))
-        unavailable = [a for a in answers if not a.ok]
-        assert unavailable and all(a.error.code == "UNAVAILABLE" for a in unavailable)
-        assert "drain timeout: cancelling" in d.log_text()
-        r.sock.close()
-    finally:
-        if d.proc.poll() is None:
-            d.stop(signal.SIGKILL)
+    r = Raw(sock)
+    for i in range(1, 13):  # ~2 s of work on two CPU slots
+        r.send(slow_request(i))
+    wait_status(d, lambda s: s["server"]["infer_in_flight"] == 12 and s["in_flight"] >= 1)
+    start = time.monotonic()
+    d.proc.send_signal(signal.SIGINT)
+    answers = r.read_to_eof(timeout=10)
+    assert d.proc.wait(10) == 0
+    assert time.monotonic() - start < 3.0  # 0.3 s drain + the runs already started
+    # every request is answered: the finished ones with results, the rest UNAVAILABLE
+    assert sorted(a.id for a in answers) == list(range(1, 13))
+    unavailable = [a for a in answers if not a.ok]
+    assert unavailable and all(a.error.code == "UNAVAILABLE" for a in unavailable)
+    assert "drain timeout: cancelling" in d.log_text()
+    r.sock.close()

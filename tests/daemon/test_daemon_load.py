@@ -13,7 +13,7 @@
   them): no request lost or duplicated, the device is unhealthy in `vkserve status --json`,
   and the work goes on on the CPU (the model loaded there on demand).
 
-The harness (``start_daemon``, ``Raw``, ``status``, ...) is the one of test_daemon.py.
+The harness (``launch_daemon``, ``Raw``, ``status``, ...) is the one of test_daemon.py.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from tests.support.daemon import (
     DIGITS,
     ROOT,
     Daemon,
+    Launch,
     Raw,
     req,
     sample,
-    start_daemon,
     status,
     vkserve_cmd,
     wait_status,
@@ -222,13 +222,13 @@ LOAD_DELAY_S = {"digits": 0.004, "tag": 0.004}
 
 
 @pytest.fixture(scope="module")
-def load_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def load_daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
     work = tmp_path_factory.mktemp("load")
     repo = work / "repo"
     repo.mkdir()
     (repo / "digits").symlink_to(DIGITS)  # devices = auto: the Vulkan device (lavapipe)
     model_folder(repo / "tag", TAG_PARAM, 'random_weights = true\ndevices = "cpu"\n')
-    d = start_daemon(work, f"""
+    return launch_module_daemon(work, f"""
 [server]
 socket = "{work}/load.sock"
 
@@ -238,11 +238,6 @@ repository = "{repo}"
 [scheduler]
 queue_limit_per_model = 1024
 """, env={"VKSERVE_TEST_DEVICE_DELAY": f"0={LOAD_DELAY_S['digits']},cpu={LOAD_DELAY_S['tag']}"})
-    try:
-        yield d
-    finally:
-        rc = d.stop()
-        assert rc == 0, d.log_text()[-3000:]
 
 
 async def test_load_16_clients_two_models_two_priorities(load_daemon: Daemon) -> None:
@@ -409,11 +404,11 @@ def run_burst(d: Daemon) -> tuple[float, float, float]:
     return last_rejection, peak_mib, peak_growth_mib
 
 
-def test_tiny_queue_limit_answers_overloaded_at_once(tmp_path: Path) -> None:
+def test_tiny_queue_limit_answers_overloaded_at_once(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = tmp_path / "repo"
     model_folder(repo / "burst", BURST_PARAM,
                  f'random_weights = true\ndevices = "cpu"\nwarmup = 0\nqueue_limit = {QUEUE_LIMIT}\n')
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/bp.sock"
 [models]
@@ -422,26 +417,23 @@ repository = "{repo}"
 use_vulkan = false
 cpu_instances = {CPU_SLOTS}
 """, env={"VKSERVE_TEST_DEVICE_DELAY": f"cpu={BURST_DELAY_S}"})
-    try:
-        assert {m["name"]: m for m in _models(d)}["burst"]["queue_limit"] == QUEUE_LIMIT
-        held_mib = BURST_CONNECTIONS * BURST_PER_CONNECTION * np.prod(BURST_SHAPE) * 4 / 2**20
-        first = run_burst(d)
-        # the daemon keeps serving, and the same burst again is answered the same way: the
-        # rejected requests were dropped, so its peak memory does not rise burst after burst
-        # (the first burst grows the allocator's heap by a part of a burst; a daemon that
-        # kept the requests would grow by ``held_mib`` each time)
-        second = run_burst(d)
-        assert first[2] < held_mib, (first, held_mib)
-        assert second[1] - first[1] < held_mib / 4, (first, second, held_mib)
-        with Client.connect(f"unix:{d.socket}") as c:
-            out = c.infer("burst", {"data": np.full(BURST_SHAPE, 2.0, np.float32)})["out"]
-            np.testing.assert_array_equal(out, 2.0)
-        print(f"backpressure: {BURST_CONNECTIONS * BURST_PER_CONNECTION - CPU_SLOTS - QUEUE_LIMIT}"
-              f" OVERLOADED within {first[0] * 1e3:.0f} / {second[0] * 1e3:.0f} ms; daemon peak "
-              f"RSS +{first[2]:.1f} MiB, then {second[1] - first[1]:+.1f} MiB (a burst: {held_mib:.0f} MiB)")
-    finally:
-        rc = d.stop()
-        assert rc == 0, d.log_text()[-3000:]
+    assert {m["name"]: m for m in _models(d)}["burst"]["queue_limit"] == QUEUE_LIMIT
+    held_mib = BURST_CONNECTIONS * BURST_PER_CONNECTION * np.prod(BURST_SHAPE) * 4 / 2**20
+    first = run_burst(d)
+    # the daemon keeps serving, and the same burst again is answered the same way: the
+    # rejected requests were dropped, so its peak memory does not rise burst after burst
+    # (the first burst grows the allocator's heap by a part of a burst; a daemon that
+    # kept the requests would grow by ``held_mib`` each time)
+    second = run_burst(d)
+    assert first[2] < held_mib, (first, held_mib)
+    assert second[1] - first[1] < held_mib / 4, (first, second, held_mib)
+    with Client.connect(f"unix:{d.socket}") as c:
+        out = c.infer("burst", {"data": np.full(BURST_SHAPE, 2.0, np.float32)})["out"]
+        np.testing.assert_array_equal(out, 2.0)
+    print(f"backpressure: {BURST_CONNECTIONS * BURST_PER_CONNECTION - CPU_SLOTS - QUEUE_LIMIT}"
+          f" OVERLOADED within {first[0] * 1e3:.0f} / {second[0] * 1e3:.0f} ms; daemon peak "
+          f"RSS +{first[2]:.1f} MiB, then {second[1] - first[1]:+.1f} MiB (a burst: {held_mib:.0f} MiB)")
+    assert d.stop() == 0, d.log_text()[-3000:]
     assert "Traceback" not in d.log_text()
 
 
@@ -464,62 +456,59 @@ def vkserve_json(d: Daemon, command: str) -> Any:
     return json.loads(out.stdout)
 
 
-async def test_device_fault_under_load_fails_over_to_the_cpu(tmp_path: Path) -> None:
+async def test_device_fault_under_load_fails_over_to_the_cpu(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = tmp_path / "repo"
     # digits on the Vulkan device only (devices = auto), the CPU allowed as a fallback; no
     # warm-up, so the injected faults hit the first jobs rather than the load
     model_folder(repo / "digits", (DIGITS / "model.param").read_text(),
                  'devices = "auto"\ncpu_fallback = true\nwarmup = 0\n[inputs]\ndata = [1, 8, 8]\n',
                  bin_from=DIGITS / "model.bin")
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/fo.sock"
 [models]
 repository = "{repo}"
 """, env={"VKSERVE_TEST_DEVICE_FAULT": f"0={FAULTS}",
           "VKSERVE_TEST_DEVICE_DELAY": f"0={FAILOVER_DELAY_S}"})
-    try:
-        s = status(d)
-        gpu, cpu = vulkan_device(s), cpu_device(s)
-        assert gpu["index"] == 0 and gpu["healthy"] and gpu["models"] == ["digits"], s["devices"]
-        assert gpu["slots"] == FAULTS and cpu["models"] == [], s["devices"]
+    s = status(d)
+    gpu, cpu = vulkan_device(s), cpu_device(s)
+    assert gpu["index"] == 0 and gpu["healthy"] and gpu["models"] == ["digits"], s["devices"]
+    assert gpu["slots"] == FAULTS and cpu["models"] == [], s["devices"]
 
-        plans = make_jobs(FAILOVER_CLIENTS, FAILOVER_PER_CLIENT, models=("digits",),
-                          high_share=0.25, seed=1)
-        result = await drive(d, plans)
-        check_exactly_once_and_correct(plans, result)
+    plans = make_jobs(FAILOVER_CLIENTS, FAILOVER_PER_CLIENT, models=("digits",),
+                      high_share=0.25, seed=1)
+    result = await drive(d, plans)
+    check_exactly_once_and_correct(plans, result)
 
-        # the device shows unhealthy, in the CLI's JSON status as in the status op
-        cli = vkserve_json(d, "status")
-        bad = next(dev for dev in cli["devices"] if dev["index"] == gpu["index"])
-        assert bad["healthy"] is False and "VK_ERROR_DEVICE_LOST" in bad["fault"], bad
-        assert bad["faults"] >= 1, bad
-        good = cpu_device(cli)
-        assert good["healthy"] is True and good["models"] == ["digits"], good
-        totals = cli["totals"]
-        total = FAILOVER_CLIENTS * FAILOVER_PER_CLIENT
-        assert totals["device_faults"] == 1, totals
-        assert 1 <= totals["retried"] <= FAULTS, totals
-        assert totals["completed"] == totals["submitted"] == total, totals
-        assert totals["failed"] == totals["cancelled"] == totals["deadline_exceeded"] == 0
-        assert status(d)["devices"][gpu["index"]]["healthy"] is False
-        digits = next(m for m in vkserve_json(d, "models") if m["name"] == "digits")
-        assert digits["state"] == "ready" and digits["devices"] == [cpu["index"]], digits
+    # the device shows unhealthy, in the CLI's JSON status as in the status op
+    cli = vkserve_json(d, "status")
+    bad = next(dev for dev in cli["devices"] if dev["index"] == gpu["index"])
+    assert bad["healthy"] is False and "VK_ERROR_DEVICE_LOST" in bad["fault"], bad
+    assert bad["faults"] >= 1, bad
+    good = cpu_device(cli)
+    assert good["healthy"] is True and good["models"] == ["digits"], good
+    totals = cli["totals"]
+    total = FAILOVER_CLIENTS * FAILOVER_PER_CLIENT
+    assert totals["device_faults"] == 1, totals
+    assert 1 <= totals["retried"] <= FAULTS, totals
+    assert totals["completed"] == totals["submitted"] == total, totals
+    assert totals["failed"] == totals["cancelled"] == totals["deadline_exceeded"] == 0
+    assert status(d)["devices"][gpu["index"]]["healthy"] is False
+    digits = next(m for m in vkserve_json(d, "models") if m["name"] == "digits")
+    assert digits["state"] == "ready" and digits["devices"] == [cpu["index"]], digits
 
-        # the jobs ran on the CPU (at most the runs that had started there before the fault
-        # completed on the Vulkan device), and new work keeps going there
-        on = Counter(r.device for r in result.replies.values())
-        assert on[cpu["name"]] >= total - FAULTS and on[gpu["name"]] <= FAULTS - totals["retried"], on
-        # the fault came under load: the clients' requests were queued behind the failing runs
-        waited = sum(1 for r in result.replies.values() if r.queue_seconds > FAILOVER_DELAY_S / 2)
-        assert waited >= FAILOVER_CLIENTS, waited
-        print(f"failover: {total} requests in {result.seconds:.1f} s, {totals['retried']} retried, "
-              f"{waited} queued across the fault; devices {dict(on)}")
-        more = make_jobs(4, 10, models=("digits",), high_share=0.5, seed=2)
-        after = await drive(d, more, window=2)
-        check_exactly_once_and_correct(more, after)
-        assert {r.device for r in after.replies.values()} == {cpu["name"]}
-        assert "is unhealthy" in d.log_text() and "loading on" in d.log_text()
-    finally:
-        rc = d.stop()
-        assert rc == 0, d.log_text()[-3000:]
+    # the jobs ran on the CPU (at most the runs that had started there before the fault
+    # completed on the Vulkan device), and new work keeps going there
+    on = Counter(r.device for r in result.replies.values())
+    assert on[cpu["name"]] >= total - FAULTS and on[gpu["name"]] <= FAULTS - totals["retried"], on
+    # the fault came under load: the clients' requests were queued behind the failing runs
+    waited = sum(1 for r in result.replies.values() if r.queue_seconds > FAILOVER_DELAY_S / 2)
+    assert waited >= FAILOVER_CLIENTS, waited
+    print(f"failover: {total} requests in {result.seconds:.1f} s, {totals['retried']} retried, "
+          f"{waited} queued across the fault; devices {dict(on)}")
+    more = make_jobs(4, 10, models=("digits",), high_share=0.5, seed=2)
+    after = await drive(d, more, window=2)
+    check_exactly_once_and_correct(more, after)
+    assert {r.device for r in after.replies.values()} == {cpu["name"]}
+    assert "is unhealthy" in d.log_text() and "loading on" in d.log_text()
+    assert d.stop() == 0, d.log_text()[-3000:]

@@ -18,7 +18,6 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +31,11 @@ from tests.support.daemon import (
     SLOW_SHAPE,
     TOKEN,
     Daemon,
+    Launch,
     Raw,
     digits_request,
     make_repository,
     slow_request,
-    start_daemon,
     vkserve_cmd,
     wait_status,
 )
@@ -88,24 +87,16 @@ def wait_for(pred: object, timeout: float = 20.0, what: str = "") -> None:
     raise AssertionError(f"timed out waiting for {what or pred}")
 
 
-def finish(d: Daemon, sig: int = signal.SIGTERM) -> int:
-    try:
-        return d.stop(sig)
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
-
-
 # ------------------------------------------------------------------------------ metrics
 
 
 @pytest.fixture(scope="module")
-def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
+def ops(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> tuple[Daemon, Path]:
     """digits on the Vulkan device (lavapipe), `tiny` on the CPU; a fresh pipeline cache."""
     work = tmp_path_factory.mktemp("ops")
     repo = make_repository(work / "repo", slow=False)
     tiny_model(repo, "tiny")
-    d = start_daemon(work, f"""
+    d = launch_module_daemon(work, f"""
 [server]
 socket = "{work}/ops.sock"
 [models]
@@ -113,10 +104,7 @@ repository = "{repo}"
 [scheduler]
 cache_dir = "{work}/cache"
 """)
-    try:
-        yield d, work
-    finally:
-        assert finish(d) == 0, d.log_text()[-3000:]
+    return d, work
 
 
 def test_metrics_after_traffic(ops: tuple[Daemon, Path]) -> None:
@@ -194,7 +182,7 @@ def test_bench_against_a_live_daemon(ops: tuple[Daemon, Path]) -> None:
 # ------------------------------------------------------------------------------ readiness
 
 
-def test_readyz_flips_with_loading_and_the_only_device(tmp_path: Path) -> None:
+def test_readyz_flips_with_loading_and_the_only_device(tmp_path: Path, launch_daemon: Launch) -> None:
     """`slowpoke` loads slowly on the Vulkan device (a test delay on its warm-up runs);
     `solo` may run only on the CPU (no fallback), where the test hook makes its first run fail
     as a lost device."""
@@ -206,7 +194,7 @@ def test_readyz_flips_with_loading_and_the_only_device(tmp_path: Path) -> None:
     (slowpoke / "config.toml").write_text("devices = [0]\nwarmup = 1\n")
     tiny_model(repo, "solo", 'random_weights = true\ndevices = ["cpu"]\ncpu_fallback = false\n'
                              "warmup = 0\n")
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/r.sock"
 [models]
@@ -214,34 +202,30 @@ repository = "{repo}"
 [scheduler]
 cache_dir = ""
 """, wait=False, env={"VKSERVE_TEST_DEVICE_DELAY": "0=1.0", "VKSERVE_TEST_DEVICE_FAULT": "cpu=1"})
-    try:
-        line = d.wait_line("metrics on http://")
-        port = int(line.split()[3].rsplit(":", 1)[1].split("/")[0])
-        d.metrics_port = port
-        status, body = http_get(port, "/readyz")
-        assert status == 503 and "not ready" in body, body
-        wait_for(lambda: "slowpoke (loading)" in http_get(port, "/readyz")[1], 10, "loading")
-        assert http_get(port, "/healthz")[0] == 200  # live while not ready
-        wait_for(lambda: http_get(port, "/readyz")[0] == 200, 30, "ready")
-        assert http_get(port, "/readyz")[1] == "ready: slowpoke, solo\n"
-        with Client.connect(f"unix:{tmp_path}/r.sock") as c:
-            with pytest.raises(VkserveError) as err:  # the injected device loss
-                c.infer("solo", {"data": np.zeros(SLOW_SHAPE, np.float32)})
-            assert err.value.code == "DEVICE_ERROR"
-        status, body = http_get(port, "/readyz")
-        assert status == 503 and "solo (failed" in body and "slowpoke" not in body, body
-        s = scrape(d)
-        assert sample(s, "vkserve_device_healthy", device="cpu") == 0
-        assert sample(s, "vkserve_device_healthy", device="vulkan0") == 1
-        assert "vkserve_device_memory_budget_bytes" not in {k[0] for k in s
-                                                            if ("device", "cpu") in k[1]}
-        assert finish(d) == 0
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
+    line = d.wait_line("metrics on http://")
+    port = int(line.split()[3].rsplit(":", 1)[1].split("/")[0])
+    d.metrics_port = port
+    status, body = http_get(port, "/readyz")
+    assert status == 503 and "not ready" in body, body
+    wait_for(lambda: "slowpoke (loading)" in http_get(port, "/readyz")[1], 10, "loading")
+    assert http_get(port, "/healthz")[0] == 200  # live while not ready
+    wait_for(lambda: http_get(port, "/readyz")[0] == 200, 30, "ready")
+    assert http_get(port, "/readyz")[1] == "ready: slowpoke, solo\n"
+    with Client.connect(f"unix:{tmp_path}/r.sock") as c:
+        with pytest.raises(VkserveError) as err:  # the injected device loss
+            c.infer("solo", {"data": np.zeros(SLOW_SHAPE, np.float32)})
+        assert err.value.code == "DEVICE_ERROR"
+    status, body = http_get(port, "/readyz")
+    assert status == 503 and "solo (failed" in body and "slowpoke" not in body, body
+    s = scrape(d)
+    assert sample(s, "vkserve_device_healthy", device="cpu") == 0
+    assert sample(s, "vkserve_device_healthy", device="vulkan0") == 1
+    assert "vkserve_device_memory_budget_bytes" not in {k[0] for k in s
+                                                        if ("device", "cpu") in k[1]}
+    assert d.stop() == 0
 
 
-def test_gpu_nodes_without_a_vulkan_gpu_are_reported_everywhere(tmp_path: Path) -> None:
+def test_gpu_nodes_without_a_vulkan_gpu_are_reported_everywhere(tmp_path: Path, launch_daemon: Launch) -> None:
     """A GPU device node exists (a fake ``renderD128``, through $VKSERVE_TEST_GPU_NODES) but
     Vulkan finds no driver (an empty ICD folder): an ERROR line at start naming the node and
     the reason, ``gpu_problem`` in the status (and in `vkserve status`), a warning on /readyz
@@ -255,7 +239,7 @@ def test_gpu_nodes_without_a_vulkan_gpu_are_reported_everywhere(tmp_path: Path) 
     icd.mkdir()
     repo = tmp_path / "repo"
     tiny_model(repo, "tiny")
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/g.sock"
 [models]
@@ -264,36 +248,32 @@ repository = "{repo}"
 cache_dir = ""
 """, env={"VK_ICD_FILENAMES": str(icd), "VK_DRIVER_FILES": str(icd),
           "VKSERVE_TEST_GPU_NODES": f"{dev}/renderD*"})
-    try:
-        errors = [ln for ln in d.log_text().splitlines() if " ERROR " in ln]
-        assert len(errors) == 1, d.log_text()
-        assert f"GPU device node(s) {node} exist (no_driver)" in errors[0], errors[0]
-        assert "VK_ERROR_INCOMPATIBLE_DRIVER" in errors[0] and "CPU only" in errors[0]
-        with Client.connect(f"unix:{tmp_path}/g.sock") as c:
-            s = c.status()
-            assert "out" in c.infer("tiny", {"data": np.zeros(SLOW_SHAPE, np.float32)})  # on the CPU
-        assert s["gpu_problem"]["nodes"] == [node] and s["gpu_problem"]["reason"] == "no_driver"
-        assert "VK_ERROR_INCOMPATIBLE_DRIVER" in s["gpu_problem"]["detail"]
-        assert [dev_["kind"] for dev_ in s["devices"]] == ["cpu"]
-        text = subprocess.run(vkserve_cmd("status", "--socket", f"{tmp_path}/g.sock"), cwd=ROOT,
-                              capture_output=True, text=True, timeout=60, check=True).stdout
-        assert f"UNUSABLE: device node(s) {node}, but no Vulkan GPU (no_driver)" in text, text
-        status, body = http_get(d.metrics_port, "/readyz")  # type: ignore[arg-type]
-        assert status == 200, body
-        ready, warning = body.splitlines()
-        assert ready == "ready: tiny" and warning.startswith("warning: no Vulkan GPU although "
-                                                             f"GPU device node(s) {node} exist")
-        assert sample(scrape(d), "vkserve_gpu_unusable", node=node, reason="no_driver") == 1
-        assert finish(d) == 0
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
+    errors = [ln for ln in d.log_text().splitlines() if " ERROR " in ln]
+    assert len(errors) == 1, d.log_text()
+    assert f"GPU device node(s) {node} exist (no_driver)" in errors[0], errors[0]
+    assert "VK_ERROR_INCOMPATIBLE_DRIVER" in errors[0] and "CPU only" in errors[0]
+    with Client.connect(f"unix:{tmp_path}/g.sock") as c:
+        s = c.status()
+        assert "out" in c.infer("tiny", {"data": np.zeros(SLOW_SHAPE, np.float32)})  # on the CPU
+    assert s["gpu_problem"]["nodes"] == [node] and s["gpu_problem"]["reason"] == "no_driver"
+    assert "VK_ERROR_INCOMPATIBLE_DRIVER" in s["gpu_problem"]["detail"]
+    assert [dev_["kind"] for dev_ in s["devices"]] == ["cpu"]
+    text = subprocess.run(vkserve_cmd("status", "--socket", f"{tmp_path}/g.sock"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"UNUSABLE: device node(s) {node}, but no Vulkan GPU (no_driver)" in text, text
+    status, body = http_get(d.metrics_port, "/readyz")  # type: ignore[arg-type]
+    assert status == 200, body
+    ready, warning = body.splitlines()
+    assert ready == "ready: tiny" and warning.startswith("warning: no Vulkan GPU although "
+                                                         f"GPU device node(s) {node} exist")
+    assert sample(scrape(d), "vkserve_gpu_unusable", node=node, reason="no_driver") == 1
+    assert d.stop() == 0
 
 
 # ------------------------------------------------------------------------------ lifecycle
 
 
-def test_sigterm_during_load_answers_everything_and_saves_the_cache(tmp_path: Path) -> None:
+def test_sigterm_during_load_answers_everything_and_saves_the_cache(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = make_repository(tmp_path / "repo")  # digits (Vulkan) and slow (CPU, +0.3 s a run)
     cache = tmp_path / "cache"
     config = f"""
@@ -305,49 +285,41 @@ repository = "{repo}"
 [scheduler]
 cache_dir = "{cache}"
 """
-    d = start_daemon(tmp_path, config, env={"VKSERVE_TEST_DEVICE_DELAY": "cpu=0.3"})
-    try:
-        r = Raw(d.socket)
-        for i in range(1, 9):  # ~1.2 s of work on the two CPU slots: more than the drain
-            r.send(slow_request(i))
-        for i in range(9, 13):
-            r.send(digits_request(i))
-        wait_status(d, lambda s: s["server"]["infer_in_flight"] >= 8 and s["in_flight"] >= 1)
-        d.proc.send_signal(signal.SIGTERM)
-        answers = r.read_to_eof(timeout=15)
-        r.sock.close()
-        assert d.proc.wait(20) == 0
-        assert sorted(a.id for a in answers) == list(range(1, 13))  # every one answered
-        codes = {a.error.code for a in answers if not a.ok}
-        assert codes <= {"UNAVAILABLE"} and codes, [(a.id, a.error) for a in answers]
-        assert any(a.ok for a in answers)
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
+    d = launch_daemon(tmp_path, config, env={"VKSERVE_TEST_DEVICE_DELAY": "cpu=0.3"})
+    r = Raw(d.socket)
+    for i in range(1, 9):  # ~1.2 s of work on the two CPU slots: more than the drain
+        r.send(slow_request(i))
+    for i in range(9, 13):
+        r.send(digits_request(i))
+    wait_status(d, lambda s: s["server"]["infer_in_flight"] >= 8 and s["in_flight"] >= 1)
+    d.proc.send_signal(signal.SIGTERM)
+    answers = r.read_to_eof(timeout=15)
+    r.sock.close()
+    assert d.proc.wait(20) == 0
+    assert sorted(a.id for a in answers) == list(range(1, 13))  # every one answered
+    codes = {a.error.code for a in answers if not a.ok}
+    assert codes <= {"UNAVAILABLE"} and codes, [(a.id, a.error) for a in answers]
+    assert any(a.ok for a in answers)
     files = list(cache.glob("vkserve-*.cache"))
     assert len(files) == 1, list(cache.iterdir())
     info = inspect_cache_file(files[0].read_bytes())
     assert info["valid"], info["reason"]
     assert len(info["entries"]) > 0
     # the next start finds every SPIR-V module there: a warm load
-    d = start_daemon(tmp_path, config, name="again")
-    try:
-        s = scrape(d)
-        assert sample(s, "vkserve_model_load_seconds_count", model="digits", device="vulkan0",
-                      cache="warm") == 1
-        assert sample(s, "vkserve_pipeline_cache_misses_total", device="vulkan0",
-                      tier="spirv") == 0
-        assert finish(d, signal.SIGINT) == 0
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
+    d = launch_daemon(tmp_path, config, name="again")
+    s = scrape(d)
+    assert sample(s, "vkserve_model_load_seconds_count", model="digits", device="vulkan0",
+                  cache="warm") == 1
+    assert sample(s, "vkserve_pipeline_cache_misses_total", device="vulkan0",
+                  tier="spirv") == 0
+    assert d.stop(signal.SIGINT) == 0
 
 
-def test_sighup_adds_and_removes_models_under_load(tmp_path: Path) -> None:
+def test_sighup_adds_and_removes_models_under_load(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = tmp_path / "repo"
     tiny_model(repo, "keep")
     tiny_model(repo, "gone")
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/h.sock"
 [models]
@@ -397,23 +369,21 @@ use_vulkan = false
                 c.infer("gone", {"data": np.ones(SLOW_SHAPE, np.float32)})
             assert err.value.code == "NOT_FOUND"
         assert "removed ['gone']" in d.log_text()
-        assert finish(d) == 0
+        assert d.stop() == 0
     finally:
         done.set()
-        if d.proc.poll() is None:
-            d.proc.kill()
 
 
 # ------------------------------------------------------------------------------ systemd
 
 
-def test_sd_notify_ready_status_watchdog_stopping(tmp_path: Path) -> None:
+def test_sd_notify_ready_status_watchdog_stopping(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = tmp_path / "repo"
     tiny_model(repo, "tiny")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))
     notify.settimeout(0.5)
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{tmp_path}/n.sock"
 [models]
@@ -429,7 +399,7 @@ use_vulkan = false
                 messages += notify.recv(4096).decode().splitlines()
             except TimeoutError:
                 continue
-        assert finish(d) == 0
+        assert d.stop() == 0
         while True:
             try:
                 messages += notify.recv(4096).decode().splitlines()
@@ -437,8 +407,6 @@ use_vulkan = false
                 break
     finally:
         notify.close()
-        if d.proc.poll() is None:
-            d.proc.kill()
     ready = messages.index("READY=1")
     status = next(i for i, m in enumerate(messages) if i > ready and m.startswith("STATUS="))
     watchdog = next(i for i, m in enumerate(messages) if i > status and m == "WATCHDOG=1")
@@ -448,7 +416,7 @@ use_vulkan = false
     assert "STATUS=loading models" in messages[:ready]
 
 
-def test_socket_activation_uses_the_inherited_sockets(tmp_path: Path) -> None:
+def test_socket_activation_uses_the_inherited_sockets(tmp_path: Path, launch_daemon: Launch) -> None:
     repo = tmp_path / "repo"
     tiny_model(repo, "tiny")
     path = tmp_path / "activated.sock"
@@ -465,7 +433,7 @@ def test_socket_activation_uses_the_inherited_sockets(tmp_path: Path) -> None:
               "os.execv(sys.argv[2], sys.argv[2:])\n")
     wrapper = [sys.executable, "-c", script, f"{unix.fileno()},{tcp.fileno()}"]
     own = tmp_path / "own.sock"
-    d = start_daemon(tmp_path, f"""
+    d = launch_daemon(tmp_path, f"""
 [server]
 socket = "{own}"
 token = "{TOKEN}"
@@ -476,20 +444,16 @@ use_vulkan = false
 """, wrapper=wrapper, pass_fds=(unix.fileno(), tcp.fileno()))
     unix.close()
     tcp.close()
-    try:
-        assert not own.exists()  # the configured socket is not bound
-        assert f"vkserve: listening on unix {path}" in d.lines
-        assert f"vkserve: listening on tcp 127.0.0.1:{tcp_port} (token required)" in d.lines
-        x = np.ones(SLOW_SHAPE, np.float32)
-        with Client.connect(f"unix:{path}") as c:
-            assert c.infer("tiny", {"data": x})["out"].shape == (64,)
-        with Client.connect(f"tcp://127.0.0.1:{tcp_port}", token=TOKEN) as c:
-            assert c.ping()
-        assert finish(d) == 0
-        assert path.exists()  # the socket file belongs to systemd, not to the daemon
-    finally:
-        if d.proc.poll() is None:
-            d.proc.kill()
+    assert not own.exists()  # the configured socket is not bound
+    assert f"vkserve: listening on unix {path}" in d.lines
+    assert f"vkserve: listening on tcp 127.0.0.1:{tcp_port} (token required)" in d.lines
+    x = np.ones(SLOW_SHAPE, np.float32)
+    with Client.connect(f"unix:{path}") as c:
+        assert c.infer("tiny", {"data": x})["out"].shape == (64,)
+    with Client.connect(f"tcp://127.0.0.1:{tcp_port}", token=TOKEN) as c:
+        assert c.ping()
+    assert d.stop() == 0
+    assert path.exists()  # the socket file belongs to systemd, not to the daemon
 
 
 # ------------------------------------------------------------------------------ config

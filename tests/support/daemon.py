@@ -1,5 +1,6 @@
-"""The one way tests start a daemon: `vkserve serve` as a subprocess (`start_daemon`), and
-the helpers that talk to it (raw frames, status polling, the example and `slow` models)."""
+"""The one way tests start a daemon: `vkserve serve` as a subprocess (`start_daemon`), owned by
+`running_daemon` (which the `launch_daemon` / `launch_module_daemon` fixtures of tests/conftest.py
+use), and the helpers that talk to it (raw frames, status polling, the example and `slow` models)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,11 @@ class Daemon:
             raise
 
 
+#: What the `launch_daemon` / `launch_module_daemon` fixtures give: ``launch(workdir, config,
+#: **start_daemon_kwargs) -> Daemon``.
+Launch = Callable[..., Daemon]
+
+
 def vkserve_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vkserve", *args]
 
@@ -119,7 +127,12 @@ def start_daemon(workdir: Path, config: str, *, name: str = "daemon", wait: bool
 
     threading.Thread(target=pump, daemon=True).start()
     if wait:
-        daemon.wait_line("send a job")
+        try:
+            daemon.wait_line("send a job")
+        except BaseException:  # never ready: no process left behind
+            proc.kill()
+            proc.wait()
+            raise
         for line in daemon.lines:
             if line.startswith("vkserve: listening on tcp "):
                 host, _, port = line.split()[4].rpartition(":")
@@ -127,6 +140,29 @@ def start_daemon(workdir: Path, config: str, *, name: str = "daemon", wait: bool
             if line.startswith("vkserve: metrics on http://"):
                 daemon.metrics_port = int(line.split()[3].rsplit(":", 1)[1].split("/")[0])
     return daemon
+
+
+@contextmanager
+def running_daemon(workdir: Path, config: str, **kwargs: Any) -> Iterator[Daemon]:
+    """A daemon (``start_daemon(workdir, config, **kwargs)``) for the extent of the block.
+
+    At the end of the block a daemon whose exit the test has not collected (``stop()``,
+    ``proc.wait()``) is stopped with SIGTERM and must exit 0 (the assertion carries the log
+    tail); one that does not stop in time is killed. A block left by an exception kills it."""
+    d = start_daemon(workdir, config, **kwargs)
+    try:
+        yield d
+        if d.proc.returncode is None:  # still running, or died unnoticed: a clean stop is due
+            try:
+                rc = d.stop()
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"daemon {d.log.stem} did not stop on SIGTERM (killed); "
+                                     f"log tail:\n{d.log_text()[-3000:]}") from None
+            assert rc == 0, f"daemon {d.log.stem} exited {rc}; log tail:\n{d.log_text()[-3000:]}"
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
 
 
 def make_repository(path: Path, *, digits: bool = True, slow: bool = True) -> Path:

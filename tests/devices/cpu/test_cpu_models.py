@@ -1,4 +1,5 @@
-"""Every model in ../shared/models passes `verify` on the CPU engine (bf16 storage).
+"""Every model in tests/data/models (the 12 architectures of ncnn's benchmark set) passes
+`verify` on the CPU engine (bf16 storage).
 
 New .param files dropped into that folder are picked up automatically. Weights are the models
 package's seeded random ones (written to a temporary .bin for ncnn), inputs seeded uniform

@@ -1,4 +1,5 @@
-"""Every model in ../shared/models passes `verify` on the Vulkan device (lavapipe in CI), in
+"""Every model in tests/data/models (the 12 architectures of ncnn's benchmark set) passes
+`verify` on the Vulkan device (lavapipe in CI), in
 fp32 (cosine >= 0.9999, max abs error <= 0.5 % of the reference's max abs) and fp16 (0.999,
 2 %), against the ncnn package on the CPU in fp32 with the same seeded random weights.
 
