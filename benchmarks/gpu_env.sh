@@ -1,5 +1,6 @@
 # Sourced at the start of a run on the GPU machine (the `device` tool): unpack the Vulkan
-# loader carried in .gl/ and the wheels carried in .whl/ (see benchmarks/README.md).
+# loader (libvulkan1 and the libglvnd packages NVIDIA's ICD needs: libglvnd0 libegl1 libgl1
+# libglx0 libopengl0 libgles2) carried in .gl/ and the Python 3.12 wheels carried in .whl/.
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
