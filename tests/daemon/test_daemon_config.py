@@ -20,7 +20,9 @@ from vkserve.daemon.config import (
     resolve_token,
     scheduler_config,
 )
+from vkserve.daemon.server import _example_command
 from vkserve.scheduler.config import SchedulerConfig
+from vkserve.scheduler.reports import ModelInfo, ModelState
 
 
 def test_embedded_default_is_the_dataclass_defaults() -> None:
@@ -116,3 +118,22 @@ def test_device_test_hooks_parse() -> None:
     for bad in ("gpu=1", "cpu", "0=-1", "0=x"):
         with pytest.raises(ConfigError, match="VKSERVE_TEST_DEVICE_DELAY"):
             parse_test_hooks({"VKSERVE_TEST_DEVICE_DELAY": bad})
+
+
+@pytest.mark.parametrize("where", ["repo", "root", "elsewhere"])
+def test_example_command_path_is_usable_from_where_the_daemon_started(
+        where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative to the folder the daemon was started in when the sample is under it; absolute
+    otherwise and under systemd (cwd /), where a relative `var/lib/...` would mislead."""
+    repo = tmp_path / "repo"
+    (repo / "digits" / "samples").mkdir(parents=True)
+    sample = repo / "digits" / "samples" / "3.npy"
+    sample.write_bytes(b"")
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir({"repo": repo, "root": Path("/"), "elsewhere": tmp_path / "other"}[where])
+    info = ModelInfo(name="digits", state=ModelState.READY, inputs={"data": [1, 8, 8]}, outputs={},
+                     devices=[0], placements=[], queue_depth=0, in_flight=0, queue_limit=1,
+                     precision="fp32", error=None)
+    line = _example_command([info], repo, Path("/run/x.sock"), Path("/run/x.sock"))
+    shown = "digits/samples/3.npy" if where == "repo" else str(sample)
+    assert line == f"vkserve infer digits --input data={shown}"

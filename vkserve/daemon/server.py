@@ -245,9 +245,8 @@ def _example_command(
         sample = next((s for s in samples if s.stem == "3"), samples[0] if samples else None)
     inputs = list(first.inputs)
     if sample is not None and len(inputs) == 1:
-        shown = os.path.relpath(sample)
-        if shown.startswith(".."):
-            shown = str(sample)
+        cwd = Path.cwd()  # short when under the folder it was started in; absolute elsewhere and under systemd (cwd /)
+        shown = sample.relative_to(cwd) if cwd != Path("/") and sample.is_relative_to(cwd) else sample
         args += f" --input {inputs[0]}={shown}"
     else:
         args += " --random-input"
