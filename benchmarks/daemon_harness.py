@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,16 +14,21 @@ sys.path.insert(0, str(ROOT))
 from vkserve.client import Client  # noqa: E402
 
 
-def start_daemon(tmp: Path, repo: Path, timeout: float = 300) -> tuple[subprocess.Popen, Path]:
-    """Run the daemon on `repo`; return once every model is ready (or fail with its log)."""
+def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, str] | None = None,
+                 server: str = "", scheduler: str = "") -> tuple[subprocess.Popen, Path]:
+    """Run the daemon on `repo`; return once every model is ready (or fail with its log).
+
+    ``env`` is added to the daemon's environment (e.g. the test hooks); ``server`` and
+    ``scheduler`` are extra TOML lines for those tables (``"drain_timeout = 5"``). The log
+    is ``tmp/daemon.log``."""
     sock = tmp / "vkserve.sock"
     config = tmp / "vkserve.toml"
-    config.write_text(f'[server]\nsocket = "{sock}"\n[models]\nrepository = "{repo}"\n'
-                      '[metrics]\nlisten = "off"\n')
+    config.write_text(f'[server]\nsocket = "{sock}"\n{server}\n[models]\nrepository = "{repo}"\n'
+                      f'[scheduler]\n{scheduler}\n[metrics]\nlisten = "off"\n')
     log = tmp / "daemon.log"
     proc = subprocess.Popen([sys.executable, "-m", "vkserve", "serve", "--config",
                              str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=log.open("w"))
+                            stderr=log.open("w"), env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if sock.exists():

@@ -325,7 +325,7 @@ def test_request_round_trips_through_a_frame() -> None:
         PingRequest(1),
         StatusRequest(2),
         ListModelsRequest(3),
-        LoadModelRequest(4, "m", ["gpu0", "cpu"]),
+        LoadModelRequest(4, "m", ["0", "cpu"]),  # device indices (ASCII digits) or "cpu"
         UnloadModelRequest(5, "m"),
         CancelRequest(6, 1),
         AuthRequest(7, "tok"),

@@ -434,7 +434,8 @@ repository = "{repo}"
         answers[a.id] = a
     assert all(answers[i].ok for i in range(1, 5)), answers
     assert answers[9].error.code == "UNAVAILABLE"
-    assert r.read_to_eof() == []  # the daemon closes the drained connection
+    bye = r.read_to_eof()  # the drained connection: a goodbye (id 0), then the close
+    assert [(a.id, a.error.code) for a in bye if a.error] == [(0, "UNAVAILABLE")]
     r.sock.close()
     assert d.proc.wait(20) == 0
     assert not sock.exists()
@@ -460,8 +461,10 @@ repository = "{repo}"
     answers = r.read_to_eof(timeout=10)
     assert d.proc.wait(10) == 0
     assert time.monotonic() - start < 3.0  # 0.3 s drain + the runs already started
-    # every request is answered: the finished ones with results, the rest UNAVAILABLE
-    assert sorted(a.id for a in answers) == list(range(1, 13))
+    # every request is answered: the finished ones with results, the rest UNAVAILABLE;
+    # then the goodbye (id 0) before the close
+    assert sorted(a.id for a in answers if a.id) == list(range(1, 13))
+    assert [a.error.code for a in answers if a.id == 0 and a.error] == ["UNAVAILABLE"]
     unavailable = [a for a in answers if not a.ok]
     assert unavailable and all(a.error.code == "UNAVAILABLE" for a in unavailable)
     assert "drain timeout: cancelling" in d.log_text()

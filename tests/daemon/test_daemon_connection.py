@@ -135,7 +135,7 @@ async def test_backend_failures_become_answers_and_the_connection_goes_on() -> N
         await peer.send(infer(2, "busy"))
         r = await peer.recv()
         assert r is not None and r.error is not None and r.error.code == "OVERLOADED"
-        assert r.error.message == "OVERLOADED: queue full"
+        assert r.error.message == "queue full"  # the code travels once, in error.code
         await peer.send(infer(3, "double"))
         r = await peer.recv()
         assert r is not None and r.ok and r.result["device"] == "test"
@@ -145,7 +145,7 @@ async def test_backend_failures_become_answers_and_the_connection_goes_on() -> N
         assert r.result["models"] == [{
             "name": "m", "state": "ready", "inputs": {"x": [2]}, "outputs": {"y": [2]}, "devices": [0],
             "placements": [], "queue_depth": 0, "in_flight": 0, "queue_limit": 8, "precision": "auto",
-            "error": None}]
+            "error": None, "reloading": False, "reload_error": None, "reload_failures": 0}]
         await peer.send({"v": 1, "id": 5, "op": "load_model", "name": "m", "devices": ["cpu", "0"]})
         r = await peer.recv()
         assert r is not None and r.result["name"] == "m" and r.result["devices"] == [0, 0]
@@ -187,7 +187,13 @@ async def test_drain_refuses_new_work_and_closes_when_idle() -> None:
         await peer.send({"v": 1, "id": 3, "op": "cancel", "target": 1})
         answers = {(await peer.recv()).id for _ in range(2)}  # type: ignore[union-attr]
         assert answers == {1, 3}
-        assert await peer.recv() is None  # nothing in flight: the daemon closes the connection
+        bye = await peer.recv()  # nothing in flight: the goodbye (id 0), then the close
+        assert bye is not None and bye.id == 0 and bye.error is not None and bye.error.code == "UNAVAILABLE"
+        await peer.send(infer(4, "double"))  # sent before the goodbye reached the peer: answered
+        r = await peer.recv()
+        assert r is not None and r.id == 4 and r.error is not None and r.error.code == "UNAVAILABLE"
+        await peer.stream.send_eof()  # the peer's EOF ends the linger at once
+        assert await peer.recv() is None
         await trio.testing.wait_all_tasks_blocked()
         assert closed()
 

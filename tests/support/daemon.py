@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -170,10 +172,27 @@ def make_repository(path: Path, *, digits: bool = True, slow: bool = True) -> Pa
     if digits:
         (path / "digits").symlink_to(DIGITS)
     if slow:
-        (path / "slow").mkdir()
-        (path / "slow" / "model.param").write_text(SLOW_PARAM)
-        (path / "slow" / "config.toml").write_text(SLOW_CONFIG)
+        write_slow_model(path)
     return path
+
+
+def write_slow_model(repo: Path, name: str = "slow", config: str = SLOW_CONFIG) -> Path:
+    """Add a small random-weights model (input ``data`` of shape :data:`SLOW_SHAPE`; ``config``
+    pins it to the CPU by default, where ``SLOW_ENV`` slows every run) to ``repo``."""
+    folder = repo / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.param").write_text(SLOW_PARAM)
+    (folder / "config.toml").write_text(config)
+    return folder
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of a GET on the daemon's metrics port; HTTP errors are answers too."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def sample(k: int) -> np.ndarray:
@@ -195,9 +214,11 @@ def cpu_engine_prob(x: np.ndarray) -> np.ndarray:
 class Raw:
     """A byte-level connection for speaking (or breaking) the protocol by hand."""
 
-    def __init__(self, path: Path | None = None, tcp: tuple[str, int] | None = None) -> None:
-        if tcp is not None:
-            self.sock = socket.create_connection(tcp, timeout=10)
+    def __init__(self, path: Path | None = None, tcp: tuple[str, int] | None = None,
+                 source: str | None = None) -> None:
+        if tcp is not None:  # from the local address ``source`` when given (e.g. 127.0.0.2)
+            self.sock = socket.create_connection(
+                tcp, timeout=10, source_address=(source, 0) if source else None)
         else:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(10)

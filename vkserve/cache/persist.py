@@ -22,6 +22,7 @@ import logging
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -37,6 +38,15 @@ from vkserve.cache.cache_file import (
 log = logging.getLogger(__name__)
 
 _TEMP_SUFFIX = ".tmp"
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`No space left on device (errno 28, ENOSPC)`: the error's text and errno, without the
+    path (the caller's message names the path)."""
+    if exc.errno is None:
+        return str(exc)
+    name = errno.errorcode.get(exc.errno, "?")
+    return f"{exc.strerror or os.strerror(exc.errno)} (errno {exc.errno}, {name})"
 
 
 def default_cache_dir() -> Path:
@@ -59,12 +69,15 @@ def _temp_prefix(path: Path) -> str:
 
 
 def read_cache_file(
-    path: str | os.PathLike[str], expected: DeviceIdentity, max_bytes: int = MAX_FILE_BYTES
+    path: str | os.PathLike[str], expected: DeviceIdentity, max_bytes: int = MAX_FILE_BYTES,
+    on_error: Callable[[OSError], None] | None = None,
 ) -> CacheContents | None:
     """Load and validate a cache file; None on any problem, never an exception.
 
     A missing file is an ordinary cold start (logged at DEBUG). Anything else
-    that prevents use logs one WARNING naming the file and the reason. The size
+    that prevents use logs one WARNING naming the file and the reason; an OSError
+    other than a missing file (the file could not be read, as opposed to being
+    rejected) is also passed to `on_error`. The size
     is checked on the open descriptor before reading, so an oversized (or
     sparse multi-GB) file is never read into memory.
     """
@@ -81,7 +94,9 @@ def read_cache_file(
     except CacheFileRejected as exc:
         reason = exc.reason
     except OSError as exc:
-        reason = f"cannot read: {exc.strerror or exc}"
+        if on_error is not None:
+            on_error(exc)
+        reason = f"cannot read: {describe_os_error(exc)}"
     log.warning("ignoring pipeline cache file %s: %s", path, reason)
     return None
 
@@ -171,6 +186,9 @@ class WriterLock:
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._fd: int | None = None
         self._refusal_logged = False
+        #: Why the last `acquire()` failed, when it was an error (not another process holding
+        #: the lock): the caller counts it (PipelineCache's lock errors).
+        self.error: OSError | None = None
 
     @property
     def held(self) -> bool:
@@ -186,10 +204,13 @@ class WriterLock:
         """
         if self._fd is not None:
             return True
+        self.error = None
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            self._refuse(logging.WARNING, f"cannot open {self.lock_path}: {exc.strerror or exc}")
+            self.error = exc
+            self._refuse(logging.WARNING,
+                         f"cannot open {self.lock_path}: {describe_os_error(exc)}")
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,7 +219,9 @@ class WriterLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 self._refuse(logging.INFO, f"another process holds {self.lock_path}")
             else:
-                self._refuse(logging.WARNING, f"cannot lock {self.lock_path}: {exc.strerror or exc}")
+                self.error = exc
+                self._refuse(logging.WARNING,
+                             f"cannot lock {self.lock_path}: {describe_os_error(exc)}")
             return False
         self._fd = fd
         remove_stale_temp_files(self.path)

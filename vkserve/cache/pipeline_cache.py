@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from vkserve.cache.cache_file import DeviceIdentity, SpirvKey, encode_cache_file, source_hash
-from vkserve.cache.persist import WriterLock, atomic_write, read_cache_file
+from vkserve.cache.persist import WriterLock, atomic_write, describe_os_error, read_cache_file
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,21 @@ class CacheStats:
     driver_blob_saved_bytes: int = 0
     compile_seconds: float = 0.0  # GLSL -> SPIR-V
     pipeline_seconds: float = 0.0  # vkCreateComputePipelines (uses the driver cache)
+    # Failed file operations (each also a WARNING); the cache then works in memory only.
+    create_errors: int = 0  # creating the cache folder
+    lock_errors: int = 0  # opening or locking `<file>.lock` (not: another process holds it)
+    load_errors: int = 0  # reading the cache file (a rejected file is a miss, not an error)
+    save_errors: int = 0  # writing the cache file
+    tuning_errors: int = 0  # reading the tuning file beside it
+
+    #: `op` label of `vkserve_pipeline_cache_errors_total` -> field.
+    ERROR_FIELDS: ClassVar[dict[str, str]] = {
+        "create": "create_errors", "lock": "lock_errors", "load": "load_errors",
+        "save": "save_errors", "tuning": "tuning_errors"}
+
+    def errors(self) -> dict[str, int]:
+        """Failed file operations by op (create, lock, load, save, tuning)."""
+        return {op: getattr(self, name) for op, name in self.ERROR_FIELDS.items()}
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,6 +125,11 @@ class PipelineCache:
     """One device's pipeline cache, persisted to `<directory>/<identity file name>`.
 
     With `directory=None` nothing is read or written (an in-memory cache).
+
+    The file is an optimisation: no error of the file system (creating the folder, taking
+    the lock, reading, saving) ever fails the cache. Each is one WARNING naming the path and
+    the errno, and counted in `stats` (`CacheStats.errors()`); the cache then works in
+    memory, and the next `save` tries again (a fixed folder or freed disk is used then).
     """
 
     def __init__(self, backend: PipelineBackend, directory: Path | None) -> None:
@@ -121,20 +141,22 @@ class PipelineCache:
         self._inflight: dict[Hashable, Future[Any]] = {}
         self._dirty = False
         self.path = None if directory is None else Path(directory) / backend.identity.file_name()
-        self._writer = None
+        self._writer: WriterLock | None = None
+        self._retry_writer = False  # the folder or lock failed with an error: save retries
+        self._writer_lock = threading.Lock()  # one _open_writer at a time
         blob = b""
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = WriterLock(self.path)
-            self._writer.acquire()
-            contents = read_cache_file(self.path, backend.identity)
-            if contents is not None:
-                self._spirv.update(contents.spirv)
-                blob = contents.driver_blob
-                log.info("pipeline cache %s: loaded %d SPIR-V modules and %d bytes of driver "
-                         "cache", self.path, len(contents.spirv), len(blob))
-            elif self.path.exists():  # rejected: replace it at the next save
-                self._dirty = True
+            if self._open_writer():
+                contents = read_cache_file(self.path, backend.identity,
+                                           on_error=lambda exc: self.count_error("load"))
+                if contents is not None:
+                    self._spirv.update(contents.spirv)
+                    blob = contents.driver_blob
+                    log.info("pipeline cache %s: loaded %d SPIR-V modules and %d bytes of "
+                             "driver cache", self.path, len(contents.spirv), len(blob))
+                elif self._present(self.path):  # rejected: replace it at the next save
+                    self._dirty = True
         self._saved_blob = blob  # what the file holds; a save is due when the driver's differs
         try:
             backend.open_driver_cache(blob)
@@ -150,6 +172,47 @@ class PipelineCache:
     @property
     def writable(self) -> bool:
         return self._writer is not None and self._writer.held
+
+    def count_error(self, op: str) -> None:
+        """Count a failed file operation (`op`: a key of `CacheStats.ERROR_FIELDS`); the
+        caller logs it."""
+        name = CacheStats.ERROR_FIELDS[op]
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _file_error(self, op: str, subject: str, exc: OSError) -> None:
+        self.count_error(op)
+        log.warning("%s: cannot %s: %s; the pipeline cache works in memory only", subject, op,
+                    describe_os_error(exc))
+
+    @staticmethod
+    def _present(path: Path) -> bool:
+        try:
+            return path.exists()
+        except OSError:
+            return True  # something is there that we cannot look at: a save replaces it
+
+    def _open_writer(self) -> bool:
+        """Create the folder and try to become the file's writer; False when the folder
+        cannot be created (then there is nothing to read either)."""
+        assert self.path is not None and self._writer is not None
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._retry_writer = True
+            self._file_error("create", f"pipeline cache folder {folder}", exc)
+            return False
+        if self._writer.acquire():
+            self._retry_writer = False
+        elif self._writer.error is not None:
+            self._retry_writer = True
+            if self.stats.lock_errors:  # the WriterLock logs (path, errno) its first only
+                self._file_error("lock", f"pipeline cache lock {self._writer.lock_path}",
+                                 self._writer.error)
+            else:
+                self.count_error("lock")
+        return True
 
     def _once(self, table: dict[Any, T], key: Any, build: Callable[[], T]) -> tuple[T, bool]:
         """Return (value, built_here) for `key`, building it at most once at a time."""
@@ -230,15 +293,26 @@ class PipelineCache:
         with self._lock:
             if not self._dirty and blob == self._saved_blob:
                 return False
+        with self._writer_lock:
+            if not self.writable and self._retry_writer:  # the folder or lock failed before
+                self._open_writer()
+        with self._lock:
             if not self.writable:
-                log.debug("pipeline cache %s changed but another process is its writer",
+                log.debug("pipeline cache %s changed but this process cannot write it",
                           self.path)
                 return False
             entries = dict(self._spirv)
             self._dirty = False
-            self._saved_blob = blob
+            previous, self._saved_blob = self._saved_blob, blob
         data = encode_cache_file(self.backend.identity, entries, blob)
-        atomic_write(self.path, data)
+        try:
+            atomic_write(self.path, data)
+        except OSError as exc:  # full disk, a directory at the path, ...: try again next time
+            with self._lock:
+                self._dirty = True
+                self._saved_blob = previous
+            self._file_error("save", f"pipeline cache {self.path}", exc)
+            return False
         self.stats.driver_blob_saved_bytes = len(blob)
         log.info("pipeline cache %s: saved %d SPIR-V modules, %d bytes", self.path,
                  len(entries), len(data))

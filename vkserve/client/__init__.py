@@ -14,6 +14,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
+from .paths import UnsafeSocketFolder
 from .sync_client import Client
 from .trio_client import TrioClient
 
@@ -32,4 +33,5 @@ __all__ = [
     "TrioClient",
     "Unauthenticated",
     "Unavailable",
+    "UnsafeSocketFolder",
 ]

@@ -64,6 +64,19 @@ def encode_frame(message: Mapping[str, Any], max_frame_size: int = DEFAULT_MAX_F
     return _HEADER.pack(len(payload)) + payload
 
 
+#: How deep msgpack's unpacker lets arrays and maps nest (its fixed stack; deeper is StackError).
+MAX_NESTING = 1024
+
+
+def _unpack_reason(exc: Exception) -> str:
+    """Why msgpack refused a payload; some of its errors carry no text of their own."""
+    if isinstance(exc, msgpack.StackError):
+        return f"arrays/maps nested deeper than {MAX_NESTING} levels"
+    if isinstance(exc, msgpack.FormatError):
+        return f"unknown or reserved type byte ({exc})" if str(exc) else "unknown or reserved type byte"
+    return str(exc) or type(exc).__name__
+
+
 def unpack_payload(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Decode one frame payload into a map, or raise MalformedFrame.
 
@@ -86,7 +99,7 @@ def unpack_payload(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
         )
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         # ValueError covers ExtraData, FormatError, StackError, truncated data and bad UTF-8.
-        raise MalformedFrame(f"payload is not valid msgpack: {exc}") from None
+        raise MalformedFrame(f"payload is not valid msgpack: {_unpack_reason(exc)}") from None
     if not isinstance(obj, dict):
         raise MalformedFrame(f"payload must be a msgpack map, got {type(obj).__name__}")
     return obj
@@ -109,11 +122,21 @@ class FrameDecoder:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._fatal: FrameError | None = None
+        #: Frames consumed so far (decoded or malformed).
+        self.frames = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a frame (non-zero at EOF means a torn frame)."""
         return len(self._buf)
+
+    @property
+    def frame_size(self) -> int | None:
+        """Header plus payload bytes of the frame being received, once its header is in (the
+        length a peer claims: nothing is allocated for it before the bytes arrive)."""
+        if len(self._buf) < HEADER_SIZE:
+            return None
+        return HEADER_SIZE + _HEADER.unpack_from(self._buf)[0]
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._fatal is not None:
@@ -133,6 +156,7 @@ class FrameDecoder:
                 return unpack_payload(payload)
         finally:
             del self._buf[:end]
+            self.frames += 1
 
     def __iter__(self) -> FrameDecoder:
         return self

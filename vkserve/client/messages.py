@@ -8,11 +8,38 @@ that names it, e.g. ``field 'inputs.x.shape': expected list of ...``.
 Request ids are chosen by the client, unique among its requests in flight on one connection,
 in ``1 .. 2**64-1``. Id 0 (:data:`CONNECTION_ERROR_ID`) is reserved for error responses that
 belong to no request (e.g. the error frame sent before closing a connection with broken framing).
+
+Answers (the daemon keeps these rules; DESIGN §8):
+
+- Every request frame the daemon reads gets exactly one answer before the connection closes:
+  a response with the request's id (``ok``, or an error whose ``code`` says why), or, when the
+  frame has no usable id (not msgpack, no valid ``id``), an error with id 0. A request that
+  fails validation (a bad field, a tensor whose shape or data do not fit) is ``BAD_REQUEST``
+  for its own id; the connection goes on. Only a frame that ends the connection (a header
+  above the frame limit, a request before authentication, a wrong token) leaves the frames
+  sent after it unanswered: the daemon reads no further. ``error.message`` never repeats the
+  code (clients show ``CODE: message``).
+- A request whose id is still in flight on the connection (its answer not yet on its way) is
+  not run, whatever its op: it is answered at once ``BAD_REQUEST`` "request id N is already in flight". That
+  refusal is written before the original request's answer, so the peer sees two frames with
+  id N: first the refusal, then the original's answer. The clients of this package never
+  reuse an id that is in flight.
+- On a connection that must authenticate (TCP), the daemon decodes nothing but the ``auth``
+  request until it succeeds: any other request is answered ``UNAUTHENTICATED`` (its fields
+  unread) and the connection closes.
+- Shutting down (drain): requests read while requests are still in flight get
+  ``UNAVAILABLE`` (``ping`` and ``status`` still run); the ones in flight finish (or get
+  ``UNAVAILABLE`` at the drain timeout). Once a connection has nothing in flight, the daemon
+  sends an id-0 ``UNAVAILABLE`` frame ("closing the connection"), then answers ``UNAVAILABLE``
+  to every request it still reads until the peer closes its side or a short linger (0.5 s)
+  ends, and closes. A peer that gets that frame should send nothing more; a request without an
+  answer when the connection closes was never read, so it never ran.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -149,6 +176,26 @@ def _opt_str_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
     return list(value)
 
 
+#: A device name on the wire: an index in ASCII digits (``"0"``, ``"12"``) or ``"cpu"``.
+_DEVICE_NAME = re.compile(r"[0-9]{1,6}|cpu")
+
+
+def _shown(value: str, limit: int = 32) -> str:
+    """``repr(value)``, cut short when long (error messages echo what the peer sent)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def _opt_device_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
+    names = _opt_str_list(msg, key)
+    for i, name in enumerate(names or ()):
+        if not _DEVICE_NAME.fullmatch(name):
+            raise SchemaError(key, f"item {i}: {_shown(name)} is not a device index (1 to 6 ASCII "
+                                   "digits) or 'cpu'")
+    return names
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -190,7 +237,8 @@ class InferRequest:
 
 @dataclass(frozen=True, slots=True)
 class LoadModelRequest:
-    """Load a model from the repository by name; ``devices`` restricts where (``None`` = config)."""
+    """Load a model from the repository by name; ``devices`` restricts where (``None`` = config):
+    device indices as ASCII digits (``"0"``) or ``"cpu"``; anything else is a BadRequest."""
 
     id: int
     name: str
@@ -302,7 +350,7 @@ def _parse_infer(rid: int, msg: Mapping[str, Any]) -> InferRequest:
 
 _PARSERS: dict[str, Callable[[int, Mapping[str, Any]], Request]] = {
     Op.INFER: _parse_infer,
-    Op.LOAD_MODEL: lambda rid, m: LoadModelRequest(rid, _req_str(m, "name"), _opt_str_list(m, "devices")),
+    Op.LOAD_MODEL: lambda rid, m: LoadModelRequest(rid, _req_str(m, "name"), _opt_device_list(m, "devices")),
     Op.UNLOAD_MODEL: lambda rid, m: UnloadModelRequest(rid, _req_str(m, "name")),
     Op.LIST_MODELS: lambda rid, m: ListModelsRequest(rid),
     Op.STATUS: lambda rid, m: StatusRequest(rid),

@@ -31,7 +31,7 @@ from .messages import (
     UnloadModelRequest,
     decode_infer_result,
 )
-from .paths import Address, TcpAddress, UnixAddress, resolve_address
+from .paths import Address, TcpAddress, UnixAddress, check_socket_folder, resolve_address
 
 __all__ = ["Client", "open_socket"]
 
@@ -39,8 +39,10 @@ _RECV_SIZE = 256 * 1024
 
 
 def open_socket(address: Address, timeout: float | None) -> socket.socket:
-    """A connected blocking stream socket for ``address`` (TCP_NODELAY on TCP)."""
+    """A connected blocking stream socket for ``address`` (TCP_NODELAY on TCP). A Unix
+    socket whose folder another user could write is refused (``UnsafeSocketFolder``)."""
     if isinstance(address, UnixAddress):
+        check_socket_folder(address.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)

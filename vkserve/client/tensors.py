@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "MAX_ELEMENTS",
     "MAX_NDIM",
     "TensorError",
     "decode_tensor",
@@ -42,6 +43,10 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
     }
 )
 MAX_NDIM = 32
+#: Upper bound on a tensor's element count, and on the product of its non-zero dimensions
+#: (which numpy checks even for an empty array): a frame carries at most 2**32 - 1 bytes, so
+#: no real tensor comes near it, and every shape within it is one numpy can represent.
+MAX_ELEMENTS = 2**32
 
 
 class TensorError(ValueError):
@@ -91,13 +96,7 @@ def decode_tensor(obj: Any) -> npt.NDArray[Any]:
         raise TensorError("dtype", "expected str")
     if dtype_name not in ALLOWED_DTYPES:
         raise TensorError("dtype", f"unsupported dtype {dtype_name!r}; allowed: {sorted(ALLOWED_DTYPES)}")
-    shape = obj.get("shape")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_NDIM
-        or not all(type(d) is int and d >= 0 for d in shape)
-    ):
-        raise TensorError("shape", f"expected list of at most {MAX_NDIM} non-negative int")
+    shape = _check_shape(obj.get("shape"))
     data = obj.get("data")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TensorError("data", "expected bin")
@@ -106,10 +105,28 @@ def decode_tensor(obj: Any) -> npt.NDArray[Any]:
     expected = math.prod(shape) * dtype.itemsize
     if nbytes != expected:
         raise TensorError("data", f"expected {expected} bytes for shape {shape} {dtype_name}, got {nbytes}")
-    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    try:
+        arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except (ValueError, TypeError) as exc:  # the checks above should make this unreachable
+        raise TensorError("shape", f"numpy refused shape {shape}: {exc}") from None
     if dtype_name == "bool" and arr.size and arr.view(np.uint8).max() > 1:
         raise TensorError("data", "bool tensor holds bytes other than 0 and 1")
     return arr
+
+
+def _check_shape(shape: Any) -> list[int]:
+    """``shape`` as a list of dims, each and their product bounded (before numpy sees them)."""
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(type(d) is int and d >= 0 for d in shape):
+        raise TensorError("shape", f"expected list of at most {MAX_NDIM} non-negative int")
+    product = 1
+    for d in shape:
+        if d > MAX_ELEMENTS:
+            raise TensorError("shape", f"dimension {d} above the limit of {MAX_ELEMENTS}")
+        product *= d or 1  # zero dims too: numpy still multiplies the others out
+        if product > MAX_ELEMENTS:
+            raise TensorError("shape", f"the non-zero dimensions of {shape} multiply to more than "
+                                       f"{MAX_ELEMENTS}")
+    return shape
 
 
 def encode_tensors(arrays: Mapping[str, npt.ArrayLike]) -> dict[str, dict[str, Any]]:

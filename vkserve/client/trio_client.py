@@ -31,7 +31,7 @@ from .messages import (
     UnloadModelRequest,
     decode_infer_reply,
 )
-from .paths import Address, UnixAddress, resolve_address
+from .paths import Address, UnixAddress, check_socket_folder, resolve_address
 
 __all__ = ["TrioClient"]
 
@@ -76,6 +76,7 @@ class TrioClient:
         addr = resolve_address(address)
         stream: trio.abc.Stream
         if isinstance(addr, UnixAddress):
+            check_socket_folder(addr.path)  # UnsafeSocketFolder: another user could replace it
             stream = await trio.open_unix_socket(addr.path)
         else:
             stream = await trio.open_tcp_stream(addr.host, addr.port)

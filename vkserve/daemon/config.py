@@ -62,9 +62,14 @@ class ServerConfig:
     token_file: str = ""
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 256
+    max_unauthenticated: int = 16
+    max_unauthenticated_per_address: int = 4
+    auth_failures_per_second: float = 2.0
+    max_buffered_bytes: int = 256 * 1024 * 1024
     max_requests_per_connection: int = 256
     idle_timeout: float = 600.0
     auth_timeout: float = 10.0
+    frame_timeout: float = 60.0
     send_timeout: float = 30.0
     drain_timeout: float = 20.0
 
@@ -200,13 +205,19 @@ def _positive(key: str, value: float) -> None:
 
 def _validate(cfg: Config, base_dir: Path | None) -> Config:
     s = cfg.server
-    for name in ("max_frame_size", "max_connections", "max_requests_per_connection",
-                 "idle_timeout", "auth_timeout", "send_timeout"):
+    for name in ("max_frame_size", "max_connections", "max_unauthenticated",
+                 "max_unauthenticated_per_address", "auth_failures_per_second",
+                 "max_buffered_bytes", "max_requests_per_connection", "idle_timeout",
+                 "auth_timeout", "frame_timeout", "send_timeout"):
         _positive(f"server.{name}", getattr(s, name))
     if s.drain_timeout < 0:
         raise ConfigError(f"server.drain_timeout: must be >= 0, got {s.drain_timeout!r}")
     if s.max_frame_size > 0xFFFFFFFF:
         raise ConfigError("server.max_frame_size: at most 4294967295 (the length field is 32 bits)")
+    if s.max_buffered_bytes < s.max_frame_size:
+        raise ConfigError(f"server.max_buffered_bytes: must be >= server.max_frame_size "
+                          f"({s.max_frame_size}), or the largest frame could never arrive; "
+                          f"got {s.max_buffered_bytes}")
     if not 0 <= s.socket_mode <= 0o777:
         raise ConfigError(f"server.socket_mode: expected permission bits like 0o660, got {s.socket_mode!r}")
     try:

@@ -6,11 +6,22 @@ Per connection (DESIGN §8):
   timeout; a header above the frame limit gets an id-0 error frame and the connection is closed;
   a payload that is not a msgpack map gets an id-0 ``BAD_REQUEST`` and reading goes on; a
   request that fails validation gets ``BAD_REQUEST`` with its own id when it had a valid one;
+- a frame must be whole within ``frame_timeout`` of its first byte (the idle timer restarts
+  with every byte, this one does not); one above :data:`UNBUDGETED_SIZE` first reserves its
+  size from the daemon's shared ``max_buffered_bytes`` and is not read further until it has;
+- a TCP peer authenticates within ``auth_timeout``, its wrong tokens throttled per address
+  (``limits.AuthThrottle``); only then does it count in ``max_connections``;
 - a nursery owns one task per request, so many requests are in flight at once; a ``cancel`` op
   cancels the target's task, which then answers ``CANCELLED``;
 - a send lock keeps frames whole on the stream; a peer that stops reading is dropped after
   ``send_timeout``;
-- when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs.
+- when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs;
+- before authentication only an ``auth`` request is decoded; anything else is answered
+  ``UNAUTHENTICATED`` by its id, fields unread, and the connection closes;
+- a drain (the daemon shuts down) is the reader's state, never a cancellation of it: new
+  requests get ``UNAVAILABLE`` while the ones in flight finish; then an id-0 ``UNAVAILABLE``
+  goodbye, ``UNAVAILABLE`` for whatever still arrives within :data:`DRAIN_LINGER` (or until
+  the peer's EOF), and the close. Every frame read is answered (vkserve.client.messages).
 
 Nothing a client sends escapes :meth:`Connection.run`: a ``SchedulerError`` becomes an answer
 with its code; anything else an ``INTERNAL`` answer and a log line; errors of the connection
@@ -27,8 +38,10 @@ from typing import Any, Protocol
 
 import trio
 
+from vkserve.client.framing import HEADER_SIZE
 from vkserve.client.protocol import (
     CONNECTION_ERROR_ID,
+    MAX_REQUEST_ID,
     AuthRequest,
     BadRequest,
     CancelRequest,
@@ -50,6 +63,7 @@ from vkserve.client.protocol import (
 )
 from vkserve.daemon.backend import Backend, Wire, to_wire
 from vkserve.daemon.config import Config
+from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog
 from vkserve.scheduler import InferResult, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -59,6 +73,16 @@ __all__ = ["Connection", "Host", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed"]
 RECV_SIZE = 256 * 1024
 #: Largest frame a TCP peer may send before it has authenticated.
 PREAUTH_MAX_FRAME_SIZE = 64 * 1024
+#: Frames up to this size (header included) are read without a reservation from the shared
+#: ``server.max_buffered_bytes`` budget, in reads of at most this size; a larger frame reserves
+#: its whole size once its header arrived, before any more of it is read. So a connection
+#: holds at most this much outside the budget, and small requests flow while big frames wait.
+UNBUDGETED_SIZE = PREAUTH_MAX_FRAME_SIZE + HEADER_SIZE
+#: Drain: how long a connection with nothing left in flight, after its goodbye (an id-0
+#: UNAVAILABLE frame), goes on reading and answering UNAVAILABLE before it closes (unless the
+#: peer closes first): a request the peer sent before the goodbye reached it still gets an answer.
+DRAIN_LINGER = 0.5
+GOODBYE = "the daemon is shutting down: closing the connection (requests without an answer were not read)"
 #: How long past a job's deadline the daemon waits for the scheduler's own answer before it
 #: cancels the job and answers DEADLINE_EXCEEDED itself (never a late result).
 DEADLINE_GRACE = 0.25
@@ -75,7 +99,13 @@ class Host(Protocol):
     infer_in_flight: int
     requests_done: int
 
+    buffers: BufferBudget
+    auth_throttle: AuthThrottle
+    warnings: RateLimitedLog
+
     def reject(self, reason: str) -> None: ...
+
+    def promote(self, conn: Connection) -> str | None: ...
 
     def observe_infer(self, model: str, result: InferResult | None, outcome: str,
                       total: float) -> None: ...
@@ -96,12 +126,21 @@ class _Closing(Exception):
     """Internal: the reader stops and the connection closes (reason in the message)."""
 
 
+def _request_id(msg: dict[str, Any]) -> int:
+    """The map's request id when it is a valid one, else :data:`CONNECTION_ERROR_ID`."""
+    rid = msg.get("id")
+    return rid if type(rid) is int and 1 <= rid <= MAX_REQUEST_ID else CONNECTION_ERROR_ID
+
+
 class Connection:
-    def __init__(self, server: Host, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+    def __init__(self, server: Host, stream: trio.abc.Stream, peer: str, *, needs_auth: bool,
+                 address: str | None = None) -> None:
         self.server = server
         self.cfg = server.config.server
         self.stream = stream
         self.peer = peer
+        #: The source the per-address budgets count (``limits.address_key``); None on Unix.
+        self.address = address
         self.needs_auth = needs_auth
         self.authenticated = not needs_auth
         self.decoder = FrameDecoder(
@@ -118,6 +157,16 @@ class Connection:
         self._reader_scope = trio.CancelScope()
         self._broken = False
         self._aborting = False  # the daemon's drain timed out: cancelled = UNAVAILABLE
+        #: Bytes reserved from ``server.buffers`` for the frame being received.
+        self._reserved = 0
+        #: When the frame being received must be complete (``server.frame_timeout``).
+        self._frame_deadline = math.inf
+        #: Why the daemon closes this unauthenticated connection to make room for a newer one.
+        self._evicted: str | None = None
+        #: Drain: set once this connection, idle, said goodbye; it reads on until then.
+        self._closing_until: float | None = None
+        self._recv_scope: trio.CancelScope | None = None  # the reader's wait for bytes
+        self._woken = False  # that wait was interrupted by _wake_reader (not a timer)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,7 +185,15 @@ class Connection:
             reason = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("connection %s failed", self.peer)
         finally:
+            self.server.buffers.release(self._reserved)
+            self._reserved = 0
             log.debug("connection %s: %s", self.peer, reason)
+
+    def evict(self, why: str) -> None:
+        """Close this unauthenticated connection (answered UNAVAILABLE): a newer one needs
+        its place in the unauthenticated budget."""
+        self._evicted = why
+        self._reader_scope.cancel()
 
     def abort_in_flight(self) -> None:
         """The drain timed out: cancel every request in flight; each answers UNAVAILABLE."""
@@ -145,33 +202,74 @@ class Connection:
             scope.cancel()
 
     def begin_drain(self) -> None:
-        """The daemon is shutting down: close as soon as nothing is in flight."""
-        self._maybe_close_idle_drain()
+        """The daemon is shutting down. The drain is the reader's: requests it reads get
+        UNAVAILABLE while those in flight finish; once none is in flight it sends the goodbye,
+        answers what still arrives for :data:`DRAIN_LINGER` (or until the peer's EOF), closes.
+        Only the reader's wait for bytes is ever interrupted, so no frame read goes unanswered."""
+        self._wake_reader()
 
-    def _maybe_close_idle_drain(self) -> None:
-        if self.server.draining and not self.tasks:
-            self._reader_scope.cancel()
+    def _wake_reader(self) -> None:
+        """Make the reader look at the drain state now, if it is waiting for bytes (a cancelled
+        ``receive_some`` has read nothing)."""
+        if self._recv_scope is not None:
+            self._woken = True
+            self._recv_scope.cancel()
+
+    async def _say_goodbye(self) -> None:
+        self._closing_until = trio.current_time() + DRAIN_LINGER
+        await self._send_connection_error(ErrorCode.UNAVAILABLE, GOODBYE)
 
     # ------------------------------------------------------------------ reading
 
-    async def _receive(self) -> bytes | None:
-        """Next chunk, ``b""`` at EOF, ``None`` when the idle/auth timer ran out."""
-        now = trio.current_time()
-        deadline = now + self.cfg.idle_timeout
+    async def _receive(self, max_bytes: int) -> bytes | None:
+        """Next chunk, ``b""`` at EOF, ``None`` when the idle, auth or frame timer ran out."""
+        deadline = min(trio.current_time() + self.cfg.idle_timeout, self._frame_deadline)
         if not self.authenticated:
             deadline = min(deadline, self.opened_at + self.cfg.auth_timeout)
-        with trio.move_on_at(deadline):
-            return await self.stream.receive_some(RECV_SIZE)
+        if self._closing_until is not None:
+            deadline = min(deadline, self._closing_until)
+        self._woken = False
+        with trio.move_on_at(deadline) as self._recv_scope:
+            try:
+                return await self.stream.receive_some(max_bytes)
+            finally:
+                self._recv_scope = None
         return None
+
+    def _receive_size(self) -> int:
+        """The next read's size: the rest of a frame whose size is reserved (never beyond it),
+        else :data:`UNBUDGETED_SIZE`."""
+        size = self.decoder.frame_size
+        if self._reserved and size is not None:
+            return max(1, min(RECV_SIZE, size - self.decoder.buffered))
+        return UNBUDGETED_SIZE
 
     async def _read_loop(self, nursery: trio.Nursery) -> str:
         with self._reader_scope:
             while True:
+                if self._closing_until is None and self.server.draining and not self.tasks:
+                    await self._say_goodbye()  # drained: nothing in flight, no frame pending
+                    if self._broken:
+                        return "send failed"
                 try:
-                    data = await self._receive()
+                    data = await self._receive(self._receive_size())
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     return f"connection lost: {exc!r}"
                 if data is None:
+                    if self._woken:
+                        continue  # begin_drain / the last answer of a drain: look again
+                    if self._closing_until is not None and trio.current_time() >= self._closing_until:
+                        return "daemon shutting down"
+                    if self.decoder.buffered and trio.current_time() >= self._frame_deadline:
+                        self.server.reject("frame_timeout")
+                        size = self.decoder.frame_size
+                        await self._send_connection_error(
+                            ErrorCode.BAD_REQUEST,
+                            f"incomplete frame ({self.decoder.buffered} of "
+                            f"{size if size is not None else '?'} bytes) not complete within "
+                            f"server.frame_timeout ({self.cfg.frame_timeout:g} s)",
+                        )
+                        return "frame timeout"
                     if not self.authenticated:
                         self.server.reject("unauthenticated")
                         await self._send_connection_error(ErrorCode.UNAUTHENTICATED, "authentication timed out")
@@ -188,6 +286,8 @@ class Connection:
                     if self.decoder.buffered:
                         return f"client closed mid-frame ({self.decoder.buffered} bytes)"
                     return "client closed the connection"
+                arrived = trio.current_time()
+                frames = self.decoder.frames
                 try:
                     self.decoder.feed(data)
                     await self._drain_decoder(nursery)
@@ -199,7 +299,59 @@ class Connection:
                     return str(exc)
                 if self._broken:
                     return "send failed"
+                if not self.decoder.buffered:
+                    self._frame_deadline = math.inf
+                elif self.decoder.frames != frames or self._frame_deadline == math.inf:
+                    self._frame_deadline = arrived + self.cfg.frame_timeout  # a new frame began
+                try:
+                    await self._reserve_frame()
+                except _Closing as exc:
+                    return str(exc)
+        if self._evicted is not None:
+            with trio.move_on_after(1.0):
+                await self._send_connection_error(ErrorCode.UNAVAILABLE, self._evicted)
+            return f"closed: {self._evicted}"
         return "daemon shutting down"
+
+    async def _reserve_frame(self) -> None:
+        """Hold a reservation of the shared ``server.max_buffered_bytes`` for the frame being
+        received when it is larger than :data:`UNBUDGETED_SIZE`, and none otherwise. While the
+        budget is spent this waits, reading nothing (the sender blocks: TCP backpressure), up
+        to the frame's own deadline (``server.frame_timeout`` counts from its first byte)."""
+        budget = self.server.buffers
+        size = self.decoder.frame_size
+        need = 0  # the payload's bytes, for a frame above UNBUDGETED_SIZE
+        if size is not None and size > UNBUDGETED_SIZE:
+            need = min(size - HEADER_SIZE, budget.capacity)
+        if need <= self._reserved:
+            budget.release(self._reserved - need)
+            self._reserved = need
+            return
+        while True:
+            self._woken = False
+            closing = self._closing_until if self._closing_until is not None else math.inf
+            with trio.move_on_at(min(self._frame_deadline, closing)) as self._recv_scope:
+                try:
+                    await budget.acquire(need - self._reserved)
+                    self._reserved = need
+                    return
+                finally:
+                    self._recv_scope = None
+            if trio.current_time() >= closing:
+                raise _Closing("daemon shutting down")
+            if not self._woken:
+                break  # the frame's deadline
+            if self.server.draining and not self.tasks:  # drained: this frame stays unread
+                if self._closing_until is None:
+                    await self._say_goodbye()
+                raise _Closing("daemon shutting down")
+        self.server.reject("frame_timeout")
+        await self._send_connection_error(
+            ErrorCode.BAD_REQUEST,
+            f"incomplete frame ({self.decoder.buffered} of {size} bytes) not complete within "
+            f"server.frame_timeout ({self.cfg.frame_timeout:g} s): it waited for buffer space "
+            f"(server.max_buffered_bytes, {budget.capacity} bytes, in use by other connections)")
+        raise _Closing("frame timeout (waiting for buffer space)")
 
     async def _drain_decoder(self, nursery: trio.Nursery) -> None:
         while True:
@@ -215,6 +367,13 @@ class Connection:
 
     async def _handle_message(self, msg: dict[str, Any], nursery: trio.Nursery) -> None:
         received_at = time.time()
+        if not self.authenticated and msg.get("op") != "auth":
+            # Before authentication only the auth request is decoded: anything else is refused
+            # by its id with its fields unread (no tensor decoded) and the connection closes.
+            self.server.reject("unauthenticated")
+            await self._send_response(Response.failure(
+                _request_id(msg), ErrorCode.UNAUTHENTICATED, "authenticate first (op 'auth' with the token)"))
+            raise _Closing("request before authentication")
         try:
             request = parse_request(msg)
         except BadRequest as exc:
@@ -222,28 +381,34 @@ class Connection:
             rid = exc.request_id if exc.request_id is not None else CONNECTION_ERROR_ID
             await self._send_response(Response.failure(rid, ErrorCode.BAD_REQUEST, str(exc)))
             return
+        except Exception as exc:  # noqa: BLE001 (a validation bug: this request fails, the connection goes on)
+            # (rate-limited, no traceback: a peer repeating the frame must not flood the log)
+            self.server.warnings.warning("validation errors", "connection %s: validating a request "
+                                         "failed: %s: %s", self.peer, type(exc).__name__, exc)
+            await self._send_response(Response.failure(
+                _request_id(msg), ErrorCode.INTERNAL,
+                f"internal error validating the request: {type(exc).__name__}: {exc}"))
+            return
         if isinstance(request, AuthRequest):
             await self._authenticate(request)
             return
-        if not self.authenticated:
-            self.server.reject("unauthenticated")
+        if request.id in self.tasks:
+            # Not run. The refusal is written before the original's answer: that answer takes
+            # its place on the send lock only once its id has left ``tasks``.
+            self.server.reject("bad_request")
             await self._send_response(
-                Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "authenticate first (op 'auth' with the token)")
+                Response.failure(request.id, ErrorCode.BAD_REQUEST, f"request id {request.id} is already in flight")
             )
-            raise _Closing("request before authentication")
+            return
         if isinstance(request, CancelRequest):
             scope = self.tasks.get(request.target)
             if scope is not None:
                 scope.cancel()
             await self._send_response(Response.success(request.id, {"cancelled": scope is not None}))
             return
-        if request.id in self.tasks:
-            self.server.reject("bad_request")
-            await self._send_response(
-                Response.failure(request.id, ErrorCode.BAD_REQUEST, f"request id {request.id} is already in flight")
-            )
-            return
-        if self.server.draining and not isinstance(request, (PingRequest, StatusRequest)):
+        if self._closing_until is not None or (
+            self.server.draining and not isinstance(request, (PingRequest, StatusRequest))
+        ):
             self.server.reject("shutting_down")
             await self._send_response(
                 Response.failure(request.id, ErrorCode.UNAVAILABLE, "the daemon is shutting down")
@@ -269,12 +434,32 @@ class Connection:
             await self._send_response(Response.success(request.id, {"authenticated": True}))
             return
         assert token is not None
+        key = self.address or self.peer
+        first = not self.authenticated
+        if first:
+            # Attempts from one address are throttled (only wrong tokens spend the bucket);
+            # the wait counts against auth_timeout.
+            with trio.move_on_at(self.opened_at + self.cfg.auth_timeout) as waited:
+                await self.server.auth_throttle.acquire(key)
+            if waited.cancelled_caught:
+                self.server.reject("unauthenticated")
+                await self._send_response(Response.failure(
+                    request.id, ErrorCode.UNAUTHENTICATED,
+                    "authentication timed out (too many wrong tokens from this address)"))
+                raise _Closing("authentication timed out")
         if hmac.compare_digest(request.token.encode("utf-8"), token.encode("utf-8")):
+            if first:
+                self.server.auth_throttle.refund(key)
+                refused = self.server.promote(self)  # into the max_connections budget
+                if refused is not None:
+                    self.server.reject("too_many_connections")
+                    await self._send_response(Response.failure(request.id, ErrorCode.UNAVAILABLE, refused))
+                    raise _Closing(refused)
             self.authenticated = True
             self.decoder.max_frame_size = self.cfg.max_frame_size
             await self._send_response(Response.success(request.id, {"authenticated": True}))
             return
-        log.warning("connection %s: wrong token", self.peer)
+        self.server.warnings.warning("wrong tokens", "connection %s: wrong token", self.peer)
         self.server.reject("unauthenticated")
         await self._send_response(Response.failure(request.id, ErrorCode.UNAUTHENTICATED, "wrong token"))
         raise _Closing("wrong token")
@@ -282,13 +467,12 @@ class Connection:
     # ------------------------------------------------------------------ requests
 
     async def _run_request(self, request: Request, received_at: float, scope: trio.CancelScope) -> None:
-        # The request stays in ``tasks`` until its answer is written, so a drain closes the
-        # connection only after the last answer went out.
         try:
             await self._answer_request(request, received_at, scope)
         finally:
             self.tasks.pop(request.id, None)
-        self._maybe_close_idle_drain()
+        if self.server.draining and not self.tasks:
+            self._wake_reader()  # its answer is written: the drained connection says goodbye
 
     async def _answer_request(self, request: Request, received_at: float,
                               scope: trio.CancelScope) -> None:
@@ -307,8 +491,8 @@ class Connection:
                     outcome = "ok"
                 except RequestFailed as exc:
                     response = Response.failure(request.id, exc.code, exc.message)
-                except SchedulerError as exc:
-                    response = Response.failure(request.id, exc.code, str(exc))
+                except SchedulerError as exc:  # the code travels in the frame's code, once
+                    response = Response.failure(request.id, exc.code, exc.message)
                 except FrameTooLarge as exc:
                     response = Response.failure(request.id, ErrorCode.INTERNAL, f"answer too large to send: {exc}")
                 except Exception as exc:
@@ -337,6 +521,10 @@ class Connection:
         if frame is None:
             assert response is not None
             frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
+        # No longer in flight from here: with no checkpoint in between, the answer takes its
+        # place in the send lock's FIFO, behind any refusal of a duplicate of its id (sent
+        # while the id was in flight) and ahead of the drain's goodbye.
+        self.tasks.pop(request.id, None)
         await self._send_frame(frame)
 
     async def _execute(self, request: Request, received_at: float) -> dict[str, Wire]:
@@ -361,7 +549,7 @@ class Connection:
         cpu = [d.index for d in self.server.backend.status().devices if d.kind == "cpu"]
         out: list[int] = []
         for name in names:
-            if name.isdigit():
+            if name.isascii() and name.isdigit() and len(name) <= 6:  # as parse_request checks
                 out.append(int(name))
             elif name == "cpu" and cpu:
                 out.append(cpu[0])

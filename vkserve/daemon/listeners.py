@@ -16,9 +16,13 @@ from pathlib import Path
 
 import trio
 
+from vkserve.client.paths import socket_folder_problem
+from vkserve.daemon.config import ConfigError
+
 log = logging.getLogger(__name__)
 
-__all__ = ["ListenError", "UnixSocket", "bind_unix_socket", "open_tcp_listeners"]
+__all__ = ["ListenError", "UnixSocket", "UnsafeSocketFolder", "bind_unix_socket",
+           "open_tcp_listeners"]
 
 BACKLOG = 128
 #: How long a connect() probe waits before calling an existing socket file live.
@@ -27,6 +31,11 @@ PROBE_TIMEOUT = 1.0
 
 class ListenError(OSError):
     """The daemon cannot listen where it was asked to (one line for the operator)."""
+
+
+class UnsafeSocketFolder(ConfigError):
+    """The socket's folder would let another user replace the socket: a configuration error
+    (exit status 2), reported with the folder, its owner and mode."""
 
 
 @dataclass
@@ -50,6 +59,15 @@ class UnixSocket:
             return
 
 
+def _folder_mode(folder: Path) -> int:
+    """Mode for creating the socket's folder: 0700 when its parent is writable by others."""
+    try:
+        parent_mode = os.stat(folder.parent).st_mode
+    except OSError:
+        return 0o750
+    return 0o700 if parent_mode & stat.S_IWOTH else 0o750
+
+
 def _socket_is_live(path: Path) -> bool:
     """True when something accepts connections on ``path``; False for a stale file."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -68,8 +86,12 @@ def _socket_is_live(path: Path) -> bool:
 
 
 def bind_unix_socket(path: Path, mode: int = 0o660) -> UnixSocket:
-    """Bind and listen on ``path``; creates its directory (0750) when missing.
+    """Bind and listen on ``path``; creates its directory when missing: 0700 inside a folder
+    that others can write (the default ``/tmp/vkserve-UID``), else 0750.
 
+    The directory must pass ``socket_folder_problem`` (owned by the daemon's user or root, not
+    writable by group or others, ...) or ``UnsafeSocketFolder`` is raised: another user could
+    otherwise replace the socket and receive the clients' requests.
     An existing socket file that refuses connections (left by a crashed daemon) is replaced;
     one that accepts them belongs to a running daemon and is an error, as is a non-socket file.
     """
@@ -77,9 +99,13 @@ def bind_unix_socket(path: Path, mode: int = 0o660) -> UnixSocket:
     if len(os.fsencode(path)) > 107:
         raise ListenError(f"{path}: socket path longer than 107 bytes")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=_folder_mode(path.parent))
     except OSError as exc:
         raise ListenError(f"{path.parent}: cannot create the socket directory: {exc}") from None
+    problem = socket_folder_problem(path, for_daemon=True)
+    if problem is not None:
+        raise UnsafeSocketFolder(f"server.socket {path}: refusing to listen: {problem}; another "
+                                 f"user could replace the socket (see README, Operations)")
     try:
         st = path.lstat()
     except FileNotFoundError:

@@ -35,9 +35,15 @@ class _StateCollector(Collector):
         s = self._status()
         depth = GaugeMetricFamily("vkserve_queue_depth", "Jobs waiting, per model",
                                   labels=["model"])
+        reload_failures = CounterMetricFamily(
+            "vkserve_model_reload_failures",
+            "Reloads (SIGHUP rescans) whose new version could not serve; the old one kept serving",
+            labels=["model"])
         for model, queue in sorted(s.models.items()):
             depth.add_metric([model], queue.queue_depth)
+            reload_failures.add_metric([model], queue.reload_failures)
         yield depth
+        yield reload_failures
         in_flight = GaugeMetricFamily("vkserve_in_flight", "Jobs running on the device",
                                       labels=["device"])
         healthy = GaugeMetricFamily("vkserve_device_healthy",
@@ -56,6 +62,10 @@ class _StateCollector(Collector):
         compile_s = CounterMetricFamily("vkserve_pipeline_compile_seconds",
                                         "Time spent compiling GLSL to SPIR-V",
                                         labels=["device"])
+        cache_errors = CounterMetricFamily(
+            "vkserve_pipeline_cache_errors",
+            "Failed pipeline-cache file operations by op (create, lock, load, save, tuning); "
+            "the cache then works in memory only", labels=["device", "op"])
         for d in s.devices:
             label = device_label(d)
             in_flight.add_metric([label], d.in_flight)
@@ -71,7 +81,10 @@ class _StateCollector(Collector):
                 hits.add_metric([label, "spirv"], cache.spirv_hits)
                 misses.add_metric([label, "spirv"], cache.glsl_compiles)
                 compile_s.add_metric([label], cache.compile_seconds)
-        yield from (in_flight, healthy, in_use, pooled, budget, hits, misses, compile_s)
+                for op, count in cache.errors().items():
+                    cache_errors.add_metric([label, op], count)
+        yield from (in_flight, healthy, in_use, pooled, budget, hits, misses, compile_s,
+                    cache_errors)
         unusable = GaugeMetricFamily("vkserve_gpu_unusable",
                                      "1 per GPU device node present while Vulkan found no GPU",
                                      labels=["node", "reason"])

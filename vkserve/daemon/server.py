@@ -6,7 +6,8 @@ listens, notify systemd. SIGINT/SIGTERM: stop accepting (the socket file goes aw
 requests in flight finish for up to ``server.drain_timeout`` (new ones get ``UNAVAILABLE``),
 cancel what is left, close the scheduler (which saves the pipeline caches), exit 0. A second
 signal skips the drain. SIGHUP rescans the model repository (new folders load, removed ones
-unload, changed ones reload; other models keep serving).
+unload, changed ones reload: the new version loads beside the serving one and takes over once
+ready, a broken one is reported and not swapped in; other models keep serving).
 
 Operations (DESIGN §9): Prometheus metrics, ``/healthz`` and ``/readyz`` on their own HTTP
 listener (``metrics.listen``) in the root nursery; systemd ``Type=notify`` (READY, STATUS
@@ -35,6 +36,7 @@ from vkserve.daemon import systemd
 from vkserve.daemon.backend import Backend, Wire
 from vkserve.daemon.config import Config, ConfigError, resolve_token, scheduler_config
 from vkserve.daemon.connection import Connection
+from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog, address_key
 from vkserve.daemon.listeners import (
     ListenError,
     UnixSocket,
@@ -93,6 +95,14 @@ class Server:
         self._loads = LoadRecorder(self.metrics)
         self._device_labels: dict[int, str] = {}
         self.ready_announced = False
+        s = config.server
+        #: Connections in the ``max_connections`` budget: Unix ones, authenticated TCP ones.
+        self._admitted: set[Connection] = set()
+        #: TCP connections not authenticated yet (their own budget), oldest first -> address.
+        self._preauth: dict[Connection, str] = {}
+        self.buffers = BufferBudget(s.max_buffered_bytes)
+        self.auth_throttle = AuthThrottle(s.auth_failures_per_second)
+        self.warnings = RateLimitedLog(log)
 
     # ------------------------------------------------------------------ metrics and health
 
@@ -129,7 +139,8 @@ class Server:
         A GPU that discovery could not use (device nodes, but no Vulkan GPU) does not make
         the daemon unready, since the CPU serves every model that allows it (a model that
         does not is named as failed anyway); its warning is a second line of the body,
-        ready or not, so whoever reads the probe sees it.
+        ready or not, so whoever reads the probe sees it. So is a model's failed reload
+        (one ``warning:`` line each): its previous version still serves.
         """
         if self.draining:
             return False, "not ready: shutting down"
@@ -148,6 +159,10 @@ class Server:
             ready, why = True, f"ready: {', '.join(m.name for m in models) or 'no models configured'}"
         if status.gpu_problem is not None:
             why += f"\nwarning: {status.gpu_problem.describe()}"
+        for m in models:  # the previous version still serves, so this is no reason to be unready
+            if m.reload_error:
+                why += (f"\nwarning: model {m.name}: reload failed, the previous version "
+                        f"keeps serving: {m.reload_error}")
         return ready, why
 
     def systemd_status(self) -> str:
@@ -169,17 +184,53 @@ class Server:
         try:
             host, port = stream.socket.getpeername()[:2]
             peer = f"tcp {host}:{port}"
+            address = address_key(str(host))
         except OSError:
-            peer = "tcp ?"
-        await self._handle(stream, peer, needs_auth=True)
+            peer = address = "tcp ?"
+        await self._handle(stream, peer, needs_auth=True, address=address)
 
-    async def _handle(self, stream: trio.abc.Stream, peer: str, *, needs_auth: bool) -> None:
+    def _make_room_unauthenticated(self, address: str) -> None:
+        """A new TCP connection needs a place in the unauthenticated budget
+        (``max_unauthenticated``, ``max_unauthenticated_per_address``): when it is full, the
+        oldest unauthenticated connection (of the same address if that one is over its share)
+        is closed, so silent connections cannot keep anyone out for long."""
+        s = self.config.server
+        same = [c for c, a in self._preauth.items() if a == address]
+        if len(same) >= s.max_unauthenticated_per_address:
+            victim, why = same[0], (f"too many unauthenticated connections from {address} "
+                                    f"(limit {s.max_unauthenticated_per_address})")
+        elif len(self._preauth) >= s.max_unauthenticated:
+            victim, why = next(iter(self._preauth)), (
+                f"too many unauthenticated connections (limit {s.max_unauthenticated})")
+        else:
+            return
+        del self._preauth[victim]
+        self.reject("too_many_unauthenticated")
+        self.warnings.warning("closed unauthenticated connections",
+                              "closing unauthenticated connection %s: %s", victim.peer, why)
+        victim.evict(f"{why}: closed to make room for a newer one")
+
+    def promote(self, conn: Connection) -> str | None:
+        """``conn`` authenticated: it moves from the unauthenticated budget into the
+        ``max_connections`` one; the refusal's text when that one is full."""
+        self._preauth.pop(conn, None)
+        limit = self.config.server.max_connections
+        if len(self._admitted) >= limit:
+            self.warnings.warning("refused connections", "refusing connection %s: %s", conn.peer,
+                                  f"too many connections (limit {limit})")
+            return f"too many connections (limit {limit})"
+        self._admitted.add(conn)
+        return None
+
+    async def _handle(self, stream: trio.abc.Stream, peer: str, *, needs_auth: bool,
+                      address: str | None = None) -> None:
         self.connections_total += 1
         peer = f"{peer}#{self.connections_total}"
-        if self.draining or len(self.connections) >= self.config.server.max_connections:
+        full = not needs_auth and len(self._admitted) >= self.config.server.max_connections
+        if self.draining or full:
             why = "the daemon is shutting down" if self.draining else (
                 f"too many connections (limit {self.config.server.max_connections})")
-            log.warning("refusing connection %s: %s", peer, why)
+            self.warnings.warning("refused connections", "refusing connection %s: %s", peer, why)
             self.reject("shutting_down" if self.draining else "too_many_connections")
             frame = encode_frame(Response.failure(CONNECTION_ERROR_ID, ErrorCode.UNAVAILABLE, why).to_message())
             with trio.move_on_after(1.0):
@@ -188,13 +239,21 @@ class Server:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             return
-        conn = Connection(self, stream, peer, needs_auth=needs_auth)
+        conn = Connection(self, stream, peer, needs_auth=needs_auth, address=address)
+        if needs_auth:
+            key = address or peer
+            self._make_room_unauthenticated(key)
+            self._preauth[conn] = key
+        else:
+            self._admitted.add(conn)
         self.connections.add(conn)
         log.debug("connection %s opened", peer)
         try:
             await conn.run()
         finally:
             self.connections.discard(conn)
+            self._admitted.discard(conn)
+            self._preauth.pop(conn, None)
             if self.draining and not self.connections:
                 self._all_closed.set()
 
@@ -216,6 +275,12 @@ class Server:
     def requests_in_flight(self) -> int:
         return sum(len(c.tasks) for c in self.connections)
 
+    async def housekeeping(self) -> None:
+        """Once a second: the summary lines of rate-limited warnings whose interval is over."""
+        while True:
+            await trio.sleep(1.0)
+            self.warnings.flush()
+
     def server_status(self) -> dict[str, Wire]:
         return {
             "version": self.version,
@@ -223,7 +288,9 @@ class Server:
             "uptime_seconds": round(time.time() - self.started_at, 3),
             "listening": list(self.listening),
             "connections": len(self.connections),
+            "unauthenticated_connections": len(self._preauth),
             "connections_total": self.connections_total,
+            "buffered_bytes_reserved": self.buffers.used,
             "requests_in_flight": self.requests_in_flight(),
             "infer_in_flight": self.infer_in_flight,
             "requests_done": self.requests_done,
@@ -547,6 +614,7 @@ async def _accept_and_drain(
     say: Callable[[str], None],
 ) -> None:
     async with trio.open_nursery() as handlers:
+        handlers.start_soon(server.housekeeping)
         async with trio.open_nursery() as acceptors:
             for handler, group in listeners:
                 await acceptors.start(

@@ -202,9 +202,11 @@ def _check_blobs(layers: Sequence[Layer], blob_count: int, file: str) -> None:
 
 def read_param(param_path: str | os.PathLike[str]) -> list[Layer]:
     """Parse a .param file (see ``parse_param_text``)."""
-    file = os.fspath(param_path)
+    # Errors name the file by its base name, as parse_param_text's do: callers that know
+    # where it lies (the model's folder) prefix that themselves.
+    file = os.path.basename(os.fspath(param_path))
     try:
-        with open(file, "rb") as f:
+        with open(param_path, "rb") as f:
             raw = f.read()
     except OSError as exc:
         raise ModelFormatError(file, None, None, f"cannot read: {exc.strerror}") from exc
@@ -212,7 +214,7 @@ def read_param(param_path: str | os.PathLike[str]) -> list[Layer]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelFormatError(file, None, None, f"not UTF-8 text ({exc.reason})") from exc
-    return parse_param_text(text, os.path.basename(file))
+    return parse_param_text(text, file)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,8 +271,8 @@ def read_bin(layers: Sequence[Layer], bin_path: str | os.PathLike[str]) -> None:
     try:
         with open(file, "rb") as f:
             data = f.read()
-    except OSError as exc:
-        raise ModelFormatError(file, None, None, f"cannot read: {exc.strerror}") from exc
+    except OSError as exc:  # named by its base name, as read_param does
+        raise ModelFormatError(os.path.basename(file), None, None, f"cannot read: {exc.strerror}") from exc
     reader = _BinReader(data, os.path.basename(file))
     for layer in layers:
         layer.weights = [reader.read_weight(spec, layer) for spec in layer.params.weight_specs()]

@@ -107,6 +107,8 @@ class _Model:
     unloading: bool = False
     error: str | None = None  # why the model as a whole is unusable (bad folder, no device)
     fingerprint: tuple[Any, ...] = ()  # the folder's files when read (rescan: changed?)
+    reload_error: str | None = None  # why the last reload failed (this version still serves)
+    retired: bool = False  # replaced by a reloaded version: finishes its jobs, then is freed
 
     @property
     def name(self) -> str:
@@ -142,31 +144,23 @@ class _Device:
         return sorted([now] * max(0, self.slots - len(ends)) + ends)
 
 
-def folder_fingerprint(spec: ModelSpec) -> tuple[Any, ...]:
-    """Blocking: (name, mtime, size) of the folder's files and the spec itself, so a rescan
-    sees edited weights as well as an edited config.toml or graph."""
-    files = [spec.param_path, spec.bin_path, spec.path / "config.toml"]
-    stats: list[tuple[str, int, int] | None] = []
-    for path in files:
-        try:
-            st = path.stat() if path is not None else None
-        except OSError:
-            st = None
-        stats.append(None if st is None or path is None
-                     else (str(path), st.st_mtime_ns, st.st_size))
-    return (spec, *stats)
-
-
 def _scan_with_fingerprints(repository: ModelRepository
                             ) -> dict[str, tuple[ModelSpec, tuple[Any, ...]]]:
-    return {name: (spec, folder_fingerprint(spec))
+    """Blocking: every folder's spec and content fingerprint (``ModelRepository.fingerprint``),
+    so a rescan sees edited weights, config.toml or graph, and not a plain ``touch``."""
+    return {name: (spec, repository.fingerprint(spec))
             for name, spec in repository.scan().items()}
 
 
 def _read_with_fingerprint(repository: ModelRepository, name: str
                            ) -> tuple[ModelSpec, tuple[Any, ...]] | None:
     spec = repository.spec(name)
-    return None if spec is None else (spec, folder_fingerprint(spec))
+    return None if spec is None else (spec, repository.fingerprint(spec))
+
+
+def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
+    """Can a job admitted for ``old`` (inputs validated, outputs chosen) run on ``new``?"""
+    return dict(old.inputs) == dict(new.inputs) and dict(old.outputs) == dict(new.outputs)
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
@@ -233,6 +227,12 @@ class Scheduler:
         self._devices: dict[int, _Device] = {}
         self._models: dict[str, _Model] = {}
         self._jobs: dict[int, Job] = {}
+        # reloads (load-new-then-swap, see ``rescan``): new versions still loading, by name,
+        # and replaced versions finishing their jobs before they are freed
+        self._pending: dict[str, _Model] = {}
+        self._retiring: list[_Model] = []
+        self._reload_failures: dict[str, int] = {}
+        self._rescan_lock = trio.Lock()
         self._state = SchedulerState.NEW
         self._startup_pending = True
         self._nursery: trio.Nursery | None = None
@@ -356,7 +356,7 @@ class Scheduler:
 
     def _close_everything(self) -> None:
         """Worker thread, at stop: free every Plan and close the Vulkan devices."""
-        for model in self._models.values():
+        for model in [*self._models.values(), *self._pending.values(), *self._retiring]:
             for placement in model.placements.values():
                 self._close_executors(placement)
         for device in self._devices.values():
@@ -441,6 +441,17 @@ class Scheduler:
         return {jid for i in entry.placements if i in self._devices
                 for jid in self._devices[i].running}
 
+    def _entries(self) -> list[_Model]:
+        """Every version that may hold jobs: the current ones and those retiring after a
+        reload (still running, or queued ones the new version cannot take)."""
+        return [*self._models.values(), *self._retiring]
+
+    def _versions(self, name: str) -> list[_Model]:
+        """The current version of ``name`` (if any) and its retiring ones."""
+        current = self._models.get(name)
+        return [*([current] if current is not None else []),
+                *(m for m in self._retiring if m.name == name)]
+
     def _check_accepting(self) -> None:
         if self._state in (SchedulerState.NEW, SchedulerState.STARTING):
             raise Unavailable("the scheduler is not running yet")
@@ -459,9 +470,9 @@ class Scheduler:
         if not job.finish(result, error):
             return False
         self._jobs.pop(job.id, None)
-        entry = self._models.get(job.model)
-        if entry is not None and job in entry.queue:
-            entry.queue.remove(job)
+        for entry in self._entries():
+            if entry.name == job.model and job in entry.queue:
+                entry.queue.remove(job)
         if error is None:
             self._totals.completed += 1
         elif isinstance(error, DeadlineExceeded):
@@ -493,16 +504,15 @@ class Scheduler:
         if self._state not in _WORKING:
             return
         now = trio.current_time()
-        queued = sorted((job for m in self._models.values() for job in m.queue),
-                        key=Job.sort_key)
+        queued = sorted(((job, m) for m in self._entries() for job in m.queue),
+                        key=lambda jm: Job.sort_key(jm[0]))
         avail: dict[int, list[float]] = {}
         for device in self._devices.values():
             device.queue_depth = 0
             if device.healthy:
                 avail[device.index] = device.slot_free_times(now)
         recheck = math.inf
-        for job in queued:
-            entry = self._models[job.model]
+        for job, entry in queued:
             if job.expired(now):
                 self._end(job, error=DeadlineExceeded(
                     f"model '{job.model}': deadline passed while the job was queued"))
@@ -626,7 +636,12 @@ class Scheduler:
         self._totals.retried += 1
         log.warning("model %s: job %d moves off device %d (%s)", entry.name, job.id,
                     device.index, exc)
-        entry.queue.append(job)  # keeps its id, so it sorts ahead of later arrivals
+        # keeps its id, so it sorts ahead of later arrivals; a job of a version replaced by a
+        # reload goes to the new one when that takes the same inputs
+        successor = self._models.get(entry.name)
+        if entry.retired and successor is not None and _same_io(entry.spec, successor.spec):
+            entry = successor
+        entry.queue.append(job)
 
     def _mark_unhealthy(self, device: _Device, exc: BaseException) -> None:
         if not device.healthy:
@@ -655,8 +670,10 @@ class Scheduler:
             return False
         for device in self._devices.values():
             placement = entry.placements.get(device.index)
+            # not where its load already failed: loading it again on every dispatch while
+            # jobs wait would never end (and load_model would wait for it forever)
             if (device.healthy and device.handle.is_cpu and device.index not in excluded
-                    and (placement is None or placement.state is PlacementState.FAILED)
+                    and placement is None
                     and entry.spec.allows(device.handle, fallback=True)):
                 log.warning("model %s: loading on %s on demand (no other healthy device has it)",
                             entry.name, device.handle.name)
@@ -801,43 +818,67 @@ class Scheduler:
     async def rescan(self) -> RescanResult:
         """Re-read the repository (SIGHUP) and follow it: load models whose folders appeared
         (or were fixed), unload those whose folders are gone, and reload those whose files
-        changed (unload, then load: requests for that model see UNAVAILABLE or
-        MODEL_NOT_FOUND meanwhile). Models whose folders did not change are not touched,
-        so their traffic goes on. Returns what it loaded, removed, reloaded and failed
-        (with why)."""
+        changed in content (``ModelRepository.fingerprint``: a plain ``touch`` is no change).
+        Models whose folders did not change are not touched, so their traffic goes on.
+
+        A reload is load-new-then-swap (``_reload``): the serving version keeps taking jobs
+        while the new one loads and warms up on its devices; once it is ready on one of them,
+        new and queued jobs go to it and the old version is freed when its running jobs have
+        ended (they finish on it). So a model being reloaded is never MODEL_NOT_FOUND nor
+        UNAVAILABLE because of the reload. Both versions are resident meanwhile: for a
+        moment the model needs its memory twice. A new version that cannot serve (a broken
+        folder, unreadable weights, a load failure on every device) is not swapped in: the
+        old one keeps serving, the model's ``reload_error`` says why (``models()``,
+        ``status()``), a warning naming the folder and the reason is logged and
+        ``reload_failures`` counts it. The next rescan tries again; one that finds the files
+        back to the serving version clears the error.
+
+        Rescans run one at a time (a second waits for the first). Returns what it loaded,
+        removed, reloaded and failed (with why)."""
         self._check_accepting()
         if self.repository is None:
             return RescanResult(loaded=[], removed=[], reloaded=[], failed={})
-        specs = await trio.to_thread.run_sync(_scan_with_fingerprints, self.repository)
+        async with self._rescan_lock:
+            self._check_accepting()
+            return await self._rescan(self.repository)
+
+    async def _rescan(self, repository: ModelRepository) -> RescanResult:
+        specs = await trio.to_thread.run_sync(_scan_with_fingerprints, repository)
         added: list[str] = []
-        changed: list[str] = []
-        for name, (_, fingerprint) in specs.items():
+        changed: list[tuple[_Model, ModelSpec, tuple[Any, ...]]] = []
+        for name, (spec, fingerprint) in specs.items():
             entry = self._models.get(name)
             if entry is None or (not entry.unloading and self._model_state(entry) is ModelState.FAILED):
                 added.append(name)
-            elif not entry.unloading and entry.fingerprint != fingerprint:
-                changed.append(name)
+            elif entry.unloading:
+                continue
+            elif entry.fingerprint != fingerprint:
+                changed.append((entry, spec, fingerprint))
+            elif entry.reload_error is not None:
+                log.info("model %s: its files are the serving version's again; reload error "
+                         "cleared", name)
+                entry.reload_error = None
+                self._notify()
         removed = [name for name, entry in self._models.items()
                    if name not in specs and not entry.unloading]
         loaded: list[str] = []
         reloaded: list[str] = []
         failed: dict[str, str] = {}
 
-        async def load(name: str, done: list[str]) -> None:
+        async def load(name: str) -> None:
             try:
                 await self.load_model(name)
             except SchedulerError as exc:
                 failed[name] = exc.message
             else:
-                done.append(name)
+                loaded.append(name)
 
-        async def reload(name: str) -> None:
-            try:
-                await self.unload_model(name)
-            except SchedulerError as exc:
-                failed[name] = exc.message
-                return
-            await load(name, reloaded)
+        async def reload(entry: _Model, spec: ModelSpec, fingerprint: tuple[Any, ...]) -> None:
+            error = await self._reload(entry, spec, fingerprint)
+            if error is None:
+                reloaded.append(entry.name)
+            else:
+                failed[entry.name] = error
 
         async def unload(name: str) -> None:
             try:
@@ -847,9 +888,9 @@ class Scheduler:
 
         async with trio.open_nursery() as nursery:
             for name in added:
-                nursery.start_soon(load, name, loaded)
-            for name in changed:
-                nursery.start_soon(reload, name)
+                nursery.start_soon(load, name)
+            for entry, spec, fingerprint in changed:
+                nursery.start_soon(reload, entry, spec, fingerprint)
             for name in removed:
                 nursery.start_soon(unload, name)
         if loaded or removed or reloaded or failed:
@@ -857,6 +898,97 @@ class Scheduler:
                      sorted(loaded), sorted(removed), sorted(reloaded), sorted(failed))
         return RescanResult(loaded=sorted(loaded), removed=sorted(removed),
                             reloaded=sorted(reloaded), failed=dict(sorted(failed.items())))
+
+    async def _reload(self, old: _Model, spec: ModelSpec, fingerprint: tuple[Any, ...]
+                      ) -> str | None:
+        """Load ``spec`` as a new version of ``old`` beside it and swap it in once ready
+        (see ``rescan``); None on success, else why not (``old`` keeps serving). The work
+        runs in the scheduler's nursery, so a caller that goes away does not leave a new
+        version half loaded."""
+        assert self._nursery is not None
+        outcome: list[str | None] = []
+        done = trio.Event()
+
+        async def task() -> None:
+            try:
+                outcome.append(await self._load_new_version(old, spec, fingerprint))
+            finally:
+                done.set()
+
+        self._nursery.start_soon(task)
+        await done.wait()
+        return outcome[0] if outcome else "the scheduler stopped during the reload"
+
+    async def _load_new_version(self, old: _Model, spec: ModelSpec,
+                                fingerprint: tuple[Any, ...]) -> str | None:
+        name = old.name
+        if spec.error:
+            self._reload_failed(old, spec, spec.error)
+            return spec.error
+        new = _Model(spec, fingerprint=fingerprint)
+        self._pending[name] = new  # until swapped in or freed; at stop, freed with the rest
+        self._notify()
+        log.info("model %s: loading the new version beside the serving one", name)
+        await self._load(new, self._begin_placements(new, None))
+        serving = sorted(i for i, p in new.placements.items()
+                         if p.state is PlacementState.READY and self._healthy(i))
+        if self._models.get(name) is not old or old.unloading or self._state not in _WORKING:
+            await self._free_version(new)
+            return f"model '{name}' was unloaded (or the scheduler stopped) during its reload"
+        if not serving:
+            error = self._model_error(new)
+            await self._free_version(new)
+            self._reload_failed(old, spec, error)
+            return error
+        # the swap: one synchronous step, so no job sees the model missing or unservable
+        moved = len(old.queue) if _same_io(old.spec, new.spec) else 0
+        if moved:
+            new.queue.extend(old.queue)
+            old.queue.clear()
+        old.retired = True
+        self._models[name] = new
+        self._retiring.append(old)
+        del self._pending[name]
+        log.info("model %s: reloaded; the new version serves on device(s) %s (%d queued "
+                 "job(s) moved to it); the previous one is freed once its %d running job(s) "
+                 "end", name, serving, moved, old.running)
+        self._nursery.start_soon(self._retire, old)  # type: ignore[union-attr]
+        self._notify()
+        self._dispatch()
+        return None
+
+    def _reload_failed(self, old: _Model, spec: ModelSpec, error: str) -> None:
+        old.reload_error = error
+        self._reload_failures[old.name] = self._reload_failures.get(old.name, 0) + 1
+        log.warning("model %s: reload of %s failed; the previous version keeps serving: %s",
+                    old.name, spec.path, error)
+        self._notify()
+
+    async def _free_version(self, entry: _Model) -> None:
+        """Free a version that never served (a failed or abandoned reload)."""
+        placements = list(entry.placements.values())
+        for placement in placements:
+            placement.state = PlacementState.FAILED
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(lambda: [self._close_executors(p) for p in placements])
+        if self._pending.get(entry.name) is entry:
+            del self._pending[entry.name]
+        self._notify()
+
+    async def _retire(self, old: _Model) -> None:
+        """Free a version replaced by a reload once its jobs have ended. Cancelled at stop,
+        it stays in ``_retiring`` and is freed with everything else."""
+        await self._wait_for(lambda: not old.queue and old.running == 0 and not any(
+            p.state is PlacementState.LOADING for p in old.placements.values()))
+        placements = list(old.placements.values())
+        freed = [p.device for p in placements if p.state is PlacementState.READY]
+        for placement in placements:
+            placement.state = PlacementState.FAILED  # nothing may take an instance from here on
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(lambda: [self._close_executors(p) for p in placements])
+        self._retiring.remove(old)
+        log.info("model %s: previous version freed from device(s) %s", old.name, freed)
+        self._notify()
 
     async def _load_and_signal(self, entry: _Model, targets: list[_Device],
                                loaded: trio.Event) -> None:
@@ -939,11 +1071,14 @@ class Scheduler:
                               in_flight=p.running)
                 for i, p in sorted(entry.placements.items())
             ],
-            queue_depth=len(entry.queue),
-            in_flight=entry.running,
+            queue_depth=sum(len(m.queue) for m in self._versions(entry.name)),
+            in_flight=sum(m.running for m in self._versions(entry.name)),
             queue_limit=entry.spec.queue_limit or self.config.queue_limit_per_model,
             precision=entry.spec.precision,
             error=self._model_error(entry) if state is ModelState.FAILED else None,
+            reloading=entry.name in self._pending,
+            reload_error=entry.reload_error,
+            reload_failures=self._reload_failures.get(entry.name, 0),
         )
 
     def models(self) -> list[ModelInfo]:
@@ -985,9 +1120,13 @@ class Scheduler:
             state=self._state,
             ready=self.ready(),
             devices=[self._device_status(d) for d in self._devices.values()],
-            models={name: ModelQueue(self._model_state(m), len(m.queue), m.running)
+            models={name: ModelQueue(self._model_state(m),
+                                     sum(len(v.queue) for v in self._versions(name)),
+                                     sum(v.running for v in self._versions(name)),
+                                     reload_error=m.reload_error,
+                                     reload_failures=self._reload_failures.get(name, 0))
                     for name, m in sorted(self._models.items())},
-            queue_depth=sum(len(m.queue) for m in self._models.values()),
+            queue_depth=sum(len(m.queue) for m in self._entries()),
             in_flight=sum(len(d.running) for d in self._devices.values()),
             totals=dataclasses.replace(self._totals),
             gpu_problem=self._gpu_problem,

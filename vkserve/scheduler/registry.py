@@ -19,11 +19,17 @@
 weights. A broken folder never stops the scan: its ``ModelSpec`` carries ``error`` (a message
 that names the file, line or key) and the other models load as usual. Unknown config keys are
 errors, so a typo does not silently fall back to a default.
+
+``ModelRepository.fingerprint`` is what a rescan compares to decide that a model changed: the
+scanned spec and a SHA-256 of each file's *content* (model.param, model.bin, config.toml), so
+a plain ``touch`` (or a copy of identical files) is no change. Digests are cached per file
+under its (device, inode, size, mtime, ctime), so an untouched file is not read again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -120,6 +126,33 @@ class ModelRepository:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # file -> (its stat key, SHA-256 of its content): untouched files are not re-read
+        self._digests: dict[Path, tuple[tuple[int, ...], str]] = {}
+
+    def fingerprint(self, spec: ModelSpec) -> tuple[Any, ...]:
+        """Blocking: the spec and the content digest of each of the folder's files (None for
+        an absent one); equal fingerprints mean the same model (see the module doc)."""
+        files = (spec.param_path, spec.bin_path, spec.path / "config.toml")
+        return (spec, *(None if f is None else self._digest(f) for f in files))
+
+    def _digest(self, path: Path) -> str | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        cached = self._digests.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except OSError as exc:  # unreadable: differs from any content, so a rescan reloads
+            return f"unreadable: {exc}"
+        self._digests[path] = (key, h.hexdigest())
+        return h.hexdigest()
 
     def scan(self) -> dict[str, ModelSpec]:
         """Every model folder, by name (sorted); broken ones carry ``error``."""

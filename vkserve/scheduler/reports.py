@@ -84,6 +84,10 @@ class ModelInfo:
     queue_limit: int
     precision: str
     error: str | None  # why it is failed (None unless failed)
+    # reloads (Scheduler.rescan: load-new-then-swap; this version serves meanwhile)
+    reloading: bool = False  # a new version of its files is loading beside this one
+    reload_error: str | None = None  # why the last reload failed (None once one succeeds)
+    reload_failures: int = 0  # failed reloads of this model since start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +125,8 @@ class ModelQueue:
     state: ModelState
     queue_depth: int
     in_flight: int
+    reload_error: str | None = None  # as in ModelInfo
+    reload_failures: int = 0
 
 
 @dataclasses.dataclass

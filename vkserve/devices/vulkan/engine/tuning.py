@@ -48,12 +48,12 @@ import re
 import stat
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vkserve.cache.cache_file import DeviceIdentity
-from vkserve.cache.persist import WriterLock, atomic_write
+from vkserve.cache.persist import WriterLock, atomic_write, describe_os_error
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.glsl_extension import declares_local_size, strip_comments
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar
@@ -336,8 +336,10 @@ class TuningTable:
     # -- files -------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], identity: DeviceIdentity) -> TuningTable | None:
-        """The table in `path`, or None: missing (DEBUG) or rejected (one WARNING)."""
+    def load(cls, path: str | os.PathLike[str], identity: DeviceIdentity,
+             on_error: Callable[[OSError], None] | None = None) -> TuningTable | None:
+        """The table in `path`, or None: missing (DEBUG) or rejected (one WARNING); an
+        OSError other than a missing file (unreadable, not rejected) also goes to `on_error`."""
         path = Path(path)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -358,23 +360,38 @@ class TuningTable:
         except TuningFileRejected as e:
             reason = str(e)
         except OSError as e:
-            reason = f"cannot read: {e.strerror or e}"
+            if on_error is not None:
+                on_error(e)
+            reason = f"cannot read: {describe_os_error(e)}"
         log.warning("ignoring tuning file %s: %s", path, reason)
         return None
 
     def save(self, path: str | os.PathLike[str]) -> bool:
         """Merge into the file at `path` (our entries win) and replace it atomically, holding
-        `<path>.lock`; False (logged) when another process holds the lock."""
+        `<path>.lock`; False (logged) when another process holds the lock or the file system
+        fails (a WARNING naming the path and the errno: the table stays in memory)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.warning("tuning file %s: cannot create its folder: %s; not saved", path,
+                        describe_os_error(e))
+            return False
         with WriterLock(path) as lock:
             if not lock.acquire():
-                log.info("tuning file %s: another process is its writer; not saved", path)
+                log.info("tuning file %s: %s; not saved", path,
+                         "another process is its writer" if lock.error is None
+                         else f"cannot lock: {describe_os_error(lock.error)}")
                 return False
             merged = TuningTable.load(path, self.identity) or TuningTable(self.identity)
             with self._lock:
                 merged.entries.update(self.entries)
-            atomic_write(path, merged.encode())
+            try:
+                atomic_write(path, merged.encode())
+            except OSError as e:
+                log.warning("tuning file %s: cannot save: %s; not saved", path,
+                            describe_os_error(e))
+                return False
         with self._lock:
             for key, entry in merged.entries.items():
                 self.entries.setdefault(key, entry)
@@ -401,7 +418,9 @@ def table_for(device: VulkanDevice) -> TuningTable | None:
         if device in _tables:
             return _tables[device]
     path = device_tuning_path(device)
-    table = TuningTable.load(path, DeviceIdentity.from_caps(device.caps)) if path else None
+    table = TuningTable.load(path, DeviceIdentity.from_caps(device.caps),
+                             on_error=lambda e: device.pipelines.count_error("tuning")
+                             ) if path else None
     if table is not None:
         log.info("tuning file %s: %d tuned dispatches", path, len(table))
     with _tables_lock:
