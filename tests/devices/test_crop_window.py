@@ -62,8 +62,9 @@ REFUSED = {
     "offset-unset": ("0=-233 3=3 4=-233 5=-233", X, None, "undefined"),
     "reference-hoffset-unset": ("1=-233", X, (3, 2, 4), "undefined"),
     "reference-coffset-unset": ("2=-233", X, (3, 2, 4), "undefined"),
-    # starts/ends for one axis but no axes: ncnn takes every axis and reads past the arrays
-    "numpy-without-axes-too-few": ("-23309=1,2 -23310=1,5", X, None, "fails"),
+    # starts/ends for one axis but no axes: ncnn takes every axis and reads past the arrays, so
+    # its result depends on memory it never set (it fails in some runs, not all): undefined
+    "numpy-without-axes-too-few": ("-23309=1,2 -23310=1,5", X, None, "undefined"),
 }
 
 

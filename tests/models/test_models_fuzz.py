@@ -87,6 +87,10 @@ VALUE_BY_KIND = {
     "ints": st.lists(SMALL_INTS, max_size=4).map(lambda v: ",".join(map(str, [len(v), *v]))),
     "floats": st.lists(st.floats(-4, 4, allow_nan=False), max_size=13).map(
         lambda v: ",".join([str(len(v)), *(f"{f:.3f}" for f in v)])),
+    # shape expressions (Reshape param 6): random token sequences, well-formed or not
+    "str": st.lists(st.sampled_from(["0w", "0h", "0c", "0d", "0n", "1w", "-1", "0", "2", "2.5",
+                                     "+", "*", "//", "/", "max", "neg", "round", "bad"]),
+                    min_size=1, max_size=7).map(lambda v: '"' + ",".join(v) + '"'),
 }
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from vkserve import __version__
 
-COMMANDS = ["devices", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
+COMMANDS = ["devices", "layers", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
             "bench", "profile", "tune"]
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from vkserve.models.errors import ModelFormatError, Where
 from vkserve.models.paramdict import ParamDict, int_bits_to_float
+from vkserve.models.shape_expr import ExpressionError, ShapeExpression
 
 Shape = tuple[int, ...]
 
@@ -84,6 +85,10 @@ def p_floats(pid: int) -> Any:
     return _param("floats", pid, (), None)
 
 
+def p_str(pid: int) -> Any:
+    return _param("str", pid, "", None)
+
+
 def _describe(value: object) -> str:
     if isinstance(value, list):
         return f"array of {len(value)}"
@@ -96,6 +101,8 @@ def _describe(value: object) -> str:
 
 def _convert(kind: str, value: object) -> object:
     """Convert a parsed value for a field of ``kind``; None when its type does not fit."""
+    if kind == "str":
+        return value if isinstance(value, str) else None
     if kind == "int":
         return value if isinstance(value, int) else None
     if kind == "float":
@@ -111,7 +118,8 @@ def _convert(kind: str, value: object) -> object:
     return tuple(int_bits_to_float(v) if isinstance(v, int) else v for v in value)
 
 
-_EXPECTED = {"int": "int", "float": "float", "ints": "int array", "floats": "float array"}
+_EXPECTED = {"int": "int", "float": "float", "ints": "int array", "floats": "float array",
+             "str": "string"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -774,6 +782,124 @@ class DropoutParams(_SameShape):
 
 
 @dataclasses.dataclass(frozen=True)
+class TanHParams(_SameShape):
+    TYPE: ClassVar[str] = "TanH"
+
+
+@dataclasses.dataclass(frozen=True)
+class AbsValParams(_SameShape):
+    TYPE: ClassVar[str] = "AbsVal"
+
+
+@dataclasses.dataclass(frozen=True)
+class ELUParams(_SameShape):
+    """y = x < 0 ? alpha * (exp(x) - 1) : x."""
+
+    TYPE: ClassVar[str] = "ELU"
+    alpha: float = p_float(0, 0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SELUParams(_SameShape):
+    """y = x < 0 ? (exp(x) - 1) * alpha * lambda : x * lambda."""
+
+    TYPE: ClassVar[str] = "SELU"
+    alpha: float = p_float(0, 1.67326324)
+    lambda_: float = p_float(1, 1.050700987)
+
+
+@dataclasses.dataclass(frozen=True)
+class MishParams(_SameShape):
+    """y = x * tanh(log(exp(x) + 1))."""
+
+    TYPE: ClassVar[str] = "Mish"
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftplusParams(_SameShape):
+    """y = log(exp(x) + 1)."""
+
+    TYPE: ClassVar[str] = "Softplus"
+
+
+@dataclasses.dataclass(frozen=True)
+class GELUParams(_SameShape):
+    """fast_gelu 0: y = 0.5 * x * erfc(-x / sqrt(2)); otherwise the tanh approximation
+    y = 0.5 * x * (1 + tanh(0.79788452 * (x + 0.044715 * x^3)))."""
+
+    TYPE: ClassVar[str] = "GELU"
+    fast_gelu: int = p_int(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExpLogBase(_SameShape):
+    """base -1 means e; the argument is shift + x * scale."""
+
+    base: float = p_float(0, -1.0)
+    scale: float = p_float(1, 1.0)
+    shift: float = p_float(2, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpParams(_ExpLogBase):
+    """y = base ^ (shift + x * scale) (exp when base is -1)."""
+
+    TYPE: ClassVar[str] = "Exp"
+
+
+@dataclasses.dataclass(frozen=True)
+class LogParams(_ExpLogBase):
+    """y = log(shift + x * scale) / log(base) (natural log when base is -1)."""
+
+    TYPE: ClassVar[str] = "Log"
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerParams(_SameShape):
+    """y = (shift + x * scale) ^ power."""
+
+    TYPE: ClassVar[str] = "Power"
+    power: float = p_float(0, 1.0)
+    scale: float = p_float(1, 1.0)
+    shift: float = p_float(2, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ErfParams(_SameShape):
+    TYPE: ClassVar[str] = "Erf"
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdParams(_SameShape):
+    """y = x > threshold ? 1 : 0."""
+
+    TYPE: ClassVar[str] = "Threshold"
+    threshold: float = p_float(0, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PReLUParams(_SameShape):
+    """y = x < 0 ? x * slope : x; one slope, or one per channel (axis 0: w of a 1-D blob, h
+    of a 2-D one, c of a 3-D / 4-D one)."""
+
+    TYPE: ClassVar[str] = "PReLU"
+    num_slope: int = p_int(0)
+
+    def validate(self) -> str | None:
+        return "param 0 (num_slope): must be at least 1" if self.num_slope < 1 else None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec("slope_data", self.num_slope, False)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        if self.num_slope > 1 and shape[0] != self.num_slope:
+            raise ShapeError(f"PReLU has {self.num_slope} slopes but the input {shape} has "
+                             f"{shape[0]} channels")
+        return [shape]
+
+
+@dataclasses.dataclass(frozen=True)
 class NoopParams(LayerParams):
     """Passes its inputs through: output i is input i."""
 
@@ -840,15 +966,39 @@ class LRNParams(_SameShape):
 
 @dataclasses.dataclass(frozen=True)
 class ReshapeParams(LayerParams):
-    """Target (w, h, d, c); -233 = axis absent (sets the rank), 0 = keep input's, -1 = infer."""
+    """Target (w, h, d, c); -233 = axis absent (sets the rank), 0 = keep input's, -1 = infer.
+
+    ``shape_expr`` (param 6, pnnx's ``6="0w,-1"``) gives the target instead, as an ncnn shape
+    expression (``vkserve.models.shape_expr``) over the dims of the layer's inputs: its values
+    are (w), (w, h), (w, h, c) or (w, h, d, c), then 0 and -1 as above. Inputs past the first
+    only lend their dims to it.
+
+    ``input_batch_axis`` / ``output_batch_axis`` (params 12 / 13, 233 = none; pnnx writes
+    ``12=0 13=0``) select ncnn's batch reshape: the target (from the params or the
+    expression, numpy order) is a *logical* shape that holds the batch at
+    ``output_batch_axis``, 0 copies the logical input's size at the same position (the input
+    with the batch, of 1 here, inserted at ``input_batch_axis``), -1 is inferred; the output is
+    that shape without its batch axis, which must be 1 (the engines run a batch of 1)."""
 
     TYPE: ClassVar[str] = "Reshape"
-    UNSUPPORTED: ClassVar[dict[int, str]] = {
-        6: "shape expression", 12: "batch axis", 13: "batch axis"}
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
     w: int = p_int(0, UNSET)
     h: int = p_int(1, UNSET)
     d: int = p_int(11, UNSET)
     c: int = p_int(2, UNSET)
+    shape_expr: str = p_str(6)
+    input_batch_axis: int = p_int(12, 233)
+    output_batch_axis: int = p_int(13, 233)
+
+    def batch_mode(self) -> bool:
+        return self.input_batch_axis != 233 or self.output_batch_axis != 233
+
+    def expression(self) -> ShapeExpression | None:
+        return ShapeExpression(self.shape_expr) if self.shape_expr else None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        expr = self.expression()
+        return ((max(1, expr.blob_count), None) if expr else (1, 1)), (1, 1)
 
     def ndim(self) -> int:
         if self.w == UNSET:
@@ -865,6 +1015,16 @@ class ReshapeParams(LayerParams):
                 4: [self.c, self.d, self.h, self.w]}[self.ndim()]
 
     def validate(self) -> str | None:
+        if self.shape_expr:
+            try:
+                expr = ShapeExpression(self.shape_expr)
+            except ExpressionError as e:
+                return f"param 6: {e}"
+            most = 5 if self.batch_mode() else 4
+            if not 1 <= len(expr) <= most:
+                return (f"param 6: shape expression {self.shape_expr!r} gives {len(expr)} values, "
+                        f"not 1..{most}")
+            return None
         target = self.target()
         if not target:
             return "Reshape needs param 0 (w)"
@@ -872,11 +1032,30 @@ class ReshapeParams(LayerParams):
             return f"Reshape target {target} may hold one -1 and no other negative values"
         return None
 
+    def resolved_target(self, input_shapes: list[Shape]) -> list[int]:
+        """The target in numpy order, the shape expression evaluated for ``input_shapes``."""
+        expr = self.expression()
+        if expr is None:
+            return self.target()
+        try:
+            values = expr.evaluate([mat_whdc(s) for s in input_shapes])
+        except ExpressionError as e:
+            raise ShapeError(str(e)) from None
+        target = values[::-1]  # (w), (w, h), (w, h, c), (w, h, d, c) reversed: numpy order
+        if self.batch_mode():
+            return target
+        if target.count(-1) > 1 or any(n < -1 for n in target):
+            raise ShapeError(f"shape expression {self.shape_expr!r} gives {target} (numpy order): "
+                             "one -1 at most and no other negative values")
+        return target
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        if self.batch_mode():
+            return [self._infer_batch(input_shapes)]
         shape = input_shapes[0]
         total = volume(shape)
         iw, ih, id_, ic = mat_whdc(shape)
-        target = self.target()
+        target = self.resolved_target(input_shapes)
         # 0 keeps the input's Mat field of the same name
         keep = {1: [iw], 2: [ih, iw], 3: [ic, ih, iw], 4: [ic, id_, ih, iw]}[len(target)]
         out = [k if t == 0 else t for t, k in zip(target, keep)]
@@ -888,6 +1067,139 @@ class ReshapeParams(LayerParams):
         if volume(tuple(out)) != total:
             raise ShapeError(f"cannot reshape {shape} ({total} elements) to {tuple(out)}")
         return [_positive(self.TYPE, tuple(out))]
+
+    def _infer_batch(self, input_shapes: list[Shape]) -> Shape:
+        """ncnn's Reshape::resolve_batch_shape for a batch of 1 (see the class doc)."""
+        shape = tuple(input_shapes[0])
+        logical = list(shape)
+        if self.input_batch_axis != 233:
+            axis = self.input_batch_axis + (len(shape) + 1 if self.input_batch_axis < 0 else 0)
+            if not 0 <= axis <= len(shape):
+                raise ShapeError(f"input batch axis {self.input_batch_axis} out of range for "
+                                 f"a {len(shape)}-D input")
+            logical.insert(axis, 1)
+        target = self.resolved_target(input_shapes)
+        out_axis = self.output_batch_axis
+        if out_axis != 233:
+            out_axis += len(target) if out_axis < 0 else 0
+            if not 0 <= out_axis < len(target):
+                raise ShapeError(f"output batch axis {self.output_batch_axis} out of range for "
+                                 f"a {len(target)}-D target")
+        out: list[int] = []
+        for i, n in enumerate(target):
+            if n == 0:
+                if i >= len(logical):
+                    raise ShapeError(f"target {target}: 0 at axis {i} past the input's axes")
+                n = logical[i]
+            elif n < -1 or (n == -1 and -1 in out):
+                raise ShapeError(f"target {target}: one -1 at most and no other negative values")
+            out.append(n)
+        total = volume(tuple(logical))
+        if -1 in out:
+            known = math.prod(n for n in out if n != -1)
+            if known == 0 or total % known:
+                raise ShapeError(f"cannot infer -1 reshaping {shape} to {tuple(target)}")
+            out[out.index(-1)] = total // known
+        if volume(tuple(out)) != total:
+            raise ShapeError(f"cannot reshape {shape} ({total} elements) to {tuple(out)}")
+        if out_axis != 233:
+            if out[out_axis] != 1:
+                raise ShapeError(f"batch reshape of {shape} to {tuple(out)} makes a batch of "
+                                 f"{out[out_axis]}; only a batch of 1 runs here")
+            del out[out_axis]
+        if not 1 <= len(out) <= 4:
+            raise ShapeError(f"batch reshape of {shape} gives a {len(out)}-D output")
+        return _positive(self.TYPE, tuple(out))
+
+@dataclasses.dataclass(frozen=True)
+class SqueezeParams(LayerParams):
+    """Drops axes of size 1: those of ``axes`` (numpy axis numbers, negative from the end),
+    else those flagged squeeze_w/h/d/c; an axis of another size stays. All gone -> (1,)."""
+
+    TYPE: ClassVar[str] = "Squeeze"
+    squeeze_w: int = p_int(0)
+    squeeze_h: int = p_int(1)
+    squeeze_d: int = p_int(11)
+    squeeze_c: int = p_int(2)
+    axes: tuple[int, ...] = p_ints(3)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        dims = len(shape)
+        names = {1: "w", 2: "hw", 3: "chw", 4: "cdhw"}[dims]
+        if self.axes:
+            # ncnn ignores an axis outside the blob's rank
+            chosen = {a + dims if a < 0 else a for a in self.axes}
+            drop = {a for a in chosen if 0 <= a < dims}
+        else:
+            flags = {"w": self.squeeze_w, "h": self.squeeze_h, "d": self.squeeze_d,
+                     "c": self.squeeze_c}
+            drop = {i for i, n in enumerate(names) if flags[n]}
+        kept = tuple(n for i, n in enumerate(shape) if i not in drop or n != 1)
+        return [kept or (1,)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpandDimsParams(LayerParams):
+    """Inserts axes of size 1 at ``axes`` (axis numbers of the output, negative from the
+    end; ncnn's current ExpandDims reads only param 3)."""
+
+    TYPE: ClassVar[str] = "ExpandDims"
+    axes: tuple[int, ...] = p_ints(3)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        outdims = len(shape) + len(self.axes)
+        if outdims > 4:
+            raise ShapeError(f"ExpandDims of a {len(shape)}-D input by {len(self.axes)} axes "
+                             "gives more than 4 dims")
+        axes = [a + outdims if a < 0 else a for a in self.axes]
+        if any(not 0 <= a < outdims for a in axes) or len(set(axes)) != len(axes):
+            raise ShapeError(f"axes {self.axes} invalid for a {outdims}-D output")
+        out, rest = [], iter(shape)
+        for i in range(outdims):
+            out.append(1 if i in axes else next(rest))
+        return [tuple(out)]
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryDataParams(LayerParams):
+    """A constant blob: its w/h/d/c as Input's (the rank is that of the last non-zero of
+    d, c, h, w in that order of precedence), its values the layer's one weight; load_type 1
+    (default) reads raw float32, 0 a flagged (tagged) weight."""
+
+    TYPE: ClassVar[str] = "MemoryData"
+    INPUTS: ClassVar[tuple[int, int | None]] = (0, 0)
+    w: int = p_int(0)
+    h: int = p_int(1)
+    d: int = p_int(11)
+    c: int = p_int(2)
+    load_type: int = p_int(21, 1)
+
+    def shape(self) -> Shape:
+        if self.d:
+            return (self.c, self.d, self.h, self.w)
+        if self.c:
+            return (self.c, self.h, self.w)
+        if self.h:
+            return (self.h, self.w)
+        return (self.w,)
+
+    def validate(self) -> str | None:
+        if not (self.w or self.h or self.d or self.c):
+            return "MemoryData needs a shape (params 0 w, 1 h, 11 d, 2 c)"
+        if any(n <= 0 for n in self.shape()):
+            return (f"MemoryData shape w={self.w} h={self.h} d={self.d} c={self.c} has a "
+                    "non-positive dimension")
+        if self.load_type not in (0, 1):
+            return f"param 21 (load_type): expected 0 or 1, got {self.load_type}"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec("data", volume(self.shape()), self.load_type == 0)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        return [self.shape()]
 
 
 # ncnn's Permute order_type tables: output (w, h[, d], c) named by the input axis each comes from
@@ -1171,6 +1483,241 @@ class Yolov3DetectionOutputParams(LayerParams):
         return [(candidates, 6)]
 
 
+# ---------------------------------------------------------------------------------------------
+# per-channel affine layers (BatchNorm, Scale, Bias)
+
+
+def affine_channels(shape: Shape) -> int:
+    """Channels of BatchNorm / Scale: ncnn takes w of a 1-D blob, h of a 2-D one and c of a
+    3-D / 4-D one, i.e. numpy axis 0 for every rank (each channel is a contiguous run)."""
+    return shape[0]
+
+
+def batchnorm_affine(slope: np.ndarray, mean: np.ndarray, var: np.ndarray, bias: np.ndarray,
+                     eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, shift) with y = x * scale + shift, in float32 as ncnn's BatchNorm::load_model:
+    sqrt_var = sqrt(var + eps) (0 replaced by 0.0001), shift = bias - slope * mean / sqrt_var,
+    scale = slope / sqrt_var."""
+    f = np.float32
+    var32 = np.asarray(var, f) + f(eps)
+    sqrt_var = np.sqrt(var32.astype(np.float64)).astype(f)
+    sqrt_var = np.where(sqrt_var == 0, f(0.0001), sqrt_var).astype(f)
+    slope32 = np.asarray(slope, f)
+    shift = (np.asarray(bias, f) - (slope32 * np.asarray(mean, f)) / sqrt_var).astype(f)
+    scale = (slope32 / sqrt_var).astype(f)
+    return scale, shift
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormParams(_SameShape):
+    TYPE: ClassVar[str] = "BatchNorm"
+    channels: int = p_int(0)
+    eps: float = p_float(1, 0.0)
+
+    def validate(self) -> str | None:
+        if self.channels <= 0:
+            return f"param 0 (channels): must be positive, got {self.channels}"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec(name, self.channels, False)
+                for name in ("slope_data", "mean_data", "var_data", "bias_data")]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        if affine_channels(shape) != self.channels:
+            raise ShapeError(f"BatchNorm of {self.channels} channels got input {shape}")
+        return [tuple(shape)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleParams(LayerParams):
+    """scale_data_size -233: two inputs, the second (1-D, one value per channel) is the scale
+    (no bias then: ncnn loads none)."""
+
+    TYPE: ClassVar[str] = "Scale"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 2)
+    scale_data_size: int = p_int(0)
+    bias_term: int = p_int(1)
+
+    @property
+    def scale_input(self) -> bool:
+        return self.scale_data_size == UNSET
+
+    def validate(self) -> str | None:
+        if self.scale_input:
+            if self.bias_term:
+                return "param 1 (bias_term): no bias with a scale input (param 0 = -233)"
+            return None
+        if self.scale_data_size <= 0:
+            return f"param 0 (scale_data_size): must be positive or -233, got {self.scale_data_size}"
+        return None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        return ((2, 2) if self.scale_input else (1, 1)), self.OUTPUTS
+
+    def weight_specs(self) -> list[WeightSpec]:
+        if self.scale_input:
+            return []
+        specs = [WeightSpec("scale_data", self.scale_data_size, False)]
+        if self.bias_term:
+            specs.append(WeightSpec("bias_data", self.scale_data_size, False))
+        return specs
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        channels = affine_channels(shape)
+        if self.scale_input:
+            if tuple(input_shapes[1]) != (channels,):
+                raise ShapeError(f"Scale input {shape} needs a scale blob of shape ({channels},), "
+                                 f"got {input_shapes[1]}")
+        elif channels != self.scale_data_size:
+            raise ShapeError(f"Scale of {self.scale_data_size} channels got input {shape}")
+        return [tuple(shape)]
+
+
+def bias_channels(shape: Shape) -> int:
+    """Channels of the Bias layer: c of a 3-D / 4-D blob; a 1-D / 2-D blob is one channel
+    (ncnn adds bias_data[0] to all of it)."""
+    return shape[0] if len(shape) >= 3 else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasParams(_SameShape):
+    TYPE: ClassVar[str] = "Bias"
+    bias_data_size: int = p_int(0)
+
+    def validate(self) -> str | None:
+        if self.bias_data_size <= 0:
+            return f"param 0 (bias_data_size): must be positive, got {self.bias_data_size}"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec("bias_data", self.bias_data_size, False)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        if bias_channels(shape) > self.bias_data_size:
+            raise ShapeError(f"Bias of {self.bias_data_size} values got input {shape}")
+        return [tuple(shape)]
+
+
+# ---------------------------------------------------------------------------------------------
+# normalisation layers (LayerNorm, RMSNorm, GroupNorm, InstanceNorm)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LastDimsNorm(_SameShape):
+    """LayerNorm / RMSNorm: each run of the last ``norm_dims`` axes is normalised on its own;
+    gamma (and beta) have one value per element of a run."""
+
+    affine_size: int = p_int(0)
+    eps: float = p_float(1, 0.001)
+    affine: int = p_int(2, 1)
+
+    def norm_dims(self, shape: Shape) -> int:
+        """How many trailing axes one normalised run spans, as ncnn picks it: the last axis of
+        a 1-D / 2-D blob; of a 3-D blob w (affine_size == w) else h*w; of a 4-D blob w,
+        h*w (affine_size == h*w) else d*h*w."""
+        if len(shape) <= 2 or self.affine_size == shape[-1]:
+            return 1
+        if len(shape) == 3 or self.affine_size == shape[-1] * shape[-2]:
+            return 2
+        return 3
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        run = volume(shape[len(shape) - self.norm_dims(shape):])
+        if self.affine and self.affine_size != run:
+            raise ShapeError(f"{self.TYPE} of affine_size {self.affine_size} got input {shape} "
+                             f"(normalises runs of {run})")
+        return [tuple(shape)]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormParams(_LastDimsNorm):
+    TYPE: ClassVar[str] = "LayerNorm"
+
+    def weight_specs(self) -> list[WeightSpec]:
+        if not self.affine:
+            return []
+        return [WeightSpec("gamma_data", self.affine_size, False),
+                WeightSpec("beta_data", self.affine_size, False)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormParams(_LastDimsNorm):
+    TYPE: ClassVar[str] = "RMSNorm"
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec("gamma_data", self.affine_size, False)] if self.affine else []
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupNormParams(_SameShape):
+    """Channels (numpy axis 0 at every rank: w of a 1-D blob, h of a 2-D one) split into
+    ``group`` contiguous groups, each normalised on its own; gamma / beta per channel."""
+
+    TYPE: ClassVar[str] = "GroupNorm"
+    group: int = p_int(0, 1)
+    channels: int = p_int(1)
+    eps: float = p_float(2, 0.001)
+    affine: int = p_int(3, 1)
+
+    def validate(self) -> str | None:
+        if self.group <= 0:
+            return f"param 0 (group): must be positive, got {self.group}"
+        if self.channels <= 0 or self.channels % self.group:
+            return (f"param 1 (channels): {self.channels} is not a positive multiple of "
+                    f"group {self.group}")
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        if not self.affine:
+            return []
+        return [WeightSpec("gamma_data", self.channels, False),
+                WeightSpec("beta_data", self.channels, False)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        if shape[0] != self.channels:
+            raise ShapeError(f"GroupNorm of {self.channels} channels got input {shape}")
+        return [tuple(shape)]
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceNormParams(_SameShape):
+    """Each channel of a 3-D / 4-D blob normalised on its own; gamma / beta per channel."""
+
+    TYPE: ClassVar[str] = "InstanceNorm"
+    channels: int = p_int(0)
+    eps: float = p_float(1, 0.001)
+    affine: int = p_int(2, 1)
+
+    def validate(self) -> str | None:
+        if self.channels <= 0:
+            return f"param 0 (channels): must be positive, got {self.channels}"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        if not self.affine:
+            return []
+        return [WeightSpec("gamma_data", self.channels, False),
+                WeightSpec("beta_data", self.channels, False)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3, 4))
+        if shape[0] != self.channels:
+            raise ShapeError(f"InstanceNorm of {self.channels} channels got input {shape}")
+        return [tuple(shape)]
+
+
 LAYER_TYPES: dict[str, type[LayerParams]] = {
     cls.TYPE: cls
     for cls in (
@@ -1179,6 +1726,11 @@ LAYER_TYPES: dict[str, type[LayerParams]] = {
         EltwiseParams, BinaryOpParams, ReLUParams, ClipParams, SigmoidParams, SwishParams,
         HardSigmoidParams, HardSwishParams, DropoutParams, NoopParams, FlattenParams,
         ShuffleChannelParams, LRNParams, ReshapeParams, PermuteParams, CropParams, InterpParams,
+        SqueezeParams, ExpandDimsParams, MemoryDataParams,
         PaddingParams, Yolov3DetectionOutputParams,
+        BatchNormParams, ScaleParams, BiasParams, LayerNormParams, RMSNormParams,
+        GroupNormParams, InstanceNormParams,
+        TanHParams, AbsValParams, ELUParams, SELUParams, MishParams, SoftplusParams, GELUParams,
+        ExpParams, LogParams, PowerParams, ErfParams, ThresholdParams, PReLUParams,
     )
 }

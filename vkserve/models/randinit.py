@@ -139,6 +139,11 @@ _RULES: dict[type, Callable[[Any, list[_Moment]], _Moment]] = {
     L.SwishParams: lambda p, ms: _swish(ms[0]),
     L.HardSwishParams: lambda p, ms: _swish(ms[0]),
     L.SoftmaxParams: lambda p, ms: _Moment(0.0, 0.01),
+    # normalisations: unit-scale runs (gamma, beta uniform in [-1, 1] keep it O(1))
+    L.LayerNormParams: lambda p, ms: _UNIT,
+    L.RMSNormParams: lambda p, ms: _UNIT,
+    L.GroupNormParams: lambda p, ms: _UNIT,
+    L.InstanceNormParams: lambda p, ms: _UNIT,
 }
 
 
@@ -165,6 +170,8 @@ def random_weights(layers: Sequence[Layer], seed: int = 0) -> list[list[np.ndarr
             out = _activation(p.activation_type, p.activation_params, _UNIT)
         else:
             weights = [_uniform(rng, spec.count, 1.0) for spec in p.weight_specs()]
+            if isinstance(p, L.BatchNormParams):
+                weights[2] = np.abs(weights[2]) + np.float32(0.25)  # var_data: positive
             rule = _RULES.get(type(p))
             out = rule(p, ins) if rule else (ins[0] if ins else _UNIT)
         out = out.scaled(min(max(out.total, _M2_FLOOR), _M2_CEIL) / max(out.total, 1e-30))

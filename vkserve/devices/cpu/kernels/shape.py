@@ -1,5 +1,5 @@
-"""Data-movement layers: Input, Split, Noop, Reshape, Flatten, Concat, Slice, Permute, Crop,
-ShuffleChannel, Padding, Interp.
+"""Data-movement layers: Input, Split, Noop, Reshape, Flatten, Squeeze, ExpandDims, MemoryData,
+Concat, Slice, Permute, Crop, ShuffleChannel, Padding, Interp.
 
 Shapes are ncnn Mat shapes in numpy order: (w,), (h, w), (c, h, w), (c, d, h, w); an ncnn
 axis number is the numpy axis of the same-rank array. Output shapes, windows, pads and
@@ -36,7 +36,20 @@ class Input(Alias):
         return [in_shapes[0]]
 
 
-register("Split", "Reshape", "Flatten")(Alias)
+register("Split", "Reshape", "Flatten", "Squeeze", "ExpandDims")(Alias)
+
+
+@register("MemoryData")
+class MemoryData(Kernel):
+    """The layer's constant (its one weight) under its shape; the executor stores it."""
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        self.data = np.asarray(self.layer.weights[0], dtype=np.float32).reshape(out[0])
+        return out
+
+    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        return [self.data.copy()]
 
 
 @register("Noop")

@@ -111,6 +111,12 @@ def load_layer_modules() -> None:
             _loaded = True
 
 
+def supported_layer_types() -> frozenset[str]:
+    """Layer types a Plan runs: the registered layers, and Input (the Plan's staging copy)."""
+    load_layer_modules()
+    return frozenset(VULKAN_LAYERS) | {"Input"}
+
+
 # -------------------------------------------------------------------------------- compile
 
 

@@ -1,5 +1,5 @@
-"""Vulkan layers that move data: the aliases (Split, Reshape, Flatten, Noop) and the
-strided copies (Concat, Slice, Permute, ShuffleChannel).
+"""Vulkan layers that move data: the aliases (Split, Reshape, Flatten, Noop, Squeeze,
+ExpandDims) and the strided copies (Concat, Slice, Permute, ShuffleChannel, MemoryData).
 
 Blobs are dense C-order arrays (see base.py), so reshaping layers are free: the executor
 binds their outputs to the input's bytes. Every other layer here is one or more dispatches of
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.models.layers import positive_axis
@@ -62,7 +64,21 @@ class _Alias(VulkanLayer):
         return []
 
 
-register("Split", "Reshape", "Flatten", "Noop")(_Alias)
+register("Split", "Reshape", "Flatten", "Noop", "Squeeze", "ExpandDims")(_Alias)
+
+
+@register("MemoryData")
+class MemoryData(VulkanLayer):
+    """The layer's constant, uploaded once as a weight and copied into its blob each run (the
+    blob is planned like any other, so later layers may take its bytes over in place)."""
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"data": np.asarray(self.layer.weights[0], dtype=np.float32).ravel()}
+
+    def dispatches(self) -> list[Dispatch]:
+        shape = self.out_shapes[0]
+        strides = contiguous_strides(shape)
+        return [strided_copy("w:data", self.layer.outputs[0], shape, strides, strides)]
 
 
 @register("Concat")

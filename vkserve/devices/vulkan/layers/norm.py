@@ -1,0 +1,166 @@
+"""Normalisation and per-channel affine layers on Vulkan: BatchNorm, Scale, Bias, LayerNorm,
+RMSNorm, GroupNorm, InstanceNorm.
+
+BatchNorm, Scale and Bias are one ``channel_affine`` dispatch, top = bottom * scale[c] + shift[c], over a blob
+viewed as (channels, inner): channels are contiguous runs along the first axis for every rank
+(``vkserve.models.layers.affine_channels`` / ``bias_channels``). BatchNorm's scale and shift
+come from ``batchnorm_affine`` (ncnn's load_model arithmetic, in float32).
+
+The normalisations are one ``norm`` dispatch (a work group per normalised run, float sums):
+LayerNorm / RMSNorm over the trailing axes ``norm_dims`` picks, GroupNorm / InstanceNorm over
+groups of axis-0 channels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, VulkanLayer, register
+from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL
+from vkserve.devices.vulkan.layers.shape import LOCAL, linear_grid
+from vkserve.models.layers import affine_channels, batchnorm_affine, bias_channels
+
+_DUMMY = np.zeros(2, np.float32)
+
+
+class _ChannelAffine(VulkanLayer):
+    """Subclasses fill ``channels`` and the ``scale`` / ``shift`` vectors (None: absent)."""
+
+    inplace_inputs = (0,)
+    channels: int
+    scale: np.ndarray | None = None
+    shift: np.ndarray | None = None
+    #: the scale is the layer's input 1 instead of a weight (Scale with scale_data_size -233)
+    scale_blob: bool = False
+
+    def weights(self) -> dict[str, np.ndarray]:
+        out = {"shift": _DUMMY if self.shift is None else self.shift}
+        if not self.scale_blob:
+            out["scale"] = _DUMMY if self.scale is None else self.scale
+        return out
+
+    def dispatches(self) -> list[Dispatch]:
+        size = math.prod(self.in_shapes[0])
+        inner = size // self.channels
+        scale = self.layer.inputs[1] if self.scale_blob else "w:scale"
+        has_scale = self.scale_blob or self.scale is not None
+        return [Dispatch("channel_affine",
+                         (self.layer.inputs[0], self.layer.outputs[0], scale, "w:shift"),
+                         linear_grid(size), push_constants=(size, inner),
+                         spec_constants=(int(has_scale), int(self.shift is not None)),
+                         local_size=LOCAL)]
+
+
+def _weight(layer: object, index: int, count: int) -> np.ndarray:
+    return np.asarray(layer.weights[index], np.float32).ravel()[:count].copy()  # type: ignore[attr-defined]
+
+
+@register("BatchNorm")
+class VulkanBatchNorm(_ChannelAffine):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.channels = affine_channels(self.in_shapes[0])
+        slope, mean, var, bias = (_weight(self.layer, i, self.channels) for i in range(4))
+        self.scale, self.shift = batchnorm_affine(slope, mean, var, bias, self.params.eps)
+
+
+@register("Scale")
+class VulkanScale(_ChannelAffine):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        p = self.params
+        self.channels = affine_channels(self.in_shapes[0])
+        self.scale_blob = p.scale_input
+        if not p.scale_input:
+            self.scale = _weight(self.layer, 0, self.channels)
+            if p.bias_term:
+                self.shift = _weight(self.layer, 1, self.channels)
+
+
+@register("Bias")
+class VulkanBias(_ChannelAffine):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.channels = bias_channels(self.in_shapes[0])
+        self.shift = _weight(self.layer, 0, self.channels)
+
+
+class _Norm(VulkanLayer):
+    """One ``norm`` dispatch: ``groups`` contiguous runs of ``run`` elements, a work group of
+    64 each; gamma / beta index (i / aff_div) % aff_mod of the blob index i."""
+
+    centered = True
+    has_beta = True
+    run: int
+    aff_div: int
+    aff_mod: int
+
+    def weights(self) -> dict[str, np.ndarray]:
+        p = self.params
+        ws = self.layer.weights
+        gamma = np.asarray(ws[0], np.float32).ravel() if p.affine else _DUMMY
+        beta = np.asarray(ws[1], np.float32).ravel() if (p.affine and self.has_beta) else _DUMMY
+        return {"gamma": gamma, "beta": beta}
+
+    def _set_run(self, run: int, aff_div: int, aff_mod: int) -> None:
+        self.run, self.aff_div, self.aff_mod = run, aff_div, aff_mod
+        self.groups_total = math.prod(self.in_shapes[0]) // run
+        self.gx = min(self.groups_total, MAX_GROUPS)
+        self.gy = -(-self.groups_total // self.gx)
+        if self.gy > MAX_GROUPS:
+            raise UnsupportedError(f"{self.layer.type} over {self.in_shapes[0]}: too many groups")
+
+    def dispatches(self) -> list[Dispatch]:
+        p = self.params
+        return [Dispatch("norm", (self.layer.inputs[0], self.layer.outputs[0], "w:gamma", "w:beta"),
+                         (self.gx * REDUCE_LOCAL, self.gy, 1),
+                         push_constants=(self.run, self.groups_total, self.aff_div, self.aff_mod,
+                                         float(p.eps)),
+                         spec_constants=(int(self.centered), int(bool(p.affine)),
+                                         int(bool(p.affine) and self.has_beta)),
+                         local_size=(REDUCE_LOCAL, 1, 1))]
+
+
+class _LastDimsNorm(_Norm):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        shape = self.in_shapes[0]
+        run = math.prod(shape[len(shape) - self.params.norm_dims(shape):])
+        self._set_run(run, 1, run)
+
+
+@register("LayerNorm")
+class VulkanLayerNorm(_LastDimsNorm):
+    pass
+
+
+@register("RMSNorm")
+class VulkanRMSNorm(_LastDimsNorm):
+    centered = False
+    has_beta = False
+
+
+class _ChannelGroupsNorm(_Norm):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        shape = self.in_shapes[0]
+        size = math.prod(shape)
+        self._set_run(size // self.groups(), size // shape[0], shape[0])
+
+    def groups(self) -> int:
+        raise NotImplementedError
+
+
+@register("GroupNorm")
+class VulkanGroupNorm(_ChannelGroupsNorm):
+    def groups(self) -> int:
+        return int(self.params.group)
+
+
+@register("InstanceNorm")
+class VulkanInstanceNorm(_ChannelGroupsNorm):
+    def groups(self) -> int:
+        return int(self.params.channels)
