@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.params import param_text
 from tests.support.paths import PNNX_DIR
 from tests.support.vulkan_engine import MODES, engine_device
 from vkserve.devices.capabilities import Precision
@@ -96,14 +97,8 @@ CASES: dict[str, tuple[list[str], dict[str, tuple[int, ...]]]] = {
 
 def build(tmp_path: Path, case: str) -> tuple[Graph, Path, Path, dict[str, np.ndarray]]:
     lines, shapes = CASES[case]
-    body = [f"Input {name} 0 1 {name}" for name in shapes] + lines
-    blobs: set[str] = set()
-    for text in body:
-        tok = text.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4: 4 + nin + nout])
     param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
-    param.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
+    param.write_text(param_text(shapes, lines))
     graph = load_model(param, None, dict(shapes), seed=7)
     write_bin(graph.layers, bin_path)
     rng = np.random.default_rng(5)

@@ -81,12 +81,20 @@ def test_float_param_int_bits_rejected() -> None:
         (lambda t: t.replace("0=1 4=1", "0=7 4=1"), "pooling_type"),
         (lambda t: t.replace("Convolution      conv1  1 1 data c1",
                              "Convolution      conv1  2 1 data data c1"), "takes 1 input"),
-        (lambda t: t.replace("fc     1 1", "data   1 1"), "used twice"),
         (lambda t: "", "empty"),
     ],
 )
 def test_structural_errors(mutate: object, fragment: str) -> None:
     assert fragment in str(_error(mutate(GOOD)))  # type: ignore[operator]
+
+
+def test_duplicate_layer_names_load_as_ncnn_does() -> None:
+    """pnnx writes duplicate layer names (convnext_tiny: splitncnn_0..3); ncnn accepts them."""
+    from vkserve.models.graph import build_graph
+
+    layers = parse_param_text(GOOD.replace("fc     1 1", "data   1 1"), "net.param")
+    assert [layer.name for layer in layers].count("data") == 2
+    assert [layer.type for layer in build_graph(layers, "net.param").layers][-1] == "InnerProduct"
 
 
 def test_shape_inference_error_names_layer() -> None:

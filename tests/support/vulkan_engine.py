@@ -9,16 +9,21 @@ pipeline built by one test is a cache hit for every later one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.params import param_text
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.cpu.kernels import REGISTRY
+from vkserve.devices.reference import run_ncnn
 from vkserve.devices.vulkan.device import VulkanDevice
-from vkserve.models.graph import Graph, build_graph, parse_param_text
+from vkserve.devices.vulkan.engine.plan import Plan
+from vkserve.models.graph import Graph, build_graph, load_model, parse_param_text
 from vkserve.models.layers import Shape
 from vkserve.models.randinit import random_weights
+from vkserve.models.weights import write_bin
 
 MODES = [Precision.FP32, Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
 
@@ -40,13 +45,7 @@ def engine_device(vulkan_caps: DeviceCaps,
 def graph_of(lines: Sequence[str], inputs: Mapping[str, Shape], seed: int = 0) -> Graph:
     """A graph of Input layers (one per entry of `inputs`) followed by `lines`, with seeded
     random weights."""
-    body = [f"Input {name} 0 1 {name}" for name in inputs] + list(lines)
-    blobs: set[str] = set()
-    for text in body:
-        tok = text.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4: 4 + nin + nout])
-    text = "7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n"
+    text = param_text(inputs, lines)
     layers = parse_param_text(text, "test.param")
     for layer, weights in zip(layers, random_weights(layers, seed)):
         layer.weights = weights
@@ -70,3 +69,29 @@ def storage_round(x: np.ndarray, precision: Precision) -> np.ndarray:
     if precision is Precision.FP32:
         return x.astype(np.float32)
     return x.astype(np.float16).astype(np.float32)
+
+
+def tolerance(precision: Precision) -> float:
+    return 1e-4 if precision is Precision.FP32 else 2e-2
+
+
+def check_against_ncnn(tmp_path: Path, device: VulkanDevice, line: str, shapes: dict[str, tuple[int, ...]],
+          precision: Precision) -> None:
+    """One net (Inputs of ``shapes``, then ``line`` whose output blob is ``out``) on the device
+    against the ncnn package, on the same seeded weights and inputs: the output's shape, and the
+    max abs error within :func:`tolerance` of the reference's max abs."""
+    param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
+    param.write_text(param_text(shapes, [line]))
+    graph = load_model(param, None, shapes, seed=7)
+    write_bin(graph.layers, bin_path)
+    rng = np.random.default_rng(11)
+    inputs = {n: rng.uniform(-2.0, 2.0, size=s).astype(np.float32) for n, s in shapes.items()}
+    ref = run_ncnn(param, bin_path, inputs, ["out"])["out"]
+    with Plan(device, graph, None, precision) as plan:
+        got = plan.run(inputs)["out"]
+    assert got.shape == graph.blob_shapes["out"]
+    assert got.size == ref.size, (got.shape, ref.shape)
+    want = ref.reshape(got.shape)
+    scale = float(np.max(np.abs(want)))
+    err = float(np.max(np.abs(got - want)))  # NaN fails too
+    assert err <= tolerance(precision) * scale + 1e-6, (err, scale)

@@ -174,13 +174,11 @@ def _range(lo: int, hi: int | None) -> str:
 
 
 def _check_blobs(layers: Sequence[Layer], blob_count: int, file: str) -> None:
+    """Blobs, not layer names, wire the graph: a layer name may repeat (ncnn accepts it, and
+    pnnx writes duplicate `splitncnn_N` names); errors name the line as well as the layer."""
     producer: dict[str, Layer] = {}
-    names: set[str] = set()
     for layer in layers:
         where = layer.where(file)
-        if layer.name in names:
-            raise ModelFormatError.at(where, f"layer name {layer.name!r} used twice")
-        names.add(layer.name)
         for blob in layer.inputs:
             if blob not in producer:
                 raise ModelFormatError.at(

@@ -386,10 +386,9 @@ class _ConvolutionBase(LayerParams):
         t, b, l, r = self.pads(h, w)
         return w + l + r, h + t + b
 
-    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
-        shape = input_shapes[0]
-        _need_dims(self.TYPE, shape, (3,))
-        c, h, w = shape
+    def check_weights(self, c: int) -> None:
+        """ShapeError unless ``c`` input channels split into the groups and weight_data_size is
+        num_output / group x c / group x kernel x group (Convolution's and Deconvolution's)."""
         group = self.group_count()
         if c % group:
             raise ShapeError(f"input channels {c} not divisible by group {group}")
@@ -401,6 +400,12 @@ class _ConvolutionBase(LayerParams):
                 f"outputs x {c} input channels / group {group} x {self.kernel_h}x{self.kernel_w} "
                 f"kernel = {expected}"
             )
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        c, h, w = shape
+        self.check_weights(c)
         pw, ph = self.padded_size(w, h)
         ext_h, ext_w = self.kernel_extent()
         if pw < ext_w or ph < ext_h:
@@ -417,6 +422,86 @@ class ConvolutionParams(_ConvolutionBase):
 @dataclasses.dataclass(frozen=True)
 class ConvolutionDepthWiseParams(_ConvolutionBase):
     TYPE: ClassVar[str] = "ConvolutionDepthWise"
+    group: int = p_int(7, 1)
+
+    def group_count(self) -> int:
+        return self.group
+
+    def validate(self) -> str | None:
+        if self.group <= 0 or self.num_output % self.group:
+            return f"param 7 (group): {self.group} does not divide num_output {self.num_output}"
+        return super().validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeconvolutionBase(_ConvolutionBase):
+    """ncnn's Deconvolution: Convolution's kernel / dilation / stride / pad / bias / weight ids
+    (and its ``kernel_extent`` and weight check); ids 18 / 19 are output_pad here (no pad_value,
+    no int8). Weights are [num_output][channels / group][kernel_h][kernel_w], not flipped: input
+    (y, x) adds x * weight[ky][kx] to the full output at (y * stride + ky * dilation,
+    x * stride + kx * dilation); the full output, ``full_size``, is then cut by ``pads``."""
+
+    UNSUPPORTED: ClassVar[dict[int, str]] = {28: "dynamic_weight"}
+    pad_value: float = 0.0  # not a Deconvolution param
+    int8_scale_term: int = 0  # not a Deconvolution param
+    output_pad_right: int = p_int(18)
+    output_pad_bottom: int = p_int(19, fallback="output_pad_right")
+    output_w: int = p_int(20)
+    output_h: int = p_int(21, fallback="output_w")
+
+    def validate(self) -> str | None:
+        if self.output_pad_right < 0 or self.output_pad_bottom < 0:
+            return "params 18 / 19 (output_pad_right / output_pad_bottom): must not be negative"
+        declared = (self.pad_left, self.pad_right, self.pad_top, self.pad_bottom)
+        if any(p > 0 for p in declared) and any(p < 0 for p in declared):
+            return f"pads {declared}: positive and negative pads together are not supported"
+        return super().validate()
+
+    def full_size(self, h: int, w: int) -> tuple[int, int]:
+        """(h, w) of the uncut output: (size - 1) * stride + kernel extent + output_pad."""
+        ext_h, ext_w = self.kernel_extent()
+        return ((h - 1) * self.stride_h + ext_h + self.output_pad_bottom,
+                (w - 1) * self.stride_w + ext_w + self.output_pad_right)
+
+    def pads(self, h: int, w: int) -> Pads:
+        """What ncnn's Deconvolution::cut_padding cuts off the full output of an (h, w) input:
+        the declared pads when any is positive; else, with output_w and output_h both
+        positive and some pad -233 (SAME_UPPER) / -234 (SAME_LOWER), the excess over
+        output_w / output_h, the odd pixel bottom/right resp. top/left; else nothing (ncnn
+        gives no output for output_w / output_h without a SAME pad: a ShapeError)."""
+        declared = Pads(self.pad_top, self.pad_bottom, self.pad_left, self.pad_right)
+        if any(p > 0 for p in declared):
+            return declared
+        if self.output_w > 0 and self.output_h > 0:
+            fh, fw = self.full_size(h, w)
+            hcut, wcut = fh - self.output_h, fw - self.output_w
+            if SAME_UPPER in declared:
+                return Pads(c_div(hcut, 2), hcut - c_div(hcut, 2), c_div(wcut, 2), wcut - c_div(wcut, 2))
+            if SAME_LOWER in declared:
+                return Pads(hcut - c_div(hcut, 2), c_div(hcut, 2), wcut - c_div(wcut, 2), c_div(wcut, 2))
+            raise ShapeError("output_w / output_h (params 20 / 21) need pads -233 or -234")
+        return Pads(0, 0, 0, 0)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        c, h, w = shape
+        self.check_weights(c)
+        fh, fw = self.full_size(h, w)
+        t, b, l, r = self.pads(h, w)
+        if min(t, b, l, r) < 0 or t + b >= fh or l + r >= fw:
+            raise ShapeError(f"cannot cut pads {(t, b, l, r)} off the full {fh}x{fw} output")
+        return [_positive(self.TYPE, (self.num_output, fh - t - b, fw - l - r))]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeconvolutionParams(_DeconvolutionBase):
+    TYPE: ClassVar[str] = "Deconvolution"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeconvolutionDepthWiseParams(_DeconvolutionBase):
+    TYPE: ClassVar[str] = "DeconvolutionDepthWise"
     group: int = p_int(7, 1)
 
     def group_count(self) -> int:
@@ -1718,10 +1803,347 @@ class InstanceNormParams(_SameShape):
         return [tuple(shape)]
 
 
+REDUCTION_OPS = {0: "sum", 1: "asum", 2: "sumsq", 3: "mean", 4: "max", 5: "min", 6: "prod",
+                 7: "l1", 8: "l2", 9: "logsum", 10: "logsumexp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionParams(LayerParams):
+    """Reduces the ``reduce_axes`` of the input (all of them with reduce_all; numpy axes of
+    the batch-less blob, negatives from the end) with ``operation``, then multiplies by
+    ``coeff`` (mean: sum / count * coeff; l2 / logsum / logsumexp: after the sqrt / log).
+    keepdims keeps the rank with 1s; otherwise the reduced axes go ((1,) when none is left).
+    reduce_all=0 with no axes reduces nothing (the element-wise op, e.g. asum -> abs), except
+    that a 1-D blob is always reduced whole (as ncnn does).
+    ncnn refuses axes without fixbug0=1 (the old numbering counted the batch axis)."""
+
+    TYPE: ClassVar[str] = "Reduction"
+    operation: int = p_int(0, 0)
+    reduce_all: int = p_int(1, 1)
+    coeff: float = p_float(2, 1.0)
+    axes: tuple[int, ...] = p_ints(3)
+    keepdims: int = p_int(4, 0)
+    fixbug0: int = p_int(5, 0)
+
+    def validate(self) -> str | None:
+        if self.operation not in REDUCTION_OPS:
+            return f"param 0 (operation): unknown operation {self.operation}"
+        if self.axes and not self.fixbug0:
+            return "param 3 (axes) given without 5=1 (fixbug0): old axis numbering, regenerate the param"
+        return None
+
+    def reduce_axes(self, shape: Shape) -> tuple[int, ...]:
+        dims = len(shape)
+        if self.reduce_all or dims == 1:  # ncnn reduces a 1-D blob whole, even with no axes
+            return tuple(range(dims))
+        out = set()
+        for a in self.axes:
+            if not -dims <= a < dims:
+                raise ShapeError(f"Reduction axis {a} out of range for a {dims}-D input")
+            out.add(a + dims if a < 0 else a)
+        return tuple(sorted(out))
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        red = self.reduce_axes(shape)
+        if self.keepdims:
+            return [tuple(1 if i in red else n for i, n in enumerate(shape))]
+        kept = tuple(n for i, n in enumerate(shape) if i not in red)
+        return [kept or (1,)]
+
+
+def gemm_matrix(layer: str, shape: Shape) -> tuple[int, int]:
+    """(rows, cols) of a Gemm operand as ncnn reads it: a 1-D blob is one row, a 2-D blob (h, w),
+    a 3-D blob (c, 1, w) has c rows (the N1M form); anything else is refused."""
+    if len(shape) == 1:
+        return 1, shape[0]
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    if len(shape) == 3 and shape[1] == 1:
+        return shape[0], shape[2]
+    raise ShapeError(f"{layer} operand {shape}: expected 1-D, 2-D or (c, 1, w) 3-D")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmParams(LayerParams):
+    """top = alpha * (A @ B + beta * C) (ncnn's order: C scaled by beta, then the product added,
+    then all scaled by alpha). A is (M, K) (stored (K, M) with transA), B is (K, N) (stored
+    (N, K) with transB); each is an input or a weight (constantA / constantB, shaped by
+    constantM / N / K); C is optional: a weight of constant_broadcast_type_C (0 scalar, 1 / 2
+    per row, 3 (M, N), 4 per column; -1 none) or the last input, its broadcast picked from its
+    shape as ncnn does. The output is (M, N), (M, 1, N) with output_N1M, transposed with
+    output_transpose. output_elempack / output_elemtype are storage hints and change no value."""
+
+    TYPE: ClassVar[str] = "Gemm"
+    UNSUPPORTED: ClassVar[dict[int, str]] = {18: "int8_scale_term (int8 quantized Gemm)"}
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 3)
+    alpha: float = p_float(0, 1.0)
+    beta: float = p_float(1, 1.0)
+    transA: int = p_int(2)
+    transB: int = p_int(3)
+    constantA: int = p_int(4)
+    constantB: int = p_int(5)
+    constantC: int = p_int(6)
+    constantM: int = p_int(7)
+    constantN: int = p_int(8)
+    constantK: int = p_int(9)
+    constant_broadcast_type_C: int = p_int(10)
+    output_N1M: int = p_int(11)
+    output_elempack: int = p_int(12)
+    output_elemtype: int = p_int(13)
+    output_transpose: int = p_int(14)
+
+    def validate(self) -> str | None:
+        need = []
+        if self.constantA:
+            need += [(7, "constantM", self.constantM), (9, "constantK", self.constantK)]
+        if self.constantB:
+            need += [(8, "constantN", self.constantN), (9, "constantK", self.constantK)]
+        if self.has_constant_c():
+            if not -1 <= self.constant_broadcast_type_C <= 4:
+                return (f"param 10 (constant_broadcast_type_C): expected -1 to 4, got "
+                        f"{self.constant_broadcast_type_C}")
+            if self.constant_broadcast_type_C in (1, 2, 3):
+                need.append((7, "constantM", self.constantM))
+            if self.constant_broadcast_type_C in (3, 4):
+                need.append((8, "constantN", self.constantN))
+        for pid, name, value in need:
+            if value <= 0:
+                return f"param {pid} ({name}): must be positive for a constant operand, got {value}"
+        return None
+
+    def has_constant_c(self) -> bool:
+        return bool(self.constantC) and self.constant_broadcast_type_C != -1
+
+    def operand_inputs(self) -> int:
+        """How many inputs are A / B (the rest, at most one, is C)."""
+        return int(not self.constantA) + int(not self.constantB)
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        n = self.operand_inputs()
+        return (n, n if self.constantC else n + 1), self.OUTPUTS
+
+    def c_count(self) -> int:
+        m, n = self.constantM, self.constantN
+        return {0: 1, 1: m, 2: m, 3: m * n, 4: n}[self.constant_broadcast_type_C]
+
+    def weight_specs(self) -> list[WeightSpec]:
+        specs = []
+        if self.constantA:
+            specs.append(WeightSpec("A_data", self.constantM * self.constantK, True))
+        if self.constantB:
+            specs.append(WeightSpec("B_data", self.constantN * self.constantK, True))
+        if self.has_constant_c():
+            specs.append(WeightSpec("C_data", self.c_count(), True))
+        return specs
+
+    def dims(self, input_shapes: list[Shape]) -> tuple[int, int, int, int]:
+        """(M, N, K, broadcast type of C or -1 for none) for these input shapes."""
+        shapes = list(input_shapes)
+        if self.constantA:
+            a = (self.constantK, self.constantM) if self.transA else (self.constantM, self.constantK)
+        else:
+            a = gemm_matrix(self.TYPE, shapes.pop(0))
+        if self.constantB:
+            b = (self.constantN, self.constantK) if self.transB else (self.constantK, self.constantN)
+        else:
+            b = gemm_matrix(self.TYPE, shapes.pop(0))
+        m, ka = (a[1], a[0]) if self.transA else a
+        kb, n = (b[1], b[0]) if self.transB else b
+        if ka != kb:
+            raise ShapeError(f"Gemm: A is {m}x{ka} but B is {kb}x{n} (transA={self.transA}, "
+                             f"transB={self.transB})")
+        if self.constantC:
+            return m, n, ka, self.constant_broadcast_type_C
+        if not shapes:
+            return m, n, ka, -1
+        c = shapes[0]
+        kind = -1
+        if len(c) == 1 and c[0] == 1:
+            kind = 0
+        if len(c) == 1 and c[0] == m:
+            kind = 1
+        if len(c) == 1 and c[0] == n:
+            kind = 4
+        if len(c) == 2 and c[1] == 1 and c[0] == m:
+            kind = 2
+        if len(c) == 2 and c[1] == n and c[0] == m:
+            kind = 3
+        if len(c) == 2 and c[1] == n and c[0] == 1:
+            kind = 4
+        if kind < 0:
+            raise ShapeError(f"Gemm: C {c} broadcasts over neither M={m} nor N={n}")
+        return m, n, ka, kind
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        m, n, _k, _c = self.dims(input_shapes)
+        rows, cols = (n, m) if self.output_transpose else (m, n)
+        return [(rows, 1, cols) if self.output_N1M else (rows, cols)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelShuffleParams(LayerParams):
+    """Depth to space of a 3-D blob: (c, h, w) -> (c / r^2, h * r, w * r) (the channel count
+    floored, as ncnn). mode 0 (PyTorch): output channel p, row offset sh, column offset sw read
+    input channel p * r^2 + sh * r + sw; mode 1: (sh * r + sw) * (c / r^2) + p."""
+
+    TYPE: ClassVar[str] = "PixelShuffle"
+    upscale_factor: int = p_int(0, 1)
+    mode: int = p_int(1, 0)
+
+    def validate(self) -> str | None:
+        if self.upscale_factor <= 0:
+            return f"param 0 (upscale_factor): must be positive, got {self.upscale_factor}"
+        if self.mode not in (0, 1):
+            return f"param 1 (mode): must be 0 or 1, got {self.mode}"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        r = self.upscale_factor
+        c, h, w = shape
+        return [_positive(self.TYPE, (c // (r * r), h * r, w * r))]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReorgParams(LayerParams):
+    """Space to depth of a 3-D blob: (c, h, w) -> (c * s^2, h / s, w / s) (floored, as ncnn;
+    trailing rows / columns dropped). mode 0: output channel q * s^2 + sh * s + sw of input
+    channel q takes rows i * s + sh, columns j * s + sw; mode 1: channel (sh * s + sw) * c + q."""
+
+    TYPE: ClassVar[str] = "Reorg"
+    stride: int = p_int(0, 1)
+    mode: int = p_int(1, 0)
+
+    def validate(self) -> str | None:
+        if self.stride <= 0:
+            return f"param 0 (stride): must be positive, got {self.stride}"
+        if self.mode not in (0, 1):
+            return f"param 1 (mode): must be 0 or 1, got {self.mode}"
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = input_shapes[0]
+        _need_dims(self.TYPE, shape, (3,))
+        s = self.stride
+        c, h, w = shape
+        return [_positive(self.TYPE, (c * s * s, h // s, w // s))]
+
+
+@dataclasses.dataclass(frozen=True)
+class GLUParams(LayerParams):
+    """Halves the input along ``axis`` (ncnn numbering, negatives from the end) into a, b and
+    outputs a * sigmoid(b); the axis must have an even size."""
+
+    TYPE: ClassVar[str] = "GLU"
+    axis: int = p_int(0, 0)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        _need_dims(self.TYPE, shape, (1, 2, 3, 4))
+        axis = positive_axis(self.axis, len(shape))
+        if shape[axis] % 2:
+            raise ShapeError(f"GLU axis {self.axis} of {shape} has an odd size")
+        return [shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MatMulParams(LayerParams):
+    """numpy's matmul of two 1-D to 4-D inputs (B's last two axes swapped first with transB):
+    leading batch axes broadcast, a 1-D A is one row and a 1-D B one column (their axis
+    dropped from the output); 1-D times 1-D gives a (1,) blob, as ncnn does."""
+
+    TYPE: ClassVar[str] = "MatMul"
+    INPUTS: ClassVar[tuple[int, int | None]] = (2, 2)
+    transB: int = p_int(0)
+
+    def dims(self, input_shapes: list[Shape]) -> tuple[Shape, int, int, int, Shape, Shape]:
+        """(batch axes of the output, M, N, K, A's batch axes, B's batch axes), batch axes
+        padded to two with leading 1s."""
+        a, b = (tuple(s) for s in input_shapes[:2])
+        for name, s in (("A", a), ("B", b)):
+            if not 1 <= len(s) <= 4:
+                raise ShapeError(f"MatMul {name} {s}: expected 1-D to 4-D")
+        m, ka = (1, a[0]) if len(a) == 1 else a[-2:]
+        if len(b) == 1:
+            kb, n = b[0], 1
+        else:
+            kb, n = (b[-1], b[-2]) if self.transB else b[-2:]
+        if ka != kb:
+            raise ShapeError(f"MatMul: A {a} and B {b} (transB={self.transB}) disagree on K")
+        a_batch = (1, 1, *a[:-2])[-2:]
+        b_batch = (1, 1, *b[:-2])[-2:]
+        out_batch = []
+        for x, y in zip(a_batch, b_batch):
+            if x != y and 1 not in (x, y):
+                raise ShapeError(f"MatMul: batch axes of A {a} and B {b} do not broadcast")
+            out_batch.append(max(x, y))
+        return tuple(out_batch), m, n, ka, a_batch, b_batch
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        a, b = input_shapes[:2]
+        out_batch, m, n, _k, _ab, _bb = self.dims(input_shapes)
+        if len(a) == 1 and len(b) == 1:
+            return [(1,)]
+        lead = max(len(a), len(b)) - 2
+        rows = () if len(a) == 1 else (m,)
+        cols = () if len(b) == 1 else (n,)
+        return [tuple(out_batch[2 - lead:]) + rows + cols] if lead > 0 else [rows + cols]
+
+
+@dataclasses.dataclass(frozen=True)
+class TileParams(LayerParams):
+    """Repeats the input: with ``repeats`` (up to 4) as numpy.tile (the shorter of input rank
+    and repeats padded in front with 1s), except that a 3-D (c, h, w) input with 4 repeats is
+    seen as (c, 1, h, w), as ncnn does; without repeats, ``tiles`` copies along ``axis``."""
+
+    TYPE: ClassVar[str] = "Tile"
+    axis: int = p_int(0, 0)
+    tiles: int = p_int(1, 1)
+    repeats: tuple[int, ...] = p_ints(2)
+
+    def validate(self) -> str | None:
+        if self.repeats:
+            if len(self.repeats) > 4:
+                return f"param 2 (repeats): at most 4 values, got {len(self.repeats)}"
+            if any(r <= 0 for r in self.repeats):
+                return f"param 2 (repeats): must be positive, got {list(self.repeats)}"
+            return None
+        if self.axis < 0:
+            return f"param 0 (axis): must not be negative, got {self.axis}"
+        if self.tiles <= 0:
+            return f"param 1 (tiles): must be positive, got {self.tiles}"
+        return None
+
+    def tile_plan(self, shape: Shape) -> tuple[Shape, tuple[int, ...]]:
+        """(the input shape as the output's rank, the repeat of each axis)."""
+        shape = tuple(shape)
+        dims = len(shape)
+        if not self.repeats:
+            if self.axis >= dims:
+                raise ShapeError(f"Tile axis {self.axis} out of range for a {dims}-D input")
+            return shape, tuple(self.tiles if i == self.axis else 1 for i in range(dims))
+        reps = tuple(self.repeats)
+        rank = max(dims, len(reps))
+        if dims == 3 and len(reps) == 4:
+            padded: Shape = (shape[0], 1, shape[1], shape[2])
+        else:
+            padded = (1,) * (rank - dims) + shape
+        return padded, (1,) * (rank - len(reps)) + reps
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        _need_dims(self.TYPE, input_shapes[0], (1, 2, 3, 4))
+        padded, reps = self.tile_plan(input_shapes[0])
+        return [tuple(n * r for n, r in zip(padded, reps))]
+
+
 LAYER_TYPES: dict[str, type[LayerParams]] = {
     cls.TYPE: cls
     for cls in (
         InputParams, ConvolutionParams, ConvolutionDepthWiseParams, PoolingParams,
+        DeconvolutionParams, DeconvolutionDepthWiseParams,
         InnerProductParams, SoftmaxParams, SplitParams, ConcatParams, SliceParams,
         EltwiseParams, BinaryOpParams, ReLUParams, ClipParams, SigmoidParams, SwishParams,
         HardSigmoidParams, HardSwishParams, DropoutParams, NoopParams, FlattenParams,
@@ -1730,7 +2152,9 @@ LAYER_TYPES: dict[str, type[LayerParams]] = {
         PaddingParams, Yolov3DetectionOutputParams,
         BatchNormParams, ScaleParams, BiasParams, LayerNormParams, RMSNormParams,
         GroupNormParams, InstanceNormParams,
+        GemmParams, MatMulParams,
         TanHParams, AbsValParams, ELUParams, SELUParams, MishParams, SoftplusParams, GELUParams,
         ExpParams, LogParams, PowerParams, ErfParams, ThresholdParams, PReLUParams,
+        ReductionParams, PixelShuffleParams, ReorgParams, GLUParams, TileParams,
     )
 }

@@ -160,7 +160,8 @@ def random_weights(layers: Sequence[Layer], seed: int = 0) -> list[list[np.ndarr
         p = layer.params
         ins = [moments.get(b, _UNIT) for b in layer.inputs]
         weights: list[np.ndarray] = []
-        if isinstance(p, (L.ConvolutionParams, L.ConvolutionDepthWiseParams, L.InnerProductParams)):
+        if isinstance(p, (L.ConvolutionParams, L.ConvolutionDepthWiseParams, L.InnerProductParams,
+                          L.DeconvolutionParams, L.DeconvolutionDepthWiseParams)):
             fan_in = max(p.weight_data_size // p.num_output, 1)
             bias_var = _BIAS_VAR if p.bias_term else 0.0
             std = math.sqrt((1.0 - bias_var) / (fan_in * ins[0].total))
@@ -168,6 +169,14 @@ def random_weights(layers: Sequence[Layer], seed: int = 0) -> list[list[np.ndarr
             if p.bias_term:
                 weights.append(_uniform(rng, p.num_output, BIAS_LIMIT))
             out = _activation(p.activation_type, p.activation_params, _UNIT)
+        elif isinstance(p, L.GemmParams) and p.constantB and not p.constantA:
+            # a Linear layer as pnnx writes it: B scaled as InnerProduct's weights, C a bias
+            bias_var = _BIAS_VAR if p.has_constant_c() else 0.0
+            std = math.sqrt((1.0 - bias_var) / (max(p.constantK, 1) * ins[0].total))
+            weights.append(_uniform(rng, p.constantN * p.constantK, std * math.sqrt(3.0)))
+            if p.has_constant_c():
+                weights.append(_uniform(rng, p.c_count(), BIAS_LIMIT))
+            out = _UNIT
         else:
             weights = [_uniform(rng, spec.count, 1.0) for spec in p.weight_specs()]
             if isinstance(p, L.BatchNormParams):

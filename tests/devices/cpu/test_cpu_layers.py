@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.params import param_text
 from vkserve.devices.cpu.executor import Plan, PlanError
 from vkserve.devices.cpu.kernels import REGISTRY
 from vkserve.devices.cpu.verify import verify_cpu
@@ -36,13 +37,7 @@ def conv_line(
 
 
 def write_param(path: Path, inputs: dict[str, np.ndarray], lines: list[str]) -> None:
-    body = [f"Input {name} 0 1 {name}" for name in inputs] + lines
-    blobs = set()
-    for line in body:
-        tok = line.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4 : 4 + nin + nout])
-    path.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
+    path.write_text(param_text(inputs, lines))
 
 
 def check(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray]) -> None:

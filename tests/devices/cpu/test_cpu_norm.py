@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.params import param_text
 from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
@@ -24,13 +25,7 @@ SHAPES = [(7,), (5, 9), (6, 5, 7), (3, 4, 5, 6)]
 
 
 def write_param(path: Path, inputs: dict[str, tuple[int, ...]], line: str) -> None:
-    body = [f"Input {name} 0 1 {name}" for name in inputs] + [line]
-    blobs: set[str] = set()
-    for text in body:
-        tok = text.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4: 4 + nin + nout])
-    path.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
+    path.write_text(param_text(inputs, [line]))
 
 
 def check(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -23,6 +23,7 @@ import vkserve.devices.vulkan.layers.conv as conv_layers  # (the imports registe
 import vkserve.devices.vulkan.layers.innerproduct  # noqa: F401
 import vkserve.devices.vulkan.layers.misc  # noqa: F401
 import vkserve.devices.vulkan.layers.pooling  # noqa: F401
+from tests.support.params import param_text
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.reference import run_ncnn
 from vkserve.devices.vulkan.compiler import compile_glsl
@@ -49,13 +50,7 @@ def spirv_for(vulkan_caps: DeviceCaps) -> SpirvFor:
 
 
 def write_param(path: Path, inputs: dict[str, Shape], line: str) -> None:
-    body = [f"Input {name} 0 1 {name}" for name in inputs] + [line]
-    blobs: set[str] = set()
-    for text in body:
-        tok = text.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4: 4 + nin + nout])
-    path.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
+    path.write_text(param_text(inputs, [line]))
 
 
 def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str, np.ndarray],

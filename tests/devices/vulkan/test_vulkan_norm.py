@@ -8,56 +8,20 @@ Each case is a one-layer .param with the models package's seeded random weights 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
-from tests.support.vulkan_engine import MODES, engine_device
-from vkserve.devices.capabilities import Precision
-from vkserve.devices.reference import run_ncnn
-from vkserve.devices.vulkan.device import VulkanDevice
-from vkserve.devices.vulkan.engine.plan import Plan
-from vkserve.models.graph import load_model
-from vkserve.models.weights import write_bin
+from tests.support.vulkan_engine import MODES, check_against_ncnn, engine_device
 
 __all__ = ["engine_device"]  # the fixture, imported for pytest
 
 SHAPES = [(7,), (5, 9), (6, 5, 7), (3, 4, 5, 6), (70, 3, 5)]
 
 
-def tolerance(precision: Precision) -> float:
-    return 1e-4 if precision is Precision.FP32 else 2e-2
-
-
-def check(tmp_path: Path, device: VulkanDevice, line: str, shapes: dict[str, tuple[int, ...]],
-          precision: Precision) -> None:
-    param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
-    body = [f"Input {name} 0 1 {name}" for name in shapes] + [line]
-    blobs: set[str] = set()
-    for text in body:
-        tok = text.split()
-        nin, nout = int(tok[2]), int(tok[3])
-        blobs.update(tok[4: 4 + nin + nout])
-    param.write_text("7767517\n" + f"{len(body)} {len(blobs)}\n" + "\n".join(body) + "\n")
-    graph = load_model(param, None, shapes, seed=7)
-    write_bin(graph.layers, bin_path)
-    rng = np.random.default_rng(11)
-    inputs = {n: rng.uniform(-2.0, 2.0, size=s).astype(np.float32) for n, s in shapes.items()}
-    ref = run_ncnn(param, bin_path, inputs, ["out"])["out"]
-    with Plan(device, graph, None, precision) as plan:
-        got = plan.run(inputs)["out"]
-    want = ref.reshape(got.shape)
-    scale = float(np.max(np.abs(want)))
-    err = float(np.max(np.abs(got - want)))  # NaN fails too
-    assert err <= tolerance(precision) * scale + 1e-6, (err, scale)
-
-
 @pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("params", ["", "1=1.000000e-03"])
 def test_batchnorm(tmp_path, engine_device, shape, params, precision):
-    check(tmp_path, engine_device, f"BatchNorm op 1 1 data out 0={shape[0]} {params}",
+    check_against_ncnn(tmp_path, engine_device, f"BatchNorm op 1 1 data out 0={shape[0]} {params}",
           {"data": shape}, precision)
 
 
@@ -65,14 +29,14 @@ def test_batchnorm(tmp_path, engine_device, shape, params, precision):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("bias_term", [0, 1])
 def test_scale(tmp_path, engine_device, shape, bias_term, precision):
-    check(tmp_path, engine_device, f"Scale op 1 1 data out 0={shape[0]} 1={bias_term}",
+    check_against_ncnn(tmp_path, engine_device, f"Scale op 1 1 data out 0={shape[0]} 1={bias_term}",
           {"data": shape}, precision)
 
 
 @pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_scale_two_inputs(tmp_path, engine_device, shape, precision):
-    check(tmp_path, engine_device, "Scale op 2 1 data s out 0=-233",
+    check_against_ncnn(tmp_path, engine_device, "Scale op 2 1 data s out 0=-233",
           {"data": shape, "s": (shape[0],)}, precision)
 
 
@@ -80,7 +44,7 @@ def test_scale_two_inputs(tmp_path, engine_device, shape, precision):
 @pytest.mark.parametrize("shape, size", [((7,), 1), ((5, 9), 3), ((6, 5, 7), 6), ((3, 4, 5, 6), 3),
                                          ((4, 5, 6), 9)], ids=str)
 def test_bias(tmp_path, engine_device, shape, size, precision):
-    check(tmp_path, engine_device, f"Bias op 1 1 data out 0={size}", {"data": shape}, precision)
+    check_against_ncnn(tmp_path, engine_device, f"Bias op 1 1 data out 0={size}", {"data": shape}, precision)
 
 
 # (shape, affine_size): every run length ncnn picks for each rank; runs shorter and longer
@@ -94,7 +58,7 @@ LAST_DIMS = [((7,), 7), ((5, 9), 9), ((6, 5, 7), 7), ((6, 5, 7), 35), ((3, 4, 5,
 @pytest.mark.parametrize("params", ["", "2=0", "1=0.5 2=1"])
 @pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
 def test_last_dims_norm(tmp_path, engine_device, kind, shape, size, params, precision):
-    check(tmp_path, engine_device, f"{kind} op 1 1 data out 0={size} {params}", {"data": shape},
+    check_against_ncnn(tmp_path, engine_device, f"{kind} op 1 1 data out 0={size} {params}", {"data": shape},
           precision)
 
 
@@ -103,7 +67,7 @@ def test_last_dims_norm(tmp_path, engine_device, kind, shape, size, params, prec
                                           ((8, 3, 5), 1), ((4, 20, 9), 2)], ids=str)
 @pytest.mark.parametrize("params", ["", "3=0", "2=0.5 3=1"])
 def test_groupnorm(tmp_path, engine_device, shape, group, params, precision):
-    check(tmp_path, engine_device, f"GroupNorm op 1 1 data out 0={group} 1={shape[0]} {params}",
+    check_against_ncnn(tmp_path, engine_device, f"GroupNorm op 1 1 data out 0={group} 1={shape[0]} {params}",
           {"data": shape}, precision)
 
 
@@ -111,7 +75,7 @@ def test_groupnorm(tmp_path, engine_device, shape, group, params, precision):
 @pytest.mark.parametrize("shape", [(6, 4, 5), (3, 2, 3, 5), (2, 1, 3), (3, 17, 13)], ids=str)
 @pytest.mark.parametrize("params", ["", "2=0", "1=0.5 2=1"])
 def test_instancenorm(tmp_path, engine_device, shape, params, precision):
-    check(tmp_path, engine_device, f"InstanceNorm op 1 1 data out 0={shape[0]} {params}",
+    check_against_ncnn(tmp_path, engine_device, f"InstanceNorm op 1 1 data out 0={shape[0]} {params}",
           {"data": shape}, precision)
 
 
@@ -120,4 +84,4 @@ def test_instancenorm(tmp_path, engine_device, shape, params, precision):
 @pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
 def test_last_dims_norm_no_affine_size(tmp_path, engine_device, kind, shape, precision):
     """affine=0 with affine_size left at 0: 3-D blobs normalise h*w, 4-D ones d*h*w."""
-    check(tmp_path, engine_device, f"{kind} op 1 1 data out 2=0", {"data": shape}, precision)
+    check_against_ncnn(tmp_path, engine_device, f"{kind} op 1 1 data out 2=0", {"data": shape}, precision)

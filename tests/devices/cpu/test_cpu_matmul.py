@@ -1,0 +1,153 @@
+"""Gemm and MatMul on the CPU engine against the ncnn package. Gemm: A / B / C as inputs or weights,
+transA / transB, alpha / beta, every C broadcast, output_N1M / output_transpose, 1-D and
+(c, 1, w) operands, and the exact lines pnnx writes for Linear layers (vit_tiny, convnext_tiny).
+
+Each case is a one-layer .param with the models package's seeded random weights, written to a
+.bin for ncnn; the bf16 engine must meet the verify tolerance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.params import param_text
+from vkserve.devices.cpu.verify import verify_cpu
+from vkserve.models.errors import ModelFormatError
+from vkserve.models.graph import load_model
+from vkserve.models.layers import ShapeError
+
+RNG = np.random.default_rng(2468)
+
+
+def write_param(path: Path, inputs: dict[str, tuple[int, ...]], line: str) -> None:
+    path.write_text(param_text(inputs, [line]))
+
+
+def check(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    param = tmp_path / "case.param"
+    write_param(param, shapes, line)
+    inputs = {n: RNG.uniform(-2.0, 2.0, size=s).astype(np.float32) for n, s in shapes.items()}
+    graph = load_model(param, None, shapes, seed=7)
+    report = verify_cpu(graph, param, None, inputs)
+    details = [(o.name, o.shape, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
+    assert report.ok, details
+
+
+# (param line, input shapes): M=5, K=6, N=7 unless said
+GEMM_CASES = [
+    ("Gemm op 2 1 a b out", {"a": (5, 6), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out 2=1", {"a": (6, 5), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out 3=1", {"a": (5, 6), "b": (7, 6)}),
+    ("Gemm op 2 1 a b out 2=1 3=1 0=0.5", {"a": (6, 5), "b": (7, 6)}),
+    ("Gemm op 2 1 a b out", {"a": (6,), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out 3=1", {"a": (5, 6), "b": (6,)}),
+    ("Gemm op 2 1 a b out", {"a": (5, 1, 6), "b": (6, 1, 7)}),
+    ("Gemm op 2 1 a b out 11=1", {"a": (5, 6), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out 14=1", {"a": (5, 6), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out 11=1 14=1", {"a": (5, 6), "b": (6, 7)}),
+    ("Gemm op 3 1 a b c out 0=2.0 1=3.0", {"a": (5, 6), "b": (6, 7), "c": (5, 7)}),
+    ("Gemm op 3 1 a b c out 1=0.5", {"a": (5, 6), "b": (6, 7), "c": (1,)}),
+    ("Gemm op 3 1 a b c out", {"a": (5, 6), "b": (6, 7), "c": (5,)}),
+    ("Gemm op 3 1 a b c out", {"a": (5, 6), "b": (6, 7), "c": (7,)}),
+    ("Gemm op 3 1 a b c out", {"a": (5, 6), "b": (6, 7), "c": (5, 1)}),
+    ("Gemm op 3 1 a b c out 0=1.5", {"a": (5, 6), "b": (6, 7), "c": (1, 7)}),
+    # constant operands (weights in ncnn's load order A, B, C)
+    ("Gemm op 1 1 b out 4=1 7=5 9=6", {"b": (6, 7)}),
+    ("Gemm op 1 1 b out 4=1 2=1 7=5 9=6", {"b": (6, 7)}),
+    ("Gemm op 1 1 a out 5=1 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 3=1 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 2 1 a c out 5=1 3=1 8=7 9=6", {"a": (5, 6), "c": (7,)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=0 7=5 8=7 9=6 1=0.5", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=1 7=5 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=2 7=5 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=3 7=5 8=7 9=6 0=0.25", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=4 7=5 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=-1 7=5 8=7 9=6", {"a": (5, 6)}),
+    ("Gemm op 1 1 b out 4=1 6=1 10=3 7=5 8=7 9=6 11=1 14=1", {"b": (6, 7)}),
+]
+
+
+@pytest.mark.parametrize("line, shapes", GEMM_CASES, ids=[c[0][8:] + str(list(c[1].values())) for c in GEMM_CASES])
+def test_gemm(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    check(tmp_path, line, shapes)
+
+
+# the lines pnnx writes for nn.Linear in vit_tiny and convnext_tiny (M rows of K -> N)
+PNNX_GEMM = [(197, 768, 192), (197, 192, 768), (3136, 384, 96), (3136, 96, 384)]
+
+
+@pytest.mark.parametrize("m, n, k", PNNX_GEMM, ids=str)
+def test_gemm_pnnx_linear(tmp_path: Path, m: int, n: int, k: int) -> None:
+    check(tmp_path, f"Gemm gemm_0 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}",
+          {"a": (m, k)})
+
+
+@pytest.mark.parametrize("line, shapes", [
+    ("Gemm op 2 1 a b out", {"a": (5, 6), "b": (5, 7)}),
+    ("Gemm op 2 1 a b out", {"a": (5, 2, 6), "b": (6, 7)}),
+    ("Gemm op 2 1 a b out", {"a": (2, 5, 1, 6), "b": (6, 7)}),
+    ("Gemm op 3 1 a b c out", {"a": (5, 6), "b": (6, 7), "c": (3,)}),
+    ("Gemm op 1 1 a out 5=1 8=7 9=6", {"a": (5, 5)}),
+])
+def test_gemm_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    param = tmp_path / "case.param"
+    write_param(param, shapes, line)
+    with pytest.raises((ShapeError, ModelFormatError)):
+        load_model(param, None, shapes, seed=7)
+
+
+@pytest.mark.parametrize("line", ["Gemm op 1 1 a out 5=1 8=7",
+                                  "Gemm op 1 1 a out 4=1 9=6",
+                                  "Gemm op 1 1 a out 5=1 6=1 8=7 9=6 10=3",
+                                  "Gemm op 1 1 a out 5=1 6=1 7=5 8=7 9=6 10=5",
+                                  "Gemm op 1 1 a out 5=1 8=7 9=6 18=2"])
+def test_gemm_param_errors(tmp_path: Path, line: str) -> None:
+    param = tmp_path / "case.param"
+    write_param(param, {"a": (5, 6)}, line)
+    with pytest.raises(ModelFormatError):
+        load_model(param, None, {"a": (5, 6)}, seed=7)
+
+
+# MatMul: (A shape, B shape as stored without transB); K=6, M=5, N=7
+MATMUL_PAIRS = [
+    ((6,), (6,)), ((6,), (6, 7)), ((5, 6), (6,)), ((5, 6), (6, 7)), ((3, 5, 6), (6, 7)),
+    ((5, 6), (3, 6, 7)), ((3, 5, 6), (3, 6, 7)), ((3, 5, 6), (1, 6, 7)), ((1, 5, 6), (3, 6, 7)),
+    ((2, 3, 5, 6), (2, 3, 6, 7)), ((2, 1, 5, 6), (1, 3, 6, 7)), ((2, 3, 5, 6), (6, 7)),
+    ((5, 6), (2, 3, 6, 7)), ((2, 3, 5, 6), (3, 6, 7)), ((3, 5, 6), (2, 3, 6, 7)),
+    ((6,), (3, 6, 7)), ((3, 5, 6), (6,)), ((6,), (2, 3, 6, 7)), ((2, 3, 5, 6), (6,)),
+    ((3, 197, 64), (3, 64, 197)),
+]
+
+
+def matmul_cases() -> list[tuple[str, dict[str, tuple[int, ...]]]]:
+    cases = []
+    for a, b in MATMUL_PAIRS:
+        cases.append(("MatMul op 2 1 a b out", {"a": a, "b": b}))
+        bt = b if len(b) == 1 else b[:-2] + (b[-1], b[-2])
+        cases.append(("MatMul op 2 1 a b out 0=1", {"a": a, "b": bt}))
+    return cases
+
+
+MATMUL_CASES = matmul_cases()
+
+
+@pytest.mark.parametrize("line, shapes", MATMUL_CASES,
+                         ids=[c[0][10:] + str(list(c[1].values())) for c in MATMUL_CASES])
+def test_matmul(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    check(tmp_path, line, shapes)
+
+
+@pytest.mark.parametrize("line, shapes", [
+    ("MatMul op 2 1 a b out", {"a": (5, 6), "b": (5, 7)}),
+    ("MatMul op 2 1 a b out 0=1", {"a": (5, 6), "b": (6, 7)}),
+    ("MatMul op 2 1 a b out", {"a": (2, 5, 6), "b": (3, 6, 7)}),
+    ("MatMul op 2 1 a b out", {"a": (6,), "b": (7,)}),
+])
+def test_matmul_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    param = tmp_path / "case.param"
+    write_param(param, shapes, line)
+    with pytest.raises((ShapeError, ModelFormatError)):
+        load_model(param, None, shapes, seed=7)
