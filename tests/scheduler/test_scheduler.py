@@ -582,7 +582,9 @@ async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -
         assert totals.device_faults == 1 and status.devices[0].healthy is False
         assert moved_ok <= totals.retried <= status.devices[0].faults
         assert status.queue_depth == 0
-        assert sum(d.completed for d in status.devices) == codes.count("OK")
+        # a run may complete on its device in the instant its caller is cancelled: the device
+        # counts the run, the totals count the job as the caller saw it (cancelled)
+        assert codes.count("OK") <= sum(d.completed for d in status.devices) <= codes.count("OK") + totals.cancelled
 
 
 async def test_a_cold_model_load_saves_the_pipeline_cache(tmp_path: Path) -> None:

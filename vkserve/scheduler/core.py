@@ -429,6 +429,13 @@ class Scheduler:
                 where = "running" if job.id in self._running_job_ids(entry) else "queued"
                 self._end(job, error=DeadlineExceeded(
                     f"model '{model}': deadline passed while the job was {where}"))
+        except trio.Cancelled:
+            if job.done.is_set() and job.error is None:
+                # The job finished in the same instant the caller was cancelled: its result is
+                # never delivered, so it counts as the caller saw it (cancelled), not completed.
+                self._totals.completed -= 1
+                self._totals.cancelled += 1
+            raise
         finally:
             if not job.done.is_set():  # the caller was cancelled (or failed) while waiting
                 self._end(job, error=Cancelled(f"model '{model}': the caller cancelled the job"))

@@ -139,7 +139,8 @@ class JobTotals:
     ``cancelled`` — one whose deadline had already passed when it arrived is submitted and
     ends at once — so once nothing is queued or running, ``submitted`` is the sum of those
     four. A caller cancelled before its job is admitted cannot happen: admission has no
-    checkpoint. ``retried`` (jobs moved off a failed device), ``discarded`` (results that
+    checkpoint. A job that finishes in the instant its caller is cancelled counts as
+    ``cancelled``: the outcome is the one the caller saw. ``retried`` (jobs moved off a failed device), ``discarded`` (results that
     came after their job ended) and ``device_faults`` count events, not jobs.
     """
 
