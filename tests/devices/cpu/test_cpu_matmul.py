@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cpu_engine import check_against_ncnn
 from tests.support.params import param_text
-from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
 from vkserve.models.layers import ShapeError
@@ -22,18 +22,8 @@ from vkserve.models.layers import ShapeError
 RNG = np.random.default_rng(2468)
 
 
-def write_param(path: Path, inputs: dict[str, tuple[int, ...]], line: str) -> None:
-    path.write_text(param_text(inputs, [line]))
-
-
 def check(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
-    param = tmp_path / "case.param"
-    write_param(param, shapes, line)
-    inputs = {n: RNG.uniform(-2.0, 2.0, size=s).astype(np.float32) for n, s in shapes.items()}
-    graph = load_model(param, None, shapes, seed=7)
-    report = verify_cpu(graph, param, None, inputs)
-    details = [(o.name, o.shape, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
-    assert report.ok, details
+    check_against_ncnn(tmp_path, line, shapes, RNG)
 
 
 # (param line, input shapes): M=5, K=6, N=7 unless said
@@ -94,7 +84,7 @@ def test_gemm_pnnx_linear(tmp_path: Path, m: int, n: int, k: int) -> None:
 ])
 def test_gemm_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
     param = tmp_path / "case.param"
-    write_param(param, shapes, line)
+    param.write_text(param_text(shapes, [line]))
     with pytest.raises((ShapeError, ModelFormatError)):
         load_model(param, None, shapes, seed=7)
 
@@ -106,7 +96,7 @@ def test_gemm_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[in
                                   "Gemm op 1 1 a out 5=1 8=7 9=6 18=2"])
 def test_gemm_param_errors(tmp_path: Path, line: str) -> None:
     param = tmp_path / "case.param"
-    write_param(param, {"a": (5, 6)}, line)
+    param.write_text(param_text({"a": (5, 6)}, [line]))
     with pytest.raises(ModelFormatError):
         load_model(param, None, {"a": (5, 6)}, seed=7)
 
@@ -148,6 +138,6 @@ def test_matmul(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -
 ])
 def test_matmul_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
     param = tmp_path / "case.param"
-    write_param(param, shapes, line)
+    param.write_text(param_text(shapes, [line]))
     with pytest.raises((ShapeError, ModelFormatError)):
         load_model(param, None, shapes, seed=7)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cpu_engine import check_against_ncnn
 from tests.support.params import param_text
-from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
 from vkserve.models.layers import ShapeError
@@ -24,18 +24,8 @@ RNG = np.random.default_rng(4321)
 SHAPES = [(7,), (5, 9), (6, 5, 7), (3, 4, 5, 6)]
 
 
-def write_param(path: Path, inputs: dict[str, tuple[int, ...]], line: str) -> None:
-    path.write_text(param_text(inputs, [line]))
-
-
 def check(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
-    param = tmp_path / "case.param"
-    write_param(param, shapes, line)
-    inputs = {n: RNG.uniform(-2.0, 2.0, size=s).astype(np.float32) for n, s in shapes.items()}
-    graph = load_model(param, None, shapes, seed=7)
-    report = verify_cpu(graph, param, None, inputs)
-    details = [(o.name, o.shape, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
-    assert report.ok, details
+    check_against_ncnn(tmp_path, line, shapes, RNG)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -69,7 +59,7 @@ def test_bias(tmp_path: Path, shape: tuple[int, ...], size: int) -> None:
 ])
 def test_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
     param = tmp_path / "case.param"
-    write_param(param, shapes, line)
+    param.write_text(param_text(shapes, [line]))
     with pytest.raises((ShapeError, ModelFormatError)):
         load_model(param, None, shapes, seed=7)
 
@@ -79,7 +69,7 @@ def test_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ..
                                   "Bias op 1 1 data out"])
 def test_param_errors(tmp_path: Path, line: str) -> None:
     param = tmp_path / "case.param"
-    write_param(param, {"data": (3, 4)}, line)
+    param.write_text(param_text({"data": (3, 4)}, [line]))
     with pytest.raises(ModelFormatError):
         load_model(param, None, {"data": (3, 4)}, seed=7)
 
@@ -119,7 +109,7 @@ def test_instancenorm(tmp_path: Path, shape: tuple[int, ...], params: str) -> No
 ])
 def test_norm_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[int, ...]]) -> None:
     param = tmp_path / "case.param"
-    write_param(param, shapes, line)
+    param.write_text(param_text(shapes, [line]))
     with pytest.raises((ShapeError, ModelFormatError)):
         load_model(param, None, shapes, seed=7)
 
@@ -129,7 +119,7 @@ def test_norm_shape_errors(tmp_path: Path, line: str, shapes: dict[str, tuple[in
                                   "InstanceNorm op 1 1 data out 0=0"])
 def test_norm_param_errors(tmp_path: Path, line: str) -> None:
     param = tmp_path / "case.param"
-    write_param(param, {"data": (3, 4)}, line)
+    param.write_text(param_text({"data": (3, 4)}, [line]))
     with pytest.raises(ModelFormatError):
         load_model(param, None, {"data": (3, 4)}, seed=7)
 
