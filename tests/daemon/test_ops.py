@@ -35,6 +35,7 @@ from tests.support.daemon import (
     make_repository,
     slow_request,
     vkserve_cmd,
+    wait_for,
     wait_status,
     write_slow_model,
 )
@@ -57,15 +58,6 @@ def scrape(d: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def sample(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-def wait_for(pred: object, timeout: float = 20.0, what: str = "") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or pred}")
 
 
 # ------------------------------------------------------------------------------ metrics

@@ -17,7 +17,7 @@ from typing import Self
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.daemon import DIGITS, Daemon, Launch, http_get, sample
+from tests.support.daemon import DIGITS, Daemon, Launch, http_get, sample, wait_for
 from vkserve.client import Client
 from vkserve.client.errors import ServerError
 from vkserve.devices.cpu.executor import Plan
@@ -34,15 +34,6 @@ def reload_failures(d: Daemon) -> float | None:
             if s.name == "vkserve_model_reload_failures_total" and s.labels == {"model": "digits"}:
                 return s.value
     return None
-
-
-def wait_for(pred: object, what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def prob(folder: Path, x: np.ndarray) -> np.ndarray:
@@ -75,7 +66,7 @@ class Traffic:
     def more(self, n: int = 30) -> int:
         """Wait for ``n`` more ok answers; returns how many there were before."""
         before = len(self.answers)
-        wait_for(lambda: len(self.answers) >= before + n, f"{n} more answers")
+        wait_for(lambda: len(self.answers) >= before + n, 30.0, f"{n} more answers")
         return before
 
     def __enter__(self) -> Self:
@@ -119,7 +110,7 @@ use_vulkan = false
     def sighup() -> None:
         done = rescans()
         d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: rescans() > done, "the rescan")
+        wait_for(lambda: rescans() > done, 30.0, "the rescan")
 
     with Traffic(d, x) as traffic:
         traffic.more()

@@ -304,3 +304,13 @@ def wait_status(d: Daemon, pred: Any, timeout: float = 10.0) -> dict[str, Any]:
 
 def no_work(s: dict[str, Any]) -> bool:
     return s["in_flight"] == 0 and s["queue_depth"] == 0 and s["server"]["infer_in_flight"] == 0
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
+    """Poll ``pred`` every 50 ms until it is true; fail naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or pred}")
