@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import trio
 
+from vkserve.models.graph import build_graph
 from vkserve.models.weights import write_random_bin
 from vkserve.scheduler import (
     BadInput,
@@ -21,13 +22,14 @@ from vkserve.scheduler import (
     SchedulerConfig,
     Unavailable,
 )
+from vkserve.scheduler.shapes import InputSpec
 
 TINY = ("7767517\n4 4\n"
         "Input in 0 1 data 0=8 1=8 2=3\n"
         "Convolution conv 1 1 data c 0=4 1=3 4=1 5=1 6=108\n"
         "ReLU relu 1 1 c r\n"
         "InnerProduct fc 1 1 r prob 0=10 1=1 2=2560\n")
-# Input shape left open: config.toml must give it
+# Input shape left open, as pnnx writes it: any shape the graph takes is accepted
 OPEN = TINY.replace("Input in 0 1 data 0=8 1=8 2=3", "Input in 0 1 data")
 
 
@@ -47,12 +49,15 @@ def test_good_folder_with_defaults(tmp_path: Path) -> None:
     model(tmp_path, "tiny")
     (spec,) = ModelRepository(tmp_path).scan().values()
     assert spec.error is None and spec.name == "tiny"
-    assert spec.inputs == {"data": (3, 8, 8)} and spec.outputs == {"prob": (10,)}
+    assert spec.inputs == {"data": InputSpec(shapes=((3, 8, 8),))} and spec.outputs == {"prob": (10,)}
+    assert spec.prebuilt == (((3, 8, 8),),) and spec.inputs["data"].dims() == [3, 8, 8]
     assert (spec.precision, spec.devices, spec.cpu_fallback) == ("auto", "auto", True)
     assert spec.warmup is None and spec.queue_limit is None
+    assert (spec.plan_cache_shapes, spec.plan_cache_mb) == (8, 1024)
     assert spec.bin_path == tmp_path / "tiny" / "model.bin"
-    graph = spec.load_graph()
-    assert graph.input_names == ["data"] and len(graph.layers[1].weights) == 2
+    layers = spec.load_layers()
+    assert [layer.name for layer in layers] == ["in", "conv", "relu", "fc"]
+    assert len(layers[1].weights) == 2
 
 
 def test_config_keys(tmp_path: Path) -> None:
@@ -64,16 +69,49 @@ warmup = 3
 queue_limit = 5
 random_weights = true
 seed = 7
+plan_cache_shapes = 3
+plan_cache_mb = 64
 [inputs]
 data = [3, 8, 8]
 """)
     spec = ModelRepository(tmp_path).scan()["m"]
     assert spec.error is None
-    assert spec.inputs == {"data": (3, 8, 8)} and spec.outputs == {"prob": (10,)}
+    # the Input declares no shape: the config's is built at load, others stay allowed
+    assert spec.inputs == {"data": InputSpec(shapes=((3, 8, 8),), dynamic=True)}
+    assert spec.outputs == {"prob": (10,)} and spec.inputs["data"].dims() == [-1, -1, -1]
     assert (spec.precision, spec.devices, spec.cpu_fallback) == ("fp16", (0, "cpu"), False)
     assert (spec.warmup, spec.queue_limit, spec.seed, spec.bin_path) == (3, 5, 7, None)
-    graph = spec.load_graph()  # seeded random weights
-    assert graph.blob_shapes["data"] == (3, 8, 8) and graph.layers[3].weights[0].size == 2560
+    assert (spec.plan_cache_shapes, spec.plan_cache_mb) == (3, 64)
+    layers = spec.load_layers()  # seeded random weights
+    graph = build_graph(layers, "model.param", {"data": (3, 8, 8)})
+    assert graph.blob_shapes["prob"] == (10,) and graph.layers[3].weights[0].size == 2560
+
+
+def test_input_tables_with_shapes_and_bounds(tmp_path: Path) -> None:
+    model(tmp_path, "m", param=OPEN.replace("InnerProduct fc 1 1 r prob 0=10 1=1 2=2560", "Noop n 1 1 r prob"),
+          config="""
+[inputs.data]
+shapes = [[3, 8, 8], [3, 16, 12]]
+min = [3, 4, 4]
+max = [3, 32, 32]
+""")
+    spec = ModelRepository(tmp_path).scan()["m"]
+    assert spec.error is None, spec.error
+    assert spec.inputs["data"] == InputSpec(((3, 8, 8), (3, 16, 12)), True, (3, 4, 4), (3, 32, 32))
+    assert spec.inputs["data"].dims() == [3, -1, -1]
+    assert spec.prebuilt == (((3, 8, 8),), ((3, 16, 12),))
+    assert spec.outputs == {"prob": (4, -1, -1)}  # both built shapes inferred: c fixed, h/w vary
+    assert spec.inputs["data"].problem((3, 40, 8)) == "shape [3, 40, 8] is outside the model's max [3, 32, 32]"
+    assert spec.inputs["data"].problem((3, 8)) is not None
+    assert spec.inputs["data"].problem((3, 4, 32)) is None
+
+
+def test_a_shapeless_input_without_config_loads(tmp_path: Path) -> None:
+    model(tmp_path, "m", param=OPEN)
+    spec = ModelRepository(tmp_path).scan()["m"]
+    assert spec.error is None, spec.error
+    assert spec.inputs == {"data": InputSpec(dynamic=True)} and spec.prebuilt == ()
+    assert spec.inputs["data"].dims() == [] and spec.outputs == {"prob": ()}
 
 
 @pytest.mark.parametrize(("config", "param", "weights", "message"), [
@@ -88,10 +126,16 @@ data = [3, 8, 8]
     ("inputs = 3\n", TINY, True, "bad/config.toml: key 'inputs'"),
     ("[inputs]\ndata = [3, 0, 8]\n", TINY, True, "bad/config.toml: key 'inputs.data'"),
     ("[inputs]\nimage = [3, 8, 8]\n", TINY, True, "bad/config.toml: [inputs] names 'image'"),
+    ("[inputs.data]\nshape = [3, 8, 8]\n", OPEN, True, "key 'inputs.data': unknown key(s) 'shape'"),
+    ("[inputs.data]\nmin = [3, 9, 9]\nmax = [3, 4, 4]\n", OPEN, True,
+     "inputs.data: min [3, 9, 9] is above max [3, 4, 4]"),
+    ("[inputs.data]\nshapes = [[3, 8, 8]]\nmin = [3, 9, 9]\n", OPEN, True,
+     "inputs.data: shape [3, 8, 8] is outside the model's min [3, 9, 9]"),
+    ("[inputs.data]\nshapes = [[3, 8, 8], [3, 9, 9]]\n", TINY, True, "fixes this input's shape"),
+    ("[inputs]\ndata = [3, 16, 16]\n", TINY, True, "bad/model.param line 6 (layer 'fc' InnerProduct)"),
     ("warmup = \n", TINY, True, "bad/config.toml: invalid TOML"),
     (None, TINY.replace("6=108", "6=10.8"), False, "bad/model.param line 4 (layer 'conv' Convolution)"),
     (None, "7767517\n1 1\nFoo f 0 1 x\n", False, "bad/model.param line 3"),
-    (None, OPEN, True, "give input shapes in bad/config.toml [inputs]"),
     (None, TINY, False, "bad/model.bin: missing"),
 ])
 def test_errors_name_file_and_key_and_stay_with_their_model(
@@ -102,7 +146,7 @@ def test_errors_name_file_and_key_and_stay_with_their_model(
     assert specs["good"].error is None
     assert specs["bad"].error is not None and message in specs["bad"].error, specs["bad"].error
     with pytest.raises(BadInput, match="bad/"):
-        specs["bad"].load_graph()
+        specs["bad"].load_layers()
 
 
 def test_scan_skips_hidden_and_files_and_reports_odd_folders(tmp_path: Path) -> None:
@@ -129,7 +173,7 @@ def test_a_short_bin_fails_that_model_at_load(tmp_path: Path) -> None:
     spec = ModelRepository(tmp_path).scan()["short"]
     assert spec.error is None  # weights are read at load, not at scan
     with pytest.raises(Exception, match="model.bin"):
-        spec.load_graph()
+        spec.load_layers()
 
 
 @dataclass

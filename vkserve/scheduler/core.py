@@ -43,10 +43,17 @@ import trio
 
 from vkserve.devices.discovery import GpuProblem
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import Graph
+from vkserve.models.graph import Graph, Layer, build_graph
 from vkserve.scheduler.config import SchedulerConfig
 from vkserve.scheduler.devices import DeviceHandle, discover_handles
-from vkserve.scheduler.engine import Executor, close_executor, is_device_fault, load_executors, vulkan_engine_available
+from vkserve.scheduler.engine import (
+    Executor,
+    close_executor,
+    executors_nbytes,
+    is_device_fault,
+    load_executors,
+    vulkan_engine_available,
+)
 from vkserve.scheduler.errors import (
     BadInput,
     Cancelled,
@@ -59,6 +66,7 @@ from vkserve.scheduler.errors import (
     Unavailable,
 )
 from vkserve.scheduler.jobs import InferResult, Job, validate_inputs
+from vkserve.scheduler.plans import BuildState, ShapePlans, ShapeSlots
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
 from vkserve.scheduler.reports import (
     DeviceStatus,
@@ -73,6 +81,7 @@ from vkserve.scheduler.reports import (
     Status,
     UnloadResult,
 )
+from vkserve.scheduler.shapes import ShapeKey, format_key
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +94,14 @@ _WORKING = (SchedulerState.RUNNING, SchedulerState.CLOSING)
 
 @dataclasses.dataclass(eq=False)
 class _Placement:
-    """One model on one device: its Plan instances, state and measured latency."""
+    """One model on one device: its Plan instances per input shape, state and measured
+    latency. READY means loaded (the shapes config.toml names are built and warmed); other
+    shapes are built on first use (``plans``)."""
 
     device: int
+    plans: ShapePlans
     state: PlacementState = PlacementState.LOADING
     error: str | None = None
-    executors: list[Executor] = dataclasses.field(default_factory=list)
-    free: list[Executor] = dataclasses.field(default_factory=list)
     latency: float | None = None  # EWMA of run seconds
     running: int = 0
     load_seconds: float | None = None
@@ -109,6 +119,22 @@ class _Model:
     fingerprint: tuple[Any, ...] = ()  # the folder's files when read (rescan: changed?)
     reload_error: str | None = None  # why the last reload failed (this version still serves)
     retired: bool = False  # replaced by a reloaded version: finishes its jobs, then is freed
+    layers: list[Layer] | None = None  # parsed with weights, once loaded: Graphs per shape
+    #: shape key -> None (the graph takes it) or why not; checked once per key at admission
+    shape_checks: dict[ShapeKey, str | None] = dataclasses.field(default_factory=dict)
+
+    def placement(self, device: int) -> _Placement:
+        """A new placement on ``device`` (loading), with the spec's Plan-cache bounds."""
+        placement = _Placement(device, ShapePlans(self.spec.plan_cache_shapes,
+                                                  self.spec.plan_cache_mb << 20))
+        self.placements[device] = placement
+        return placement
+
+    def graph(self, key: ShapeKey) -> Graph:
+        """The model's graph for input shapes ``key`` (ModelFormatError when it cannot take
+        them); the layers and their weights are shared by every shape."""
+        assert self.layers is not None
+        return build_graph(self.layers, self.spec.param_path.name, dict(zip(self.spec.inputs, key)))
 
     @property
     def name(self) -> str:
@@ -158,6 +184,10 @@ def _read_with_fingerprint(repository: ModelRepository, name: str
     return None if spec is None else (spec, repository.fingerprint(spec))
 
 
+#: shape keys whose admission check is remembered per model (a bound on client-chosen keys)
+_SHAPE_CHECKS = 256
+
+
 def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
     """Can a job admitted for ``old`` (inputs validated, outputs chosen) run on ``new``?"""
     return dict(old.inputs) == dict(new.inputs) and dict(old.outputs) == dict(new.outputs)
@@ -175,9 +205,9 @@ def _run_blocking(handle: DeviceHandle, executor: Executor,
 
 def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, instances: int,
                       warmup: int) -> tuple[list[Executor], list[float], bool]:
-    """Worker thread: compile ``instances`` Plans and run each ``warmup`` times; also
-    returns whether GLSL was compiled meanwhile (a cold pipeline cache; a load running
-    in parallel on the same device may be counted too).
+    """Worker thread: compile ``instances`` Plans of ``graph`` (built for one shape key) and
+    run each ``warmup`` times; also returns whether GLSL was compiled meanwhile (a cold
+    pipeline cache; a load running in parallel on the same device may be counted too).
 
     Warm-up runs go through the device hooks like jobs do, so an injected delay seeds the
     latency estimate and an injected fault fails the load the way a lost device would.
@@ -185,7 +215,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     executors: list[Executor] = []
     timings: list[float] = []
     rng = np.random.default_rng(spec.seed)
-    inputs = {n: rng.standard_normal(s).astype(np.float32) for n, s in spec.inputs.items()}
+    inputs = {n: rng.standard_normal(graph.blob_shapes[n]).astype(np.float32) for n in spec.inputs}
     compiles = handle.glsl_compiles()
     try:
         executors = load_executors(handle, graph, spec, instances)
@@ -367,12 +397,15 @@ class Scheduler:
 
     @staticmethod
     def _close_executors(placement: _Placement) -> None:
-        executors, placement.executors, placement.free = placement.executors, [], []
+        Scheduler._close_list(placement.device, placement.plans.take_all())
+
+    @staticmethod
+    def _close_list(device: int, executors: list[Executor]) -> None:
         for executor in executors:
             try:
                 close_executor(executor)
             except Exception:  # a lost device may fail to free; keep freeing the rest
-                log.exception("freeing a plan on device %d failed", placement.device)
+                log.exception("freeing a plan on device %d failed", device)
 
     # ------------------------------------------------------------------------------------
     # inference
@@ -393,6 +426,11 @@ class Scheduler:
             raise ModelNotFound(f"no model '{model}' (models: {', '.join(self._models) or 'none'})")
         self._check_servable(entry)
         arrays = validate_inputs(model, entry.spec.inputs, inputs)
+        key = tuple(arrays[n].shape for n in entry.spec.inputs)
+        problem = self._shape_problem(entry, key)
+        if problem is not None:
+            raise BadInput(f"model '{model}': input shapes {format_key(entry.spec.inputs, key)}: "
+                           f"{problem}")
         wanted: list[str] | None = None
         if outputs is not None:
             wanted = list(outputs)
@@ -416,7 +454,7 @@ class Scheduler:
             raise Overloaded(f"model '{model}': queue full ({len(entry.queue)} of {limit} "
                              "jobs waiting); retry later")
 
-        job = Job(model, arrays, wanted, level, trio_deadline)
+        job = Job(model, arrays, wanted, level, trio_deadline, key)
         self._jobs[job.id] = job
         entry.queue.append(job)
         self._totals.submitted += 1
@@ -443,6 +481,23 @@ class Scheduler:
             raise job.error
         assert job.result is not None
         return job.result
+
+    @staticmethod
+    def _shape_problem(entry: _Model, key: ShapeKey) -> str | None:
+        """Why the model's graph cannot take input shapes ``key`` (shape inference names the
+        layer), or None; remembered per key. Before the model's layers are read nothing is
+        known: a failing build then ends the job with the same message."""
+        if key in entry.spec.prebuilt or entry.layers is None:
+            return None
+        if key not in entry.shape_checks:
+            if len(entry.shape_checks) >= _SHAPE_CHECKS:
+                del entry.shape_checks[next(iter(entry.shape_checks))]
+            try:
+                entry.graph(key)
+                entry.shape_checks[key] = None
+            except ModelFormatError as exc:
+                entry.shape_checks[key] = str(exc)
+        return entry.shape_checks[key]
 
     def _running_job_ids(self, entry: _Model) -> set[int]:
         return {jid for i in entry.placements if i in self._devices
@@ -524,7 +579,7 @@ class Scheduler:
                 self._end(job, error=DeadlineExceeded(
                     f"model '{job.model}': deadline passed while the job was queued"))
                 continue
-            best: tuple[tuple[float, int, int, int], _Device, _Placement, float] | None = None
+            best: tuple[tuple[float, int, int, int], _Device, _Placement, ShapeSlots, float] | None = None
             loading = False
             free_elsewhere = False
             for index, placement in entry.placements.items():
@@ -536,22 +591,29 @@ class Scheduler:
                     continue
                 if placement.state is not PlacementState.READY or not avail[index]:
                     continue
+                shape = placement.plans.get(job.key)
+                if shape is None or shape.state is BuildState.BUILDING:
+                    # a new shape waits for its Plans (built on every device holding the
+                    # model); other shapes go on meanwhile
+                    loading = loading or shape is not None or self._build_shape(
+                        entry, placement, device, job.key)
+                    continue
                 latency = self._latency(entry, placement)
                 start = avail[index][0]
                 free_elsewhere = free_elsewhere or start <= now
                 key = (start + latency, device.handle.rank, len(device.running), index)
                 if best is None or key < best[0]:
-                    best = (key, device, placement, latency)
+                    best = (key, device, placement, shape, latency)
             if best is None:
                 if loading or self._ensure_fallback(entry, job.excluded):
                     continue
                 self._end(job, error=self._no_device_error(entry, job))
                 continue
-            _, device, placement, latency = best
+            _, device, placement, shape, latency = best
             slots = avail[device.index]
-            if slots[0] <= now and placement.free:
+            if slots[0] <= now and shape.free:
                 entry.queue.remove(job)
-                self._start(job, entry, placement, device, now, latency)
+                self._start(job, entry, placement, shape, device, now, latency)
                 slots[0] = now + latency
             else:
                 device.queue_depth += 1
@@ -570,20 +632,21 @@ class Scheduler:
         return Unavailable(f"model '{entry.name}': no healthy device can run it "
                            f"({self._model_error(entry)})")
 
-    def _start(self, job: Job, entry: _Model, placement: _Placement, device: _Device,
-               now: float, latency: float) -> None:
-        executor = placement.free.pop()
+    def _start(self, job: Job, entry: _Model, placement: _Placement, shape: ShapeSlots,
+               device: _Device, now: float, latency: float) -> None:
+        placement.plans.use(shape.key)
+        executor = shape.free.pop()
         job.attempts += 1
         job.dispatched = now
         device.running[job.id] = (now, latency)
         placement.running += 1
         entry.running += 1
         assert device.nursery is not None
-        device.nursery.start_soon(self._execute, job, entry, placement, device, executor)
+        device.nursery.start_soon(self._execute, job, entry, placement, shape, device, executor)
         self._notify()
 
-    async def _execute(self, job: Job, entry: _Model, placement: _Placement, device: _Device,
-                       executor: Executor) -> None:
+    async def _execute(self, job: Job, entry: _Model, placement: _Placement, shape: ShapeSlots,
+                       device: _Device, executor: Executor) -> None:
         """One run of ``job`` on ``device`` (a task in the device worker's nursery)."""
         assert job.dispatched is not None
         queue_seconds = job.dispatched - job.submitted
@@ -618,8 +681,8 @@ class Scheduler:
             device.running.pop(job.id, None)
             placement.running -= 1
             entry.running -= 1
-            if placement.state is PlacementState.READY:
-                placement.free.append(executor)
+            if placement.state is PlacementState.READY and placement.plans.get(shape.key) is shape:
+                shape.free.append(executor)
             self._notify()
             self._dispatch()
 
@@ -684,7 +747,7 @@ class Scheduler:
                     and entry.spec.allows(device.handle, fallback=True)):
                 log.warning("model %s: loading on %s on demand (no other healthy device has it)",
                             entry.name, device.handle.name)
-                entry.placements[device.index] = _Placement(device.index)
+                entry.placement(device.index)
                 self._nursery.start_soon(self._load, entry, [device])
                 return True
         return False
@@ -706,7 +769,7 @@ class Scheduler:
         targets = [d for d in targets if d.index not in entry.placements
                    or entry.placements[d.index].state is PlacementState.FAILED]
         for device in targets:
-            entry.placements[device.index] = _Placement(device.index)
+            entry.placement(device.index)
         if not targets and not entry.placements:
             entry.error = f"no healthy device allowed by its devices = {entry.spec.devices!r}"
         return targets
@@ -718,8 +781,9 @@ class Scheduler:
             return
         try:
             assert self._load_limiter is not None
-            async with self._load_limiter:
-                graph = await trio.to_thread.run_sync(entry.spec.load_graph)
+            if entry.layers is None:  # read once; later loads (fallback, load_model) reuse them
+                async with self._load_limiter:
+                    entry.layers = await trio.to_thread.run_sync(entry.spec.load_layers)
         except Exception as exc:  # a model that cannot be read fails alone, named in models()
             if isinstance(exc, SchedulerError):
                 message = exc.message
@@ -733,25 +797,35 @@ class Scheduler:
             return
         async with trio.open_nursery() as nursery:
             for device in targets:
-                nursery.start_soon(self._load_on_device, entry, device, graph)
+                nursery.start_soon(self._load_on_device, entry, device)
 
-    async def _load_on_device(self, entry: _Model, device: _Device, graph: Graph) -> None:
+    async def _load_on_device(self, entry: _Model, device: _Device) -> None:
+        """Build and warm the Plans of every prebuilt shape key on ``device``; a model with
+        none (dynamic inputs, no shapes in config.toml) is ready at once and builds on use."""
         warmup = entry.spec.warmup if entry.spec.warmup is not None else self.config.default_warmup
         assert self._load_limiter is not None
+        placement = entry.placements[device.index]
         started = time.perf_counter()
+        timings: list[float] = []
+        compiled = False
         try:
-            async with self._load_limiter:
-                executors, timings, compiled = await trio.to_thread.run_sync(
-                    _compile_and_warm, device.handle, graph, entry.spec, device.slots, warmup)
+            for key in entry.spec.prebuilt:
+                placement.plans.building(key, pinned=True)
+                async with self._load_limiter:
+                    executors, key_timings, key_compiled = await trio.to_thread.run_sync(
+                        _compile_and_warm, device.handle, entry.graph(key), entry.spec,
+                        device.slots, warmup)
+                placement.plans.ready(key, executors, executors_nbytes(executors))
+                timings += key_timings
+                compiled = compiled or key_compiled
         except Exception as exc:  # any load failure is that placement's, named in models()
             if is_device_fault(exc):
                 device.faults += 1
                 self._mark_unhealthy(device, exc)
             log.error("model %s on device %d: load failed: %s", entry.name, device.index, exc)
+            await trio.to_thread.run_sync(self._close_executors, placement)
             self._placement_failed(entry, device, f"{type(exc).__name__}: {exc}")
             return
-        placement = entry.placements[device.index]
-        placement.executors, placement.free = executors, list(executors)
         placement.load_seconds = time.perf_counter() - started
         placement.load_cache = "cold" if compiled else "warm"
         if timings:
@@ -762,6 +836,71 @@ class Scheduler:
                  device.handle.name, placement.load_seconds)
         self._notify()
         self._dispatch()
+
+    def _build_shape(self, entry: _Model, placement: _Placement, device: _Device,
+                     key: ShapeKey) -> bool:
+        """Start building the Plans of input shapes ``key`` on a ready placement (False when
+        that cannot start: the device's worker is gone)."""
+        if device.nursery is None or entry.layers is None:
+            return False
+        placement.plans.building(key)
+        device.nursery.start_soon(self._build, entry, placement, device, key)
+        self._notify()
+        return True
+
+    async def _build(self, entry: _Model, placement: _Placement, device: _Device,
+                     key: ShapeKey) -> None:
+        """Build (and warm) one shape key's Plans; then evict past the Plan-cache bounds."""
+        warmup = entry.spec.warmup if entry.spec.warmup is not None else self.config.default_warmup
+        shapes = format_key(entry.spec.inputs, key)
+        assert self._load_limiter is not None
+        started = time.perf_counter()
+        try:
+            graph = entry.graph(key)
+            async with self._load_limiter:
+                executors, _, compiled = await trio.to_thread.run_sync(
+                    _compile_and_warm, device.handle, graph, entry.spec, device.slots, warmup)
+        except Exception as exc:  # the jobs waiting for this shape get the reason
+            placement.plans.discard(key)
+            if is_device_fault(exc):
+                device.faults += 1
+                self._mark_unhealthy(device, exc)
+            log.error("model %s on device %d: building Plans for %s failed: %s", entry.name,
+                      device.index, shapes, exc)
+            error: SchedulerError = (
+                BadInput(f"model '{entry.name}': input shapes {shapes}: {exc}")
+                if isinstance(exc, ModelFormatError) else InternalError(
+                    f"model '{entry.name}': building Plans for input shapes {shapes} on device "
+                    f"{device.index} failed: {type(exc).__name__}: {exc}"))
+            self._shape_failed(entry, key, error)
+            self._dispatch()
+            return
+        if placement.state is not PlacementState.READY or placement.plans.get(key) is None:
+            with trio.CancelScope(shield=True):  # unloaded meanwhile: free what was built
+                await trio.to_thread.run_sync(self._close_list, device.index, executors)
+            return
+        placement.plans.ready(key, executors, executors_nbytes(executors))
+        log.info("model %s on device %d: Plans for %s built in %.2f s%s", entry.name,
+                 device.index, shapes, time.perf_counter() - started,
+                 " (GLSL compiled)" if compiled else "")
+        evicted = placement.plans.evict({job.key for job in entry.queue})
+        if evicted:
+            log.info("model %s on device %d: evicted the Plans of %s (plan cache bounds)",
+                     entry.name, device.index,
+                     "; ".join(format_key(entry.spec.inputs, e.key) for e in evicted))
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(
+                    self._close_list, device.index, [x for e in evicted for x in e.executors])
+        self._notify()
+        self._dispatch()
+
+    def _shape_failed(self, entry: _Model, key: ShapeKey, error: SchedulerError) -> None:
+        """End the queued jobs of input shapes ``key`` that no other device has or builds."""
+        elsewhere = any(p.plans.get(key) is not None for i, p in entry.placements.items()
+                        if p.state is PlacementState.READY and self._healthy(i))
+        if not elsewhere:
+            for job in [j for j in entry.queue if j.key == key]:
+                self._end(job, error=error)
 
     def _placement_failed(self, entry: _Model, device: _Device, message: str) -> None:
         placement = entry.placements[device.index]
@@ -1067,7 +1206,7 @@ class Scheduler:
         return ModelInfo(
             name=entry.name,
             state=state,
-            inputs={n: list(s) for n, s in entry.spec.inputs.items()},
+            inputs={n: s.dims() for n, s in entry.spec.inputs.items()},
             outputs={n: list(s) for n, s in entry.spec.outputs.items()},
             devices=sorted(i for i, p in entry.placements.items()
                            if p.state is PlacementState.READY and self._healthy(i)),
@@ -1075,7 +1214,8 @@ class Scheduler:
                 PlacementInfo(device=i, state=p.state, error=p.error, healthy=self._healthy(i),
                               latency_ms=None if p.latency is None else p.latency * 1e3,
                               load_seconds=p.load_seconds, load_cache=p.load_cache,
-                              in_flight=p.running)
+                              in_flight=p.running,
+                              shapes=[format_key(entry.spec.inputs, k) for k in p.plans.ready_keys()])
                 for i, p in sorted(entry.placements.items())
             ],
             queue_depth=sum(len(m.queue) for m in self._versions(entry.name)),

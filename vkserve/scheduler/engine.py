@@ -84,15 +84,32 @@ def vulkan_precision(device: DeviceHandle, name: str) -> Precision:
 
 def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
                    count: int) -> list[Executor]:
-    """Compile ``count`` slots of ``graph`` for ``device`` (blocking; worker thread)."""
+    """Compile ``count`` slots of ``graph`` (built for one set of input shapes) for
+    ``device`` (blocking; worker thread)."""
     if device.is_cpu:
-        return [CpuPlan(graph, input_shapes=dict(spec.inputs)) for _ in range(count)]
+        return [CpuPlan(graph) for _ in range(count)]
     plan_class = _vulkan_plan_class()
     if plan_class is None:
         raise RuntimeError(f"device {device.index} ({device.name}): no Vulkan engine available")
-    plan = plan_class(device.vulkan_device(), graph, input_shapes=dict(spec.inputs),
+    plan = plan_class(device.vulkan_device(), graph,
                       precision=vulkan_precision(device, spec.precision), max_instances=count)
     return [_VulkanExecutor(plan) for _ in range(count)]
+
+
+def executors_nbytes(executors: list[Executor]) -> int:
+    """Memory the executors' Plans hold at most: a Vulkan Plan's weights plus an arena and
+    staging per instance (from the device pool); a CPU Plan's arena and bf16 weights."""
+    total = 0
+    for plan in {id(p): p for p in (_plan_of(e) for e in executors)}.values():
+        if isinstance(plan, CpuPlan):
+            total += plan.arena_bytes + plan.weight_bytes
+        else:
+            total += plan.weight_bytes + plan.max_instances * (plan.arena_bytes + plan.staging_bytes)
+    return total
+
+
+def _plan_of(executor: Executor) -> Any:
+    return executor.plan if isinstance(executor, _VulkanExecutor) else executor
 
 
 def close_executor(executor: Executor) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import trio
 
 from vkserve.scheduler.errors import BadInput, SchedulerError
+from vkserve.scheduler.shapes import InputSpec, ShapeKey
 
 __all__ = ["InferResult", "Job", "validate_inputs"]
 
@@ -37,10 +38,11 @@ class Job:
     """One admitted inference request, from admission until it ends."""
 
     def __init__(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str] | None,
-                 priority: int, deadline: float | None) -> None:
+                 priority: int, deadline: float | None, key: ShapeKey = ()) -> None:
         self.id = next(_ids)
         self.model = model
         self.inputs = inputs
+        self.key = key  # the input shapes, in the model's input order: which Plans run it
         self.outputs = outputs
         self.priority = priority
         self.deadline = deadline  # trio clock, or None
@@ -71,9 +73,10 @@ class Job:
         return True
 
 
-def validate_inputs(model: str, expected: Mapping[str, Sequence[int]],
+def validate_inputs(model: str, expected: Mapping[str, InputSpec],
                     inputs: object) -> dict[str, np.ndarray]:
-    """Check names, dtypes and shapes; return C-contiguous float32 arrays.
+    """Check names, dtypes and shapes (``InputSpec.problem``); return C-contiguous float32
+    arrays.
 
     float16 widens exactly. float64 narrows when every finite value stays finite in float32
     (precision loss is what float32 models expect; overflow to inf is not). Integers, bools
@@ -91,14 +94,13 @@ def validate_inputs(model: str, expected: Mapping[str, Sequence[int]],
         raise BadInput(f"model '{model}': missing input {', '.join(map(repr, missing))} "
                        f"(the model's inputs: {names})")
     arrays: dict[str, np.ndarray] = {}
-    for name, shape in expected.items():
+    for name, spec in expected.items():
         value = inputs[name]
         if not isinstance(value, np.ndarray):
             raise BadInput(f"input '{name}': expected a numpy array, got {type(value).__name__}")
-        want = tuple(int(n) for n in shape)
-        if value.shape != want:
-            raise BadInput(f"input '{name}': shape {list(value.shape)} does not match the "
-                           f"model's {list(want)}")
+        problem = spec.problem(value.shape)
+        if problem is not None:
+            raise BadInput(f"input '{name}': {problem}")
         if value.dtype == np.float32:
             arr = value
         elif value.dtype in (np.float16, np.float64):

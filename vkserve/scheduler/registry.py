@@ -11,8 +11,17 @@
         queue_limit = 64          # queued jobs before OVERLOADED (default: the scheduler's)
         random_weights = false    # seeded random weights instead of model.bin (demos, benchmarks)
         seed = 0                  # seed for random_weights
+        plan_cache_shapes = 8     # Plans kept per device for distinct input shapes (LRU)
+        plan_cache_mb = 1024      # and the device memory they may hold, MiB
         [inputs]
-        data = [3, 224, 224]      # input shapes in ncnn order (default: the Input layer's)
+        data = [3, 224, 224]      # input shape in ncnn order, built and warmed at load
+        [inputs.img]              # or a table: several shapes and bounds (see scheduler.shapes)
+        shapes = [[3, 320, 320], [3, 640, 640]]
+        min = [3, 32, 32]         # a dimension outside min/max is BAD_REQUEST
+        max = [3, 1280, 1280]
+
+An input whose Input layer declares no shape (pnnx writes none) needs no entry: any shape is
+accepted and built on first use (``vkserve.scheduler.shapes`` has the rules).
 
 ``devices = "auto"`` loads the model on every Vulkan device, or on the CPU when there is none
 (Triton's KIND_AUTO). Scanning parses every ``model.param`` and ``config.toml`` but not the
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -39,8 +49,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import Graph, build_graph, load_model, read_param
+from vkserve.models.graph import Layer, build_graph, read_bin, read_param
+from vkserve.models.randinit import random_weights
 from vkserve.scheduler.errors import BadInput
+from vkserve.scheduler.shapes import InputSpec, ShapeKey, check_bounds
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +63,8 @@ PRECISIONS = ("auto", "fp32", "fp16", "fp16s", "fp16sa")
 DEVICE_MODES = ("auto", "all", "gpu", "cpu")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CONFIG_KEYS = ("inputs", "precision", "devices", "cpu_fallback", "warmup", "queue_limit",
-               "random_weights", "seed")
+               "random_weights", "seed", "plan_cache_shapes", "plan_cache_mb")
+INPUT_KEYS = ("shapes", "min", "max")
 
 
 class DeviceLike(Protocol):
@@ -73,21 +86,33 @@ class ModelSpec:
     path: Path
     param_path: Path
     bin_path: Path | None = None
-    inputs: Mapping[str, Shape] = dataclasses.field(default_factory=dict)
-    outputs: Mapping[str, Shape] = dataclasses.field(default_factory=dict)
+    inputs: Mapping[str, InputSpec] = dataclasses.field(default_factory=dict)
+    #: output name -> shape as metadata shows it (-1: varies with the input; []: unknown)
+    outputs: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    #: input shapes built and warmed at load (one key per combination config.toml names)
+    prebuilt: tuple[ShapeKey, ...] = ()
     precision: str = "auto"
     devices: str | tuple[int | str, ...] = "auto"
     cpu_fallback: bool = True
     warmup: int | None = None  # None: the scheduler's default
     queue_limit: int | None = None  # None: the scheduler's default
     seed: int = 0
+    plan_cache_shapes: int = 8
+    plan_cache_mb: int = 1024
     error: str | None = None
 
-    def load_graph(self) -> Graph:
-        """Parse the .param and read the weights (blocking: call it in a worker thread)."""
+    def load_layers(self) -> list[Layer]:
+        """Parse the .param and read the weights (blocking: call it in a worker thread); a
+        Graph per input shape is built from these (``vkserve.scheduler.plans``)."""
         if self.error is not None:
             raise BadInput(self.error)
-        return load_model(self.param_path, self.bin_path, dict(self.inputs) or None, seed=self.seed)
+        layers = read_param(self.param_path)
+        if self.bin_path is None:
+            for layer, weights in zip(layers, random_weights(layers, self.seed)):
+                layer.weights = weights
+        else:
+            read_bin(layers, self.bin_path)
+        return layers
 
     def initial_devices(self, devices: Sequence[DeviceLike]) -> list[DeviceLike]:
         """Devices the model loads on at start (see the module doc for the modes)."""
@@ -193,7 +218,7 @@ def read_model_folder(folder: Path) -> ModelSpec:
         settings = _read_config(folder / "config.toml", name)
         if not param.is_file():
             raise BadInput(f"{name}/model.param: missing (every model folder needs one)")
-        graph = _graph_shapes(param, settings["inputs"], name)
+        inputs, prebuilt, outputs = _model_shapes(param, settings["inputs"], name)
         bin_path: Path | None = folder / "model.bin"
         if settings.pop("random_weights"):
             bin_path = None
@@ -207,33 +232,69 @@ def read_model_folder(folder: Path) -> ModelSpec:
         path=folder,
         param_path=param,
         bin_path=bin_path,
-        inputs={n: graph.blob_shapes[n] for n in graph.input_names},
-        outputs={n: graph.blob_shapes[n] for n in graph.output_names},
+        inputs=inputs,
+        outputs=outputs,
+        prebuilt=prebuilt,
         precision=settings["precision"],
         devices=settings["devices"],
         cpu_fallback=settings["cpu_fallback"],
         warmup=settings["warmup"],
         queue_limit=settings["queue_limit"],
         seed=settings["seed"],
+        plan_cache_shapes=settings["plan_cache_shapes"],
+        plan_cache_mb=settings["plan_cache_mb"],
     )
 
 
-def _graph_shapes(param: Path, inputs: dict[str, Shape], name: str) -> Graph:
-    """The graph without weights: enough for input/output names and shapes."""
+def _model_shapes(param: Path, configured: dict[str, InputSpec], name: str
+                  ) -> tuple[dict[str, InputSpec], tuple[ShapeKey, ...], dict[str, tuple[int, ...]]]:
+    """The inputs (declared shapes merged with config.toml's), the shape keys to build at
+    load, and the outputs' metadata shapes, from the graph without weights."""
     try:
         layers = read_param(param)
     except ModelFormatError as exc:
         raise BadInput(f"{name}/{exc}") from None
-    declared = {b for layer in layers if layer.type == "Input" for b in layer.outputs}
-    unknown = sorted(set(inputs) - declared)
+    declared = {b: layer.params.declared_shape() for layer in layers if layer.type == "Input"
+                for b in layer.outputs}
+    unknown = sorted(set(configured) - set(declared))
     if unknown:
         raise BadInput(f"{name}/config.toml: [inputs] names {', '.join(map(repr, unknown))}, "
                        f"not inputs of model.param (its inputs: {', '.join(sorted(declared))})")
-    try:
-        return build_graph(layers, param.name, inputs or None)
-    except ModelFormatError as exc:
-        hint = "" if inputs else f" (give input shapes in {name}/config.toml [inputs])"
-        raise BadInput(f"{name}/{exc}{hint}") from None
+    inputs: dict[str, InputSpec] = {}
+    for blob, shape in declared.items():
+        given = configured.get(blob, InputSpec())
+        dynamic = shape is None or given.min is not None or given.max is not None
+        shapes = given.shapes or ((shape,) if shape is not None else ())
+        if not dynamic and len(shapes) > 1:
+            raise BadInput(f"{name}/config.toml: inputs.{blob}: model.param fixes this input's "
+                           "shape, so it takes one shape (give min/max to make it dynamic)")
+        spec = dataclasses.replace(given, shapes=shapes, dynamic=dynamic)
+        problem = check_bounds(f"{name}/config.toml: inputs.{blob}", spec)
+        if problem:
+            raise BadInput(problem)
+        inputs[blob] = spec
+    prebuilt: tuple[ShapeKey, ...] = ()
+    if all(s.shapes for s in inputs.values()):
+        prebuilt = tuple(itertools.product(*(s.shapes for s in inputs.values())))
+    consumed = {b for layer in layers for b in layer.inputs}
+    output_names = [b for layer in layers for b in layer.outputs if b not in consumed]
+    shapes_seen: dict[str, set[tuple[int, ...]]] = {b: set() for b in output_names}
+    for key in prebuilt:
+        try:
+            graph = build_graph(layers, param.name, dict(zip(inputs, key)))
+        except ModelFormatError as exc:
+            raise BadInput(f"{name}/{exc} (for input shapes {dict(zip(inputs, key))})") from None
+        for b in output_names:
+            shapes_seen[b].add(graph.blob_shapes[b])
+    outputs = {b: _merged_dims(seen) for b, seen in shapes_seen.items()}
+    return inputs, prebuilt, outputs
+
+
+def _merged_dims(shapes: set[tuple[int, ...]]) -> tuple[int, ...]:
+    """One metadata shape for several: -1 where they differ; () when none or ranks differ."""
+    if not shapes or len({len(s) for s in shapes}) != 1:
+        return ()
+    return tuple(dims[0] if len(set(dims)) == 1 else -1 for dims in zip(*shapes))
 
 
 def _read_config(path: Path, name: str) -> dict[str, Any]:
@@ -258,15 +319,8 @@ def _read_config(path: Path, name: str) -> dict[str, Any]:
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
         raise bad("inputs", "a table like [inputs] data = [3, 224, 224]")
-    shapes: dict[str, Shape] = {}
-    for blob, shape in inputs.items():
-        ok = (isinstance(shape, list) and 1 <= len(shape) <= 4
-              and all(type(n) is int and n > 0 for n in shape))
-        if not ok:
-            raise BadInput(f"{where}: key 'inputs.{blob}': expected 1 to 4 positive integers "
-                           f"like [3, 224, 224], got {shape!r}")
-        shapes[blob] = tuple(shape)
-    out["inputs"] = shapes
+    out["inputs"] = {blob: _input_setting(f"{where}: key 'inputs.{blob}'", value)
+                     for blob, value in inputs.items()}
 
     precision = raw.get("precision", "auto")
     if precision not in PRECISIONS:
@@ -290,9 +344,34 @@ def _read_config(path: Path, name: str) -> dict[str, Any]:
             raise bad(key, "true or false")
         out[key] = value
 
-    for key, low, default in (("warmup", 0, None), ("queue_limit", 1, None), ("seed", 0, 0)):
+    for key, low, default in (("warmup", 0, None), ("queue_limit", 1, None), ("seed", 0, 0),
+                              ("plan_cache_shapes", 1, 8), ("plan_cache_mb", 1, 1024)):
         value = raw.get(key, default)
         if value is not None and (type(value) is not int or value < low):
             raise bad(key, f"an integer >= {low}")
         out[key] = value
     return out
+
+
+def _shape_setting(where: str, value: object) -> Shape:
+    if (isinstance(value, list) and 1 <= len(value) <= 4
+            and all(type(n) is int and n > 0 for n in value)):
+        return tuple(value)
+    raise BadInput(f"{where}: expected 1 to 4 positive integers like [3, 224, 224], got {value!r}")
+
+
+def _input_setting(where: str, value: object) -> InputSpec:
+    """``data = [3, 224, 224]`` or a table ``{shapes = [[...], ...], min = [...], max = [...]}``."""
+    if not isinstance(value, dict):
+        return InputSpec(shapes=(_shape_setting(where, value),))
+    unknown = sorted(set(value) - set(INPUT_KEYS))
+    if unknown:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
+                       f"(known: {', '.join(INPUT_KEYS)})")
+    shapes = value.get("shapes", [])
+    if not isinstance(shapes, list):
+        raise BadInput(f"{where}.shapes: expected a list of shapes like [[3, 224, 224]], got {shapes!r}")
+    return InputSpec(
+        shapes=tuple(_shape_setting(f"{where}.shapes", s) for s in shapes),
+        min=None if "min" not in value else _shape_setting(f"{where}.min", value["min"]),
+        max=None if "max" not in value else _shape_setting(f"{where}.max", value["max"]))

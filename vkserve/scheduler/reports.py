@@ -67,6 +67,7 @@ class PlacementInfo:
     load_seconds: float | None
     load_cache: Literal["cold", "warm"] | None  # cold: the load compiled GLSL
     in_flight: int
+    shapes: list[str] = dataclasses.field(default_factory=list)  # input shapes with built Plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,7 @@ class ModelInfo:
 
     name: str
     state: ModelState
-    inputs: dict[str, list[int]]  # name -> shape
+    inputs: dict[str, list[int]]  # name -> shape (-1: any size; []: any shape, see scheduler.shapes)
     outputs: dict[str, list[int]]
     devices: list[int]  # where it is ready, on a healthy device
     placements: list[PlacementInfo]

@@ -66,7 +66,8 @@ def random_inputs(client: Client, model: str, have: set[str], seed: int) -> dict
         if name in have:
             continue
         if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-            raise UsageError(f"--random-input: the daemon lists no shape for input {name!r}; use --input")
+            raise UsageError(f"--random-input: input {name!r} takes shapes the client must choose "
+                             f"(the daemon lists {shape or 'any shape'}); use --input {name}=file.npy")
         arrays[name] = rng.random(shape, dtype=np.float32)
     return arrays
 

@@ -27,17 +27,36 @@ def _fmt_devices(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _fmt_shape(shape: list[int] | None) -> str:
+    """``(3, 224, 224)``; ``?`` for a dimension that varies; ``any shape`` when open."""
+    if not shape:
+        return "(any shape)"
+    return "(" + ", ".join("?" if d == -1 else str(d) for d in shape) + ")"
+
+
+def _built_shapes(model: dict[str, Any]) -> str:
+    """Input shapes with Plans built on some device (a dynamic model builds one set per shape)."""
+    shapes: list[str] = []
+    for placement in model.get("placements") or []:
+        if isinstance(placement, dict):
+            shapes += [s for s in placement.get("shapes") or [] if s not in shapes]
+    return "; ".join(shapes) or "-"
+
+
 def format_models(models: list[dict[str, Any]]) -> str:
     if not models:
         return "no models"
-    rows = [("name", "state", "inputs", "devices")]
+    rows = [("name", "state", "inputs", "shapes built", "devices")]
     for m in models:
         shapes = model_input_shapes(m)
-        inputs = ", ".join(f"{n} {tuple(s) if s else '?'}" for n, s in shapes.items()) or "-"
-        rows.append((str(m.get("name", "?")), str(m.get("state", "-")), inputs, _fmt_devices(m.get("devices"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        inputs = ", ".join(f"{n} {_fmt_shape(s)}" for n, s in shapes.items()) or "-"
+        state = str(m.get("state", "-"))
+        if m.get("error"):
+            state += f" ({m['error']})"
+        rows.append((str(m.get("name", "?")), state, inputs, _built_shapes(m), _fmt_devices(m.get("devices"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows
+        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
     )
 
 

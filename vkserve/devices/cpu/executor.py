@@ -88,6 +88,9 @@ class Plan:
         self.blob_shapes: dict[str, Shape] = {}
         self._steps: list[_Step] = []
         self.scratch = Scratch()
+        #: bf16 weights the kernels narrowed at compile (each Plan holds its own)
+        self.weight_bytes: int = BYTES_PER_ELEMENT * sum(
+            int(np.asarray(w).size) for layer in graph.layers for w in layer.weights if w is not None)
         self._compile(graph, given)
         self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
         self._lay_out()
