@@ -6,8 +6,6 @@ Real engines (the CPU, and lavapipe for the pipeline-cache check)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +13,14 @@ import numpy as np
 import pytest
 import trio
 
+from tests.support.scheduler import serving
 from vkserve.devices.cpu.executor import Plan
 from vkserve.models.graph import Graph, load_model
 from vkserve.models.weights import write_random_bin
 from vkserve.scheduler import (
     BadInput,
     DeviceHandle,
-    ModelRepository,
     Scheduler,
-    SchedulerConfig,
     discover_handles,
 )
 from vkserve.scheduler import core as scheduler_core
@@ -52,20 +49,6 @@ def x(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
 def reference(folder: Path, data: np.ndarray) -> np.ndarray:
     graph = load_model(folder / "model.param", folder / "model.bin", {"data": data.shape})
     return Plan(graph).run({"data": data})["out"]
-
-
-@asynccontextmanager
-async def serving(devices: list[DeviceHandle], repo: Path, **config: Any) -> AsyncIterator[Scheduler]:
-    sched = Scheduler(devices, SchedulerConfig(**config), ModelRepository(repo))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sched.run)
-        with trio.fail_after(30):
-            await sched.wait_until(sched.ready)
-        try:
-            yield sched
-        finally:
-            with trio.fail_after(20):
-                await sched.aclose(timeout=10)
 
 
 def built(sched: Scheduler, device: int = 0) -> list[str]:

@@ -7,25 +7,21 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import trio
 
+from tests.support.scheduler import serving
 from vkserve.devices.cpu.executor import Plan
 from vkserve.models.graph import load_model
 from vkserve.models.weights import write_random_bin
 from vkserve.scheduler import (
     DeviceHandle,
-    ModelRepository,
     ModelState,
     RescanResult,
     Scheduler,
-    SchedulerConfig,
     SchedulerError,
 )
 
@@ -62,21 +58,6 @@ async def rescan(sched: Scheduler) -> RescanResult:
         return await sched.rescan()
 
 
-@asynccontextmanager
-async def serving(repo: Path, device: DeviceHandle, **config: Any) -> AsyncIterator[Scheduler]:
-    sched = Scheduler([device], SchedulerConfig(**config), ModelRepository(repo))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sched.run)
-        with trio.fail_after(10):
-            await sched.wait_until(sched.ready)
-        try:
-            yield sched
-        finally:
-            device.resume()
-            with trio.fail_after(10):
-                await sched.aclose(timeout=5)
-
-
 async def test_reload_under_load_never_fails_a_job(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Clients infer in a loop while the weights are truncated, touched, fixed and changed;
     every answer is ok and comes from the version that was serving."""
@@ -87,7 +68,7 @@ async def test_reload_under_load_never_fails_a_job(tmp_path: Path, caplog: pytes
     cpu.inject_delay(0.002)  # runs overlap the loads
     answers: list[np.ndarray] = []
     errors: list[str] = []
-    async with serving(tmp_path, cpu, instances_per_device=2) as sched:
+    async with serving([cpu], tmp_path, instances_per_device=2) as sched:
         stop = trio.Event()
 
         async def client() -> None:
@@ -181,7 +162,7 @@ async def test_running_jobs_finish_on_the_old_version(tmp_path: Path) -> None:
     x = data()
     old = reference(folder, x)
     cpu = DeviceHandle.cpu(0)
-    async with serving(tmp_path, cpu, instances_per_device=2) as sched:
+    async with serving([cpu], tmp_path, instances_per_device=2) as sched:
         results: dict[str, np.ndarray] = {}
 
         async def infer(key: str) -> None:
@@ -216,7 +197,7 @@ async def test_queued_jobs_stay_with_their_version_when_the_inputs_change(tmp_pa
     x = data()
     old = reference(folder, x)
     cpu = DeviceHandle.cpu(0)
-    async with serving(tmp_path, cpu, instances_per_device=1) as sched:
+    async with serving([cpu], tmp_path, instances_per_device=1) as sched:
         results: dict[str, np.ndarray] = {}
 
         async def infer(key: str, arr: np.ndarray) -> None:

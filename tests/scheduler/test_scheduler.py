@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import trio
 
+from tests.support.scheduler import serving
 from vkserve.devices.cpu.executor import Plan
 from vkserve.models.graph import load_model
 from vkserve.models.weights import write_random_bin
@@ -65,24 +65,6 @@ def x(seed: int = 0) -> np.ndarray:
 def reference(folder: Path, data: np.ndarray) -> np.ndarray:
     graph = load_model(folder / "model.param", folder / "model.bin")
     return Plan(graph).run({"data": data})["prob"]
-
-
-@asynccontextmanager
-async def serving(devices: list[DeviceHandle] | None, repo: Path,
-                  **config: Any) -> AsyncIterator[Scheduler]:
-    """A running scheduler (ready), drained and stopped on exit; devices resumed first."""
-    sched = Scheduler(devices, SchedulerConfig(**config), ModelRepository(repo))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sched.run)
-        with trio.fail_after(30):
-            await sched.wait_until(sched.ready)
-        try:
-            yield sched
-        finally:
-            for device in devices or []:
-                device.resume()
-            with trio.fail_after(10):
-                await sched.aclose(timeout=5)
 
 
 async def until(sched: Scheduler, predicate: Callable[[], bool], timeout: float = 5) -> None:
