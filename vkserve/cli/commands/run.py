@@ -24,7 +24,7 @@ from vkserve.devices.reference import random_inputs
 from vkserve.devices.vulkan.engine import DeviceNotFound, load_plan
 from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import Graph, load_model
+from vkserve.models.graph import Graph, load_model, read_param
 
 NAME = "run"
 HELP = "run a model on one device outside the daemon; print outputs, latency and arena size"
@@ -86,6 +86,12 @@ def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.n
     arrays = load_inputs(args.input)
     shapes = parse_shapes(args.shape)
     shapes.update({n: a.shape for n, a in arrays.items()})
+    open_inputs = [b for layer in read_param(files.param) if layer.type == "Input"
+                   and layer.params.declared_shape() is None for b in layer.outputs if b not in shapes]
+    if open_inputs:
+        name = open_inputs[0]
+        raise UsageError(f"input {name!r} declares no shape in {Path(files.param).name} (pnnx writes none): "
+                         f"give one with --shape {name}=3,224,224 or data with --input {name}=file.npy")
     graph = load_model(files.param, files.bin, shapes or None, seed=args.seed)
     unknown = sorted(set(arrays) - set(graph.input_names))
     if unknown:
