@@ -2,6 +2,8 @@
 
     python benchmarks/vulkan_vs_ncnn.py [--models DIR] [--repeat 20] [--device 0] [--json OUT]
 
+Models: DIR/*.param and DIR/pnnx/*.param (pnnx exports, run at --pnnx-shape).
+
 For each model: ncnn (the `ncnn` package) fp32 and fp16 (storage + arithmetic) load time and
 median latency;
 vkserve fp32 and fp16 cold load (empty pipeline-cache folder), warm load (the file the cold
@@ -77,16 +79,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
     ap.add_argument("--only", nargs="*", help="model names (default: all)")
+    ap.add_argument("--skip", nargs="*", default=[], help="model names to leave out")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pnnx-shape", type=lambda v: tuple(int(d) for d in v.split(",")), default=(3, 224, 224),
+                    help="input shape of models whose Input declares none (default 3,224,224)")
     args = ap.parse_args()
     import ncnn
 
     from vkserve.devices.discovery import discover_devices
     from vkserve.devices.reference import random_inputs
-    from vkserve.models.graph import load_model
-    from vkserve.models.weights import write_random_bin
+    from vkserve.models.graph import load_model, read_param
+    from vkserve.models.weights import write_bin
 
     ncnn.create_gpu_instance()
     caps = discover_devices()[args.device]
@@ -95,12 +100,17 @@ def main() -> int:
     print(json.dumps(header), flush=True)
     rows = []
     tmp = tempfile.mkdtemp(prefix="vkbench-")
-    for param in sorted(args.models.glob("*.param")):
-        if args.only and param.stem not in args.only:
+    for param in sorted(args.models.glob("*.param")) + sorted(args.models.glob("pnnx/*.param")):
+        if (args.only and param.stem not in args.only) or param.stem in args.skip:
             continue
+        # pnnx exports declare no input shape: the torchvision models' 3x224x224 (deeplab's
+        # export fixed its Interp sizes for 256x256)
+        size = (3, 256, 256) if param.stem == "deeplabv3_mbv3" else args.pnnx_shape
+        shapes = {b: size for layer in read_param(param) if layer.type == "Input"
+                  and layer.params.declared_shape() is None for b in layer.outputs}
+        graph = load_model(param, None, shapes or None, seed=0)
         bin_path = Path(tmp) / f"{param.stem}.bin"
-        write_random_bin(param, bin_path, seed=0)
-        graph = load_model(param, bin_path)
+        write_bin(graph.layers, bin_path)
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
         outputs = list(graph.output_names)
         row: dict = {"model": param.stem}

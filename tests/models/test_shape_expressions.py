@@ -129,3 +129,37 @@ def test_batch_reshape_to_a_larger_batch_is_refused(line: str) -> None:
     layers = parse_param_text(_text(line), "m.param")
     with pytest.raises(ModelFormatError, match=r"m.param line 4 \(layer 'bad' Reshape\).*batch of"):
         build_graph(layers, "m.param")
+
+
+@pytest.mark.parametrize("line,extra,shape", [
+    ('Interp i 1 1 data out 0=2 9="*(0w,2),*(0h,2)"', (), (3, 8, 10)),
+    ('Interp i 1 1 data out 0=1 9="+(0w,3)"', (), (3, 4, 8)),  # outw alone: outh = h
+    ('Interp i 2 1 data ref out 0=2 9="1w,*(0h,2)"', ("Input ref 0 1 ref 0=9 1=7 2=2",), (3, 8, 9)),
+    ('Crop c 1 1 data out 19="1,0" 20="-(0c,1),-1" 21="0,-1"', (), (1, 4, 4)),
+    ('Crop c 1 1 data out 19="1" 20="-233" 21="-2"', (), (3, 3, 5)),
+    ('Crop c 2 1 data ref out 19="0,1" 20="1h,+(1w,1)" 21="1,2"',
+     ("Input ref 0 1 ref 0=3 1=2",), (3, 2, 3)),
+])
+def test_interp_and_crop_expressions(line: str, extra: tuple[str, ...],
+                                     shape: tuple[int, ...]) -> None:
+    """Interp's size expression (param 9: outw[, outh]) and Crop's starts / ends / axes
+    expressions (params 19 / 20 / 21), over the first input (5 x 4 x 3) and a reference."""
+    layers = parse_param_text(_text(line, extra), "m.param")
+    assert build_graph(layers, "m.param").blob_shapes["out"] == shape
+
+
+@pytest.mark.parametrize("line,message", [
+    ('Interp bad 1 1 data out 0=1 9="0w,0h,0c"', "param 9: size expression '0w,0h,0c' gives 3"),
+    ('Interp bad 1 1 data out 0=1 9="+(0w)"', "param 9"),
+    ('Crop bad 1 1 data out 20="-1"', "params 19 / 20"),
+    ('Crop bad 1 1 data out 19="0" 20="bogus(0w)"', "param 20"),
+])
+def test_bad_interp_and_crop_expressions(line: str, message: str) -> None:
+    with pytest.raises(ModelFormatError) as info:
+        parse_param_text(_text(line), "m.param")
+    assert "m.param line 4" in str(info.value) and message in str(info.value), str(info.value)
+
+
+def test_interp_expression_reading_a_second_input_needs_it() -> None:
+    with pytest.raises(ModelFormatError, match=r"m.param line 4 .*2 input"):
+        parse_param_text(_text('Interp bad 1 1 data out 0=1 9="1w,1h"'), "m.param")

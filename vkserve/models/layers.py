@@ -577,15 +577,34 @@ class PoolingParams(LayerParams):
         t, b, l, r = self.pads(h, w)
         return w + l + r, h + t + b
 
+    @staticmethod
+    def image_view(shape: Shape) -> tuple[int, int, int]:
+        """(c, h, w) that ncnn pools: a 2-D blob is one channel, a 1-D blob one row."""
+        w, h, _, c = mat_whdc(shape)
+        return c, h, w
+
+    def adaptive_size(self, h: int, w: int) -> tuple[int, int]:
+        """(out_h, out_w) of adaptive pooling: out_h / out_w, -233 keeping the input's."""
+        return (h if self.out_h == UNSET else self.out_h), (w if self.out_w == UNSET else self.out_w)
+
+    @staticmethod
+    def adaptive_windows(size: int, out: int) -> list[tuple[int, int]]:
+        """[start, end) of each of ``out`` adaptive windows over ``size`` cells (ncnn's:
+        floor(size * i / out) to ceil(size * (i + 1) / out))."""
+        return [(size * i // out, -(-size * (i + 1) // out)) for i in range(out)]
+
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        """A 3-D blob pools to (c, outh, outw), as does a 2-D or 1-D one (of one channel);
+        global pooling gives (c,). ncnn reads a 4-D blob's first depth slice only: refused."""
         shape = input_shapes[0]
-        _need_dims(self.TYPE, shape, (3,))
-        c, h, w = shape
+        _need_dims(self.TYPE, shape, (1, 2, 3))
+        c, h, w = self.image_view(shape)
         if self.global_pooling:
             return [(c,)]
         if self.adaptive_pooling:
-            out_w = w if self.out_w == UNSET else self.out_w
-            out_h = h if self.out_h == UNSET else self.out_h
+            out_h, out_w = self.adaptive_size(h, w)
+            if (out_h, out_w) == (h, w):
+                return [tuple(shape)]  # ncnn passes the blob through
             return [_positive(self.TYPE, (c, out_h, out_w))]
         pw, ph = self.padded_size(w, h)
         if pw < self.kernel_w or ph < self.kernel_h:
@@ -765,7 +784,9 @@ class EltwiseParams(LayerParams):
 
 
 BINARY_OPS = {0: "add", 1: "sub", 2: "mul", 3: "div", 4: "max", 5: "min", 6: "pow",
-              7: "rsub", 8: "rdiv", 9: "rpow", 10: "atan2", 11: "ratan2"}
+              7: "rsub", 8: "rdiv", 9: "rpow", 10: "atan2", 11: "ratan2", 12: "fmod",
+              13: "rfmod", 14: "logaddexp", 15: "floor_divide", 16: "rfloor_divide",
+              17: "remainder", 18: "rremainder"}
 
 
 def binary_broadcast_shape(a: Shape, b: Shape) -> tuple[Shape, Shape, Shape]:
@@ -786,15 +807,24 @@ def binary_broadcast_shape(a: Shape, b: Shape) -> tuple[Shape, Shape, Shape]:
 
     a2, b2 = expand(a, b), expand(b, a)
     out = []
-    for m, n in zip(a2, b2):
+    for axis, (m, n) in enumerate(zip(a2, b2)):
         if m != n and m != 1 and n != 1:
-            raise ShapeError(f"BinaryOp cannot broadcast {a} with {b}")
+            # ncnn would read past the smaller operand (garbage), so this is refused
+            raise ShapeError(f"BinaryOp cannot broadcast {a} with {b}: lined up as ncnn does, "
+                             f"{a2} and {b2} differ at axis {axis} ({m} vs {n}) and neither is 1")
         out.append(max(m, n))
     return a2, b2, tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
 class BinaryOpParams(LayerParams):
+    """out = op(a, b) (``BINARY_OPS``; the r* ops swap the operands), b the second input
+    broadcast as ``binary_broadcast_shape`` or, with with_scalar, the float param 2. As ncnn's
+    x86 kernels: fmod x - trunc(x / y) * y, floor_divide floor(x / y), remainder
+    x - round_half_even(x / y) * y (the quotient rounded to float first), logaddexp
+    max + log1p(exp(min - max)). pow of a negative base is undefined (ncnn's x86 pow gives
+    garbage there)."""
+
     TYPE: ClassVar[str] = "BinaryOp"
     op_type: int = p_int(0)
     with_scalar: int = p_int(1)
@@ -1327,12 +1357,12 @@ class PermuteParams(LayerParams):
 @dataclasses.dataclass(frozen=True)
 class CropParams(LayerParams):
     """Offsets + sizes; offsets alone with a second input, whose shape gives the sizes; or
-    numpy-style starts/ends/axes. ``window`` resolves all three."""
+    numpy-style starts/ends/axes, given as arrays (params 9 / 10 / 11) or as ncnn shape
+    expressions (params 19 / 20 / 21, pnnx's ``19="1" 20="-(0w,1)" 21="0"``; inputs past the
+    first only lend their dims to them). ``window_of`` resolves all of them."""
 
     TYPE: ClassVar[str] = "Crop"
-    INPUTS: ClassVar[tuple[int, int | None]] = (1, 2)
-    UNSUPPORTED: ClassVar[dict[int, str]] = {
-        19: "starts expression", 20: "ends expression", 21: "axes expression"}
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
     woffset: int = p_int(0)
     hoffset: int = p_int(1)
     doffset: int = p_int(13)
@@ -1348,9 +1378,39 @@ class CropParams(LayerParams):
     starts: tuple[int, ...] = p_ints(9)
     ends: tuple[int, ...] = p_ints(10)
     axes: tuple[int, ...] = p_ints(11)
+    starts_expr: str = p_str(19)
+    ends_expr: str = p_str(20)
+    axes_expr: str = p_str(21)
+
+    def _expression_texts(self) -> tuple[tuple[int, str], ...]:
+        return ((19, self.starts_expr), (20, self.ends_expr), (21, self.axes_expr))
+
+    def validate(self) -> str | None:
+        for pid, text in self._expression_texts():
+            if text:
+                try:
+                    ShapeExpression(text)
+                except ExpressionError as e:
+                    return f"param {pid}: {e}"
+        if bool(self.starts_expr) != bool(self.ends_expr) or (
+                self.axes_expr and not self.starts_expr):
+            return "params 19 / 20 (starts / ends expressions): give both (axes, 21, optional)"
+        return None
 
     def numpy_style(self) -> bool:
-        return bool(self.starts) and bool(self.ends)
+        return (bool(self.starts) and bool(self.ends)) or bool(self.starts_expr)
+
+    def slices(self, input_shapes: list[Shape]) -> tuple[tuple[int, ...], ...]:
+        """(starts, ends, axes) of the numpy style: the arrays, or the expressions evaluated
+        for ``input_shapes``."""
+        if not self.starts_expr:
+            return self.starts, self.ends, self.axes
+        blobs = [mat_whdc(s) for s in input_shapes]
+        try:
+            return tuple(tuple(ShapeExpression(text).evaluate(blobs)) if text else ()
+                         for _, text in self._expression_texts())
+        except ExpressionError as e:
+            raise ShapeError(str(e)) from None
 
     def uses_reference(self) -> bool:
         """True when the output size comes from a second (reference) input."""
@@ -1359,9 +1419,19 @@ class CropParams(LayerParams):
         return not self.numpy_style() and not any(sizes)
 
     def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
-        return ((2, 2) if self.uses_reference() else (1, 1)), (1, 1)
+        if self.uses_reference():
+            return (2, 2), (1, 1)
+        count = max([1] + [ShapeExpression(text).blob_count
+                           for _, text in self._expression_texts() if text])
+        return (count, count), (1, 1)
 
-    def window(self, shape: Shape, reference: Shape | None = None) -> tuple[Shape, Shape]:
+    def window_of(self, input_shapes: list[Shape]) -> tuple[Shape, Shape]:
+        """``window`` for the layer's inputs (the reference blob or the expressions' inputs)."""
+        reference = input_shapes[1] if self.uses_reference() else None
+        return self.window(input_shapes[0], reference, input_shapes)
+
+    def window(self, shape: Shape, reference: Shape | None = None,
+               input_shapes: list[Shape] | None = None) -> tuple[Shape, Shape]:
         """(offsets, sizes) in numpy axis order of the crop of an input of ``shape``, as ncnn's
         Crop resolves it (checked against the ncnn package); ShapeError where ncnn's result is
         empty or undefined:
@@ -1372,19 +1442,20 @@ class CropParams(LayerParams):
           offsets; woffset -233 makes ncnn read the window from the reference's data
           (data-dependent), any other offset -233 reads outside the input;
         - numpy style: start / end per axis of ``axes`` (every axis when empty), -233 = open,
-          negative = from the end, end 0 = the end.
+          negative = from the end, end 0 = the end; expressions read ``input_shapes``.
         """
         dims = len(shape)
         if self.numpy_style():
+            starts, ends, axes = self.slices(input_shapes or [shape])
             offsets, sizes = [0] * dims, list(shape)
-            axes = self.axes or tuple(range(dims))
-            if len(self.starts) < len(axes) or len(self.ends) < len(axes):
-                raise ShapeError(f"{len(axes)} axes but {len(self.starts)} starts, {len(self.ends)} ends")
+            axes = axes or tuple(range(dims))
+            if len(starts) < len(axes) or len(ends) < len(axes):
+                raise ShapeError(f"{len(axes)} axes but {len(starts)} starts, {len(ends)} ends")
             for i, axis in enumerate(axes):
                 axis = positive_axis(axis, dims)
                 n = shape[axis]
-                start = 0 if self.starts[i] == UNSET else self.starts[i]
-                end = n if self.ends[i] == UNSET else self.ends[i]
+                start = 0 if starts[i] == UNSET else starts[i]
+                end = n if ends[i] == UNSET else ends[i]
                 offsets[axis] = start if start >= 0 else n + start
                 sizes[axis] = min(n, end if end > 0 else n + end) - offsets[axis]
         elif reference is not None:
@@ -1412,17 +1483,22 @@ class CropParams(LayerParams):
         return {1: [w], 2: [h, w], 3: [c, h, w], 4: [c, d, h, w]}[dims]
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
-        reference = input_shapes[1] if self.uses_reference() else None
-        return [self.window(input_shapes[0], reference)[1]]
+        return [self.window_of(input_shapes)[1]]
 
 
 @dataclasses.dataclass(frozen=True)
 class InterpParams(LayerParams):
     """resize_type 1 nearest, 2 bilinear, 3 bicubic; output size from output_width/height,
-    else int(w * width_scale) (float32 product), or from a second input (dynamic_target_size)."""
+    else int(w * width_scale) (float32 product), or from a second input (dynamic_target_size),
+    or from ``size_expr`` (param 9, pnnx's ``9="*(0w,2),*(0h,2)"``: an ncnn shape expression
+    giving (outw) or (outw, outh); inputs past the first only lend their dims to it).
+
+    A 3-D blob (c, h, w) resizes to (c, outh, outw); a 2-D blob (h, w) only along w, to
+    (h, outw); a 1-D blob (w,) becomes (w, outh, outw), each element filling its channel (ncnn
+    reads the sizes of a 1-D blob as w = h = 1)."""
 
     TYPE: ClassVar[str] = "Interp"
-    UNSUPPORTED: ClassVar[dict[int, str]] = {9: "size expression"}
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
     resize_type: int = p_int(0)
     height_scale: float = p_float(1, 1.0)
     width_scale: float = p_float(2, 1.0)
@@ -1430,17 +1506,40 @@ class InterpParams(LayerParams):
     output_width: int = p_int(4)
     dynamic_target_size: int = p_int(5)
     align_corner: int = p_int(6)
+    size_expr: str = p_str(9)
+
+    def expression(self) -> ShapeExpression | None:
+        return ShapeExpression(self.size_expr) if self.size_expr else None
 
     def validate(self) -> str | None:
         if self.resize_type not in (1, 2, 3):
             return f"param 0 (resize_type): expected 1, 2 or 3, got {self.resize_type}"
+        if self.size_expr:
+            try:
+                expr = ShapeExpression(self.size_expr)
+            except ExpressionError as e:
+                return f"param 9: {e}"
+            if len(expr) not in (1, 2):
+                return (f"param 9: size expression {self.size_expr!r} gives {len(expr)} values, "
+                        "not 1 (outw) or 2 (outw, outh)")
         return None
 
     def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
-        return ((2, 2) if self.dynamic_target_size else (1, 1)), (1, 1)
+        expr = self.expression()
+        count = max(2 if self.dynamic_target_size else 1, expr.blob_count if expr else 1)
+        return (count, count), (1, 1)
 
-    def output_size(self, shape: Shape, reference: Shape | None = None) -> tuple[int, int]:
-        """(outh, outw) for an input of ``shape``."""
+    def output_size(self, shape: Shape, reference: Shape | None = None,
+                    input_shapes: list[Shape] | None = None) -> tuple[int, int]:
+        """(outh, outw) for an input of ``shape``; ``input_shapes`` (all the layer's inputs)
+        feed the size expression."""
+        expr = self.expression()
+        if expr is not None:
+            try:
+                values = expr.evaluate([mat_whdc(s) for s in (input_shapes or [shape])])
+            except ExpressionError as e:
+                raise ShapeError(str(e)) from None
+            return (values[1] if len(values) > 1 else mat_whdc(shape)[1]), values[0]
         if reference is not None:
             ref_w, ref_h, _, _ = mat_whdc(reference)
             return ref_h, ref_w
@@ -1460,13 +1559,14 @@ class InterpParams(LayerParams):
     def source_steps(self, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[float, float]:
         """(h, w) step in input pixels per output pixel, as ncnn resizes: with align_corner
         (bilinear, bicubic) (in - 1) / (out - 1), 0 for one output pixel; where the output
-        size was given (a reference, or output_height; for bilinear and bicubic also
-        output_width) in / out; else 1 / scale (so 9 columns halved to 4 step by 2, not 2.25)."""
+        size was given (a reference, a size expression or output_height; for bilinear and
+        bicubic also output_width) in / out; else 1 / scale (so 9 columns halved to 4 step by
+        2, not 2.25)."""
         (h, w), (outh, outw) = in_hw, out_hw
         if self.resize_type != 1 and self.align_corner:
             return ((h - 1) / (outh - 1) if outh > 1 else 0.0,
                     (w - 1) / (outw - 1) if outw > 1 else 0.0)
-        if self.dynamic_target_size or self.output_height or (
+        if self.dynamic_target_size or self.size_expr or self.output_height or (
                 self.resize_type != 1 and self.output_width):
             return h / outh, w / outw
         return 1.0 / float(np.float32(self.height_scale)), 1.0 / float(np.float32(self.width_scale))
@@ -1475,7 +1575,7 @@ class InterpParams(LayerParams):
         shape = input_shapes[0]
         _need_dims(self.TYPE, shape, (1, 2, 3))
         reference = input_shapes[1] if self.dynamic_target_size else None
-        outh, outw = self.output_size(shape, reference)
+        outh, outw = self.output_size(shape, reference, input_shapes)
         if len(shape) == 1:
             out: Shape = (shape[0], outh, outw)
         elif len(shape) == 2:
@@ -1522,7 +1622,11 @@ class PaddingParams(LayerParams):
 
     def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
         shape = input_shapes[0]
-        return [tuple(n + a + b for n, (a, b) in zip(shape, self.pads(len(shape))))]
+        out = tuple(n + a + b for n, (a, b) in zip(shape, self.pads(len(shape))))
+        if 0 < self.per_channel_pad_data_size < out[0] and len(shape) >= 3:
+            raise ShapeError(f"param 6 (per_channel_pad_data_size): {self.per_channel_pad_data_size} "
+                             f"values for {out[0]} output channels")
+        return [out]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2139,6 +2243,447 @@ class TileParams(LayerParams):
         return [tuple(n * r for n, r in zip(padded, reps))]
 
 
+@dataclasses.dataclass(frozen=True)
+class MultiHeadAttentionParams(LayerParams):
+    """torch.nn.MultiheadAttention on 2-D blobs (a 1-D one is one row; ncnn misreads 3-D
+    ones, they are refused). Inputs: q (src, qdim) alone (k = v = q),
+    q + kv (k = v), or q, k, v ((seq, kdim), (seq, vdim), one seq); with attn_mask one more
+    input, last: (src, seq), added to every head's scores, or (num_heads, src, seq), one per
+    head. Each projection is x @ W^T + b with W stored (embed_dim, in dim) (the out projection
+    (qdim, embed_dim)); q's projection is multiplied by ``scale`` (default 1 / sqrt(embed_dim /
+    num_heads), integer division as ncnn). Per head: softmax(q_h k_h^T + mask) v_h; the heads
+    are concatenated and projected back to (src, qdim), qdim = weight_data_size / embed_dim.
+    kv_cache (past keys / values as extra inputs and outputs) and quantized weights are
+    refused."""
+
+    TYPE: ClassVar[str] = "MultiHeadAttention"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 3)
+    embed_dim: int = p_int(0)
+    num_heads: int = p_int(1, 1)
+    weight_data_size: int = p_int(2)
+    kdim: int = p_int(3, fallback="embed_dim")
+    vdim: int = p_int(4, fallback="embed_dim")
+    attn_mask: int = p_int(5)
+    scale: float | None = p_float(6, None)  # type: ignore[arg-type]
+    kv_cache: int = p_int(7)
+    quantize_term: int = p_int(18)
+
+    def validate(self) -> str | None:
+        if self.embed_dim <= 0:
+            return f"param 0 (embed_dim): must be positive, got {self.embed_dim}"
+        if self.num_heads <= 0 or self.embed_dim % self.num_heads:
+            return (f"param 1 (num_heads): {self.num_heads} does not divide embed_dim "
+                    f"{self.embed_dim}")
+        if self.weight_data_size <= 0 or self.weight_data_size % self.embed_dim:
+            return (f"param 2 (weight_data_size): {self.weight_data_size} is not a positive "
+                    f"multiple of embed_dim {self.embed_dim}")
+        for pid, name in ((3, "kdim"), (4, "vdim")):
+            if getattr(self, name) <= 0:
+                return f"param {pid} ({name}): must be positive, got {getattr(self, name)}"
+        if self.kv_cache:
+            return "param 7 (kv_cache): attention with a key / value cache is not supported"
+        if self.quantize_term:
+            return "param 18 (quantize_term): quantized attention weights are not supported"
+        return None
+
+    def arity(self) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        extra = 1 if self.attn_mask else 0
+        return (1 + extra, 3 + extra), self.OUTPUTS
+
+    def qdim(self) -> int:
+        return self.weight_data_size // self.embed_dim
+
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    def qk_scale(self) -> float:
+        """The factor of q's projection: param 6, or ncnn's default (in float32)."""
+        if self.scale is not None:
+            return self.scale
+        return float(np.float32(1.0) / np.sqrt(np.float32(self.head_dim())))
+
+    def weight_specs(self) -> list[WeightSpec]:
+        e = self.embed_dim
+        return [WeightSpec("q_weight_data", e * self.qdim(), True),
+                WeightSpec("q_bias_data", e, False),
+                WeightSpec("k_weight_data", e * self.kdim, True),
+                WeightSpec("k_bias_data", e, False),
+                WeightSpec("v_weight_data", e * self.vdim, True),
+                WeightSpec("v_bias_data", e, False),
+                WeightSpec("out_weight_data", self.qdim() * e, True),
+                WeightSpec("out_bias_data", self.qdim(), False)]
+
+    def roles(self, count: int) -> tuple[int, int, int, int | None]:
+        """Input indices of q, k, v and the mask (None without attn_mask) for ``count`` inputs."""
+        mask = count - 1 if self.attn_mask else None
+        data = count - 1 if self.attn_mask else count
+        return 0, min(1, data - 1), data - 1, mask
+
+    def dims(self, input_shapes: list[Shape]) -> tuple[int, int, int]:
+        """(src, dst, mask heads) of these inputs: query rows, key / value rows, and the mask's
+        channel count (num_heads for a per-head mask, 1 for a shared one, 0 without a mask);
+        ShapeError when a shape does not fit the params."""
+        qi, ki, vi, mi = self.roles(len(input_shapes))
+        q, k, v = (tuple(input_shapes[i]) for i in (qi, ki, vi))
+        for name, shape, width in (("q", q, self.qdim()), ("k", k, self.kdim), ("v", v, self.vdim)):
+            if len(shape) not in (1, 2) or shape[-1] != width:
+                raise ShapeError(f"MultiHeadAttention {name} {shape}: expected (seq, {width}) "
+                                 f"or ({width},)")
+        q, k, v = ((1, *s) if len(s) == 1 else s for s in (q, k, v))  # a 1-D blob is one row
+        if k[0] != v[0]:
+            raise ShapeError(f"MultiHeadAttention: k {k} and v {v} differ in length")
+        src, dst = q[0], k[0]
+        if mi is None:
+            return src, dst, 0
+        mask = tuple(input_shapes[mi])
+        if mask == (src, dst):
+            return src, dst, 1
+        if mask == (self.num_heads, src, dst):
+            return src, dst, self.num_heads
+        raise ShapeError(f"MultiHeadAttention attn_mask {mask}: expected ({src}, {dst}) or "
+                         f"({self.num_heads}, {src}, {dst})")
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        src, _dst, _heads = self.dims(input_shapes)
+        return [(src, self.qdim())]
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorBoxParams(LayerParams):
+    """SSD anchor boxes of a feature map (input 0; input 1, when present, is the image whose
+    w/h stand in for image_width/height = -233). Two forms, chosen as ncnn chooses: mxnet's
+    MultiBoxPrior (one input, image sizes both -233, no max_sizes) gives a 1-D output of
+    boxes; the caffe form gives (2, n) rows of boxes and their variances. The values are
+    ``vkserve.models.detection.prior_boxes``."""
+
+    TYPE: ClassVar[str] = "PriorBox"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, 2)
+    min_sizes: tuple[float, ...] = p_floats(0)
+    max_sizes: tuple[float, ...] = p_floats(1)
+    aspect_ratios: tuple[float, ...] = p_floats(2)
+    variance0: float = p_float(3, 0.1)
+    variance1: float = p_float(4, 0.1)
+    variance2: float = p_float(5, 0.2)
+    variance3: float = p_float(6, 0.2)
+    flip: int = p_int(7, 1)
+    clip: int = p_int(8, 0)
+    image_width: int = p_int(9, 0)
+    image_height: int = p_int(10, 0)
+    step_width: float = p_float(11, float(UNSET))
+    step_height: float = p_float(12, float(UNSET))
+    offset: float = p_float(13, 0.0)
+    step_mmdetection: int = p_int(14, 0)
+    center_mmdetection: int = p_int(15, 0)
+
+    def validate(self) -> str | None:
+        if not self.min_sizes:
+            return "param 0 (min_sizes) must not be empty"
+        if self.max_sizes and len(self.max_sizes) != len(self.min_sizes):
+            return (f"param 1 (max_sizes): {len(self.max_sizes)} entries, expected none or one "
+                    f"per min_size ({len(self.min_sizes)})")
+        return None
+
+    def mxnet_style(self, num_inputs: int) -> bool:
+        return (num_inputs == 1 and self.image_width == UNSET and self.image_height == UNSET
+                and not self.max_sizes)
+
+    def priors_per_cell(self, mxnet: bool) -> int:
+        n_min, n_ar = len(self.min_sizes), len(self.aspect_ratios)
+        if mxnet:
+            return n_min - 1 + n_ar
+        return n_min * (1 + n_ar * (2 if self.flip else 1)) + len(self.max_sizes)
+
+    def image_size(self, input_shapes: list[Shape]) -> tuple[int, int]:
+        """(image_w, image_h) of the caffe form: the params, or input 1's w/h where -233."""
+        sizes = []
+        for pid, name, value, axis in ((9, "image_width", self.image_width, 0),
+                                       (10, "image_height", self.image_height, 1)):
+            if value == UNSET:
+                if len(input_shapes) < 2:
+                    raise ShapeError(f"param {pid} ({name}) is -233: needs the image as input 1")
+                value = mat_whdc(input_shapes[1])[axis]
+            if value == 0:
+                raise ShapeError(f"param {pid} ({name}) is 0 (boxes are divided by it)")
+            sizes.append(value)
+        return sizes[0], sizes[1]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        w, h, _, _ = mat_whdc(input_shapes[0])
+        mxnet = self.mxnet_style(len(input_shapes))
+        if mxnet:
+            if not self.aspect_ratios:
+                raise ShapeError("param 2 (aspect_ratios): the mxnet form needs at least one")
+            return [(4 * w * h * self.priors_per_cell(True),)]
+        self.image_size(input_shapes)
+        return [(2, 4 * w * h * self.priors_per_cell(False))]
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionOutputParams(LayerParams):
+    """SSD post-processing of (location, confidence, priorbox): decode, per-class sort and NMS,
+    global sort; rows of (label, score, xmin, ymin, xmax, ymax), data-dependent in number
+    (``infer_shapes`` gives the upper bound). ``num_class = -233`` is mxnet's MultiBoxDetection
+    layout. ncnn reads only the first three inputs; later ones are accepted and ignored.
+    Computed by ``vkserve.models.detection.ssd_detect``. With no detection ncnn leaves its
+    output an empty Mat; here it is (0, 6)."""
+
+    TYPE: ClassVar[str] = "DetectionOutput"
+    INPUTS: ClassVar[tuple[int, int | None]] = (3, 5)
+    num_class: int = p_int(0, 0)
+    nms_threshold: float = p_float(1, 0.05)
+    nms_top_k: int = p_int(2, 300)
+    keep_top_k: int = p_int(3, 100)
+    confidence_threshold: float = p_float(4, 0.5)
+    variance0: float = p_float(5, 0.1)
+    variance1: float = p_float(6, 0.1)
+    variance2: float = p_float(7, 0.2)
+    variance3: float = p_float(8, 0.2)
+
+    @property
+    def mxnet_style(self) -> bool:
+        return self.num_class == UNSET
+
+    def validate(self) -> str | None:
+        if self.num_class <= 0 and not self.mxnet_style:
+            return f"param 0 (num_class): expected a positive count or -233, got {self.num_class}"
+        if self.nms_top_k < 0:
+            return f"param 2 (nms_top_k): expected >= 0, got {self.nms_top_k}"
+        if self.keep_top_k < 0:
+            return f"param 3 (keep_top_k): expected >= 0, got {self.keep_top_k}"
+        return None
+
+    def layout(self, input_shapes: list[Shape]) -> tuple[int, int]:
+        """(num_prior, num_class) for these inputs; ShapeError when they do not fit."""
+        loc, conf, prior = input_shapes[:3]
+        for name, shape in (("location", loc), ("confidence", conf), ("priorbox", prior)):
+            if len(shape) not in (1, 2):
+                raise ShapeError(f"{self.TYPE}: {name} must be 1-D or 2-D, got {shape}")
+        if self.mxnet_style:
+            if len(prior) != 2 or prior[1] != 4 or len(conf) != 2:
+                raise ShapeError(f"{self.TYPE} (mxnet form, num_class -233): expects priorbox "
+                                 f"(num_prior, 4) and confidence (num_class, num_prior), got "
+                                 f"{prior} and {conf}")
+            num_prior, num_class = prior[0], conf[0]
+        else:
+            if len(prior) != 2 or prior[0] < 2:
+                raise ShapeError(f"{self.TYPE}: priorbox must be 2-D with rows of boxes and "
+                                 f"variances, got {prior}")
+            num_prior, num_class = prior[1] // 4, self.num_class
+        if volume(loc) != 4 * num_prior or volume(conf) != num_prior * num_class:
+            raise ShapeError(f"{self.TYPE}: {num_prior} priors and {num_class} classes need "
+                             f"{4 * num_prior} locations and {num_prior * num_class} "
+                             f"confidences, got {loc} and {conf}")
+        return num_prior, num_class
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        num_prior, num_class = self.layout(input_shapes)
+        per_class = min(self.nms_top_k, num_prior)
+        return [(min(self.keep_top_k, max(num_class - 1, 0) * per_class), 6)]
+
+
+@dataclasses.dataclass(frozen=True)
+class YoloDetectionOutputParams(LayerParams):
+    """YOLOv2 region output: decode every (c, h, w) input (num_box boxes of 5 + num_class
+    channels; softmax over the classes), sort, class-agnostic NMS; rows of (label + 1,
+    score, xmin, ymin, xmax, ymax), data-dependent in number (``infer_shapes`` gives the
+    upper bound). Computed by ``vkserve.models.detection.yolo_v2_detect``. With no detection
+    ncnn (an in-place layer) hands on input 0 with the softmax applied to its class channels;
+    here the output is (0, 6) rows, as with any other count."""
+
+    TYPE: ClassVar[str] = "YoloDetectionOutput"
+    INPUTS: ClassVar[tuple[int, int | None]] = (1, None)
+    num_class: int = p_int(0, 20)
+    num_box: int = p_int(1, 5)
+    confidence_threshold: float = p_float(2, 0.01)
+    nms_threshold: float = p_float(3, 0.45)
+    biases: tuple[float, ...] = p_floats(4)
+
+    def validate(self) -> str | None:
+        if self.num_class <= 0 or self.num_box <= 0:
+            return "param 0 (num_class) and param 1 (num_box) must be positive"
+        if len(self.biases) < 2 * self.num_box:
+            return (f"param 4 (biases): {len(self.biases)} values, needs a (w, h) pair for each "
+                    f"of the {self.num_box} boxes")
+        return None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        candidates = 0
+        for shape in input_shapes:
+            _need_dims(self.TYPE, shape, (3,))
+            c, h, w = shape
+            if c // self.num_box != 5 + self.num_class:
+                raise ShapeError(f"input {shape}: expected {self.num_box} x (5 + "
+                                 f"{self.num_class}) channels")
+            candidates += self.num_box * h * w
+        return [(candidates, 6)]
+
+
+UNARY_OPS = {0: "abs", 1: "neg", 2: "floor", 3: "ceil", 4: "square", 5: "sqrt", 6: "rsqrt",
+             7: "exp", 8: "log", 9: "sin", 10: "cos", 11: "tan", 12: "asin", 13: "acos",
+             14: "atan", 15: "reciprocal", 16: "tanh", 17: "log10", 18: "round", 19: "trunc",
+             20: "sign", 21: "expm1", 22: "sinh", 23: "asinh", 24: "cosh", 25: "acosh",
+             26: "atanh", 27: "log1p"}
+
+
+@dataclasses.dataclass(frozen=True)
+class UnaryOpParams(_SameShape):
+    """y = op(x) elementwise (``UNARY_OPS``). round is half to even; sign(0) is 0. Outside an
+    op's domain (sqrt / log of negatives, asin of |x| > 1 ...) ncnn's x86 kernels give NaN or
+    approximation artefacts (acosh(x < 1) is -87.34): undefined here."""
+
+    TYPE: ClassVar[str] = "UnaryOp"
+    op_type: int = p_int(0)
+
+    def validate(self) -> str | None:
+        if self.op_type not in UNARY_OPS:
+            return f"param 0 (op_type): unknown unary op {self.op_type} (ncnn has 0..27)"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgMaxParams(LayerParams):
+    """The ``topk`` largest values of the whole input (read flat), largest first, a tie going
+    to the larger index (ncnn's partial sort of (value, index) pairs): a (1, topk) blob of the
+    indices (as floats), or with out_max_val (2, topk): the values, then the indices. ncnn
+    reads a 3-D / 4-D blob with its channel padding (garbage, and counted in the indices, when
+    a channel is not a multiple of 4 floats); here the blob is read dense."""
+
+    TYPE: ClassVar[str] = "ArgMax"
+    out_max_val: int = p_int(0)
+    topk: int = p_int(1, 1)
+
+    def validate(self) -> str | None:
+        return f"param 1 (topk): must be positive, got {self.topk}" if self.topk <= 0 else None
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        total = volume(input_shapes[0])
+        if self.topk > total:
+            raise ShapeError(f"ArgMax topk {self.topk} exceeds the input's {total} elements")
+        return [(2 if self.out_max_val else 1, self.topk)]
+
+
+# Cast element types (ncnn: 0 auto, 1 float32, 2 float16, 3 int8, 4 bfloat16)
+CAST_TYPES = {1: "float32", 2: "float16", 3: "int8", 4: "bfloat16"}
+# (type_from, type_to) pairs ncnn converts; it leaves the output unwritten for any other pair
+_CAST_PAIRS = {(1, 2), (2, 1), (3, 1), (1, 4), (4, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CastParams(_SameShape):
+    """Element type conversion. The engines hold every blob as float values, so a Cast is the
+    value rounding it causes: to float16 RNE (overflow to inf), to bfloat16 RNE; from
+    float16 / bfloat16 / int8 to float32 the value is kept. type_from == type_to passes the
+    blob through. ncnn converts no other pair (its output is left unwritten): refused."""
+
+    TYPE: ClassVar[str] = "Cast"
+    type_from: int = p_int(0)
+    type_to: int = p_int(1)
+
+    def validate(self) -> str | None:
+        if self.type_from == self.type_to or (self.type_from, self.type_to) in _CAST_PAIRS:
+            return None
+        names = [CAST_TYPES.get(t, "auto" if t == 0 else f"unknown type {t}")
+                 for t in (self.type_from, self.type_to)]
+        return (f"params 0 / 1 (type_from / type_to): ncnn does not cast {names[0]} to "
+                f"{names[1]}")
+
+    def rounding(self) -> str | None:
+        """'float16' / 'bfloat16' when the cast rounds values to that type, else None."""
+        if self.type_from == self.type_to:
+            return None
+        return {2: "float16", 4: "bfloat16"}.get(self.type_to)
+
+
+def stat_channels(shape: Shape) -> int:
+    """Channels MVN and Normalize keep statistics for: axis 0 of a 3-D / 4-D blob; a 1-D or
+    2-D blob is one channel."""
+    return shape[0] if len(shape) >= 3 else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeParams(_SameShape):
+    """L2 normalisation: a = 1 / norm of the sum of squares ssum over each channel
+    (across_spatial only), each spatial position's channel vector (across_channel only) or
+    the whole blob (both); eps_mode 0 sqrt(ssum + eps), 1 max(sqrt(ssum), eps), 2
+    sqrt(max(ssum, eps)); y = x * a * scale (scale_data[0] with channel_shared, else one per
+    channel). Neither across_*: y = x."""
+
+    TYPE: ClassVar[str] = "Normalize"
+    across_spatial: int = p_int(0)
+    channel_shared: int = p_int(1)
+    eps: float = p_float(2, 0.0001)
+    scale_data_size: int = p_int(3)
+    across_channel: int = p_int(4, 1)
+    eps_mode: int = p_int(9)
+
+    def validate(self) -> str | None:
+        if self.eps_mode not in (0, 1, 2):
+            return f"param 9 (eps_mode): expected 0, 1 or 2, got {self.eps_mode}"
+        if self.scale_data_size <= 0:
+            return f"param 3 (scale_data_size): must be positive, got {self.scale_data_size}"
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        return [WeightSpec("scale_data", self.scale_data_size, False)]
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        need = 1 if self.channel_shared else stat_channels(shape)
+        if self.scale_data_size < need:
+            raise ShapeError(f"Normalize: scale_data_size {self.scale_data_size} < {need} "
+                             f"channels of the input {shape}")
+        return [shape]
+
+
+@dataclasses.dataclass(frozen=True)
+class MVNParams(LayerParams):
+    """y = x - mean, then with normalize_variance y / (sqrt(mean(y^2)) + eps); the statistics
+    per channel (``stat_channels``) or over the whole blob (across_channels). The output is
+    3-D for a 1-D / 2-D input ((1, 1, w) / (1, h, w)), as ncnn creates it."""
+
+    TYPE: ClassVar[str] = "MVN"
+    normalize_variance: int = p_int(0)
+    across_channels: int = p_int(1)
+    eps: float = p_float(2, 0.0001)
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        shape = tuple(input_shapes[0])
+        return [shape if len(shape) >= 3 else (1,) * (3 - len(shape)) + shape]
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedParams(LayerParams):
+    """out[i] = weight[index_i] (+ bias) for the first w input elements (w = the input's last
+    axis, ncnn's words): a (w, num_output) blob. ncnn reads each element's 32 bits as an int
+    token id; the engines hold floats, so here an element's value is the id (truncated toward
+    zero), clamped to [0, input_dim - 1] as ncnn clamps."""
+
+    TYPE: ClassVar[str] = "Embed"
+    UNSUPPORTED: ClassVar[dict[int, str]] = {18: "int8_scale_term (int8 quantized Embed)"}
+    num_output: int = p_int(0)
+    input_dim: int = p_int(1)
+    bias_term: int = p_int(2)
+    weight_data_size: int = p_int(3)
+
+    def validate(self) -> str | None:
+        if self.num_output <= 0 or self.input_dim <= 0:
+            return (f"params 0 / 1 (num_output / input_dim): must be positive, got "
+                    f"{self.num_output} / {self.input_dim}")
+        if self.weight_data_size != self.num_output * self.input_dim:
+            return (f"param 3 (weight_data_size): {self.weight_data_size} is not num_output "
+                    f"{self.num_output} x input_dim {self.input_dim}")
+        return None
+
+    def weight_specs(self) -> list[WeightSpec]:
+        specs = [WeightSpec("weight_data", self.weight_data_size, True)]
+        if self.bias_term:
+            specs.append(WeightSpec("bias_data", self.num_output, False))
+        return specs
+
+    def infer_shapes(self, input_shapes: list[Shape], num_outputs: int = 1) -> list[Shape]:
+        return [(input_shapes[0][-1], self.num_output)]
+
+
 LAYER_TYPES: dict[str, type[LayerParams]] = {
     cls.TYPE: cls
     for cls in (
@@ -2150,11 +2695,14 @@ LAYER_TYPES: dict[str, type[LayerParams]] = {
         ShuffleChannelParams, LRNParams, ReshapeParams, PermuteParams, CropParams, InterpParams,
         SqueezeParams, ExpandDimsParams, MemoryDataParams,
         PaddingParams, Yolov3DetectionOutputParams,
+        PriorBoxParams, DetectionOutputParams, YoloDetectionOutputParams,
         BatchNormParams, ScaleParams, BiasParams, LayerNormParams, RMSNormParams,
         GroupNormParams, InstanceNormParams,
         GemmParams, MatMulParams,
         TanHParams, AbsValParams, ELUParams, SELUParams, MishParams, SoftplusParams, GELUParams,
         ExpParams, LogParams, PowerParams, ErfParams, ThresholdParams, PReLUParams,
         ReductionParams, PixelShuffleParams, ReorgParams, GLUParams, TileParams,
+        UnaryOpParams, ArgMaxParams, CastParams, NormalizeParams, MVNParams, EmbedParams,
+        MultiHeadAttentionParams,
     )
 }

@@ -177,6 +177,17 @@ def random_weights(layers: Sequence[Layer], seed: int = 0) -> list[list[np.ndarr
             if p.has_constant_c():
                 weights.append(_uniform(rng, p.c_count(), BIAS_LIMIT))
             out = _UNIT
+        elif isinstance(p, L.MultiHeadAttentionParams):
+            # each projection scaled as a Linear's (unit-scale q / k keep the softmax soft);
+            # the mixed values are averages of unit-scale v rows
+            q, k, v, _mask = p.roles(len(ins))
+            fans = ((p.qdim(), ins[q].total), (p.kdim, ins[k].total), (p.vdim, ins[v].total),
+                    (p.embed_dim, 1.0))
+            for spec, (fan_in, m2) in zip(p.weight_specs()[::2], fans):
+                std = math.sqrt((1.0 - _BIAS_VAR) / (fan_in * m2))
+                weights += [_uniform(rng, spec.count, std * math.sqrt(3.0)),
+                            _uniform(rng, spec.count // fan_in, BIAS_LIMIT)]
+            out = _UNIT
         else:
             weights = [_uniform(rng, spec.count, 1.0) for spec in p.weight_specs()]
             if isinstance(p, L.BatchNormParams):

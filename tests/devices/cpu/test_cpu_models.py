@@ -43,7 +43,9 @@ def test_verify_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["ok"] is True
     assert out["device"] == "cpu" and out["precision"] == "bf16"
-    assert set(out["outputs"][0]) == {"name", "shape", "max_abs_err", "ref_max_abs", "cosine", "ok"}
+    assert out["reference"] == "ncnn cpu fp32" and out["reduced_reference"] == "ncnn cpu bf16"
+    assert set(out["outputs"][0]) == {"name", "shape", "max_abs_err", "ref_max_abs", "cosine", "ok",
+                                      "deviation", "ref_deviation", "ref_cosine", "bar"}
 
 
 def test_run_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

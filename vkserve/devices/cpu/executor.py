@@ -4,9 +4,12 @@ one bf16 arena.
 Storage is bf16 (uint16) and compute fp32: before a step runs, each of its inputs is widened
 from the arena into a reusable fp32 scratch buffer (``vkserve.devices.cpu.scratch.Scratch``; kernels that
 define ``forward_bf16`` instead read the bf16 arena views and widen what they need themselves,
-e.g. straight into a padded or im2col buffer); the kernel's fp32 results are narrowed (RNE)
-into the outputs' arena slots. After the first run nothing large is allocated per run. Because every input is read before any output is written, a blob last
-read by a step may share bytes with that step's outputs (see ``vkserve.devices.arena``).
+e.g. straight into a padded buffer); the kernel's fp32 results are narrowed (RNE) into the
+outputs' arena slots. Kernels that define ``forward_store`` (the numba convolutions) read the
+arena and store their bf16 results into it themselves, fused activations included. After the
+first run nothing large is allocated per run. Because every input is read before any output is
+written, a blob last read by a step may share bytes with that step's outputs (see
+``vkserve.devices.arena``), except for those self-storing kernels.
 Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
 Data-dependent outputs (detections) live outside the arena, in fp32.
 
@@ -44,12 +47,20 @@ FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoi
 FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp"})
 
 
+def _stores_itself(kernel: Kernel) -> bool:
+    """The kernel reads the bf16 arena and stores its bf16 results itself (``forward_store``)."""
+    return kernel.raw_inputs and hasattr(kernel, "forward_store")
+
+
 class StepKind(enum.Enum):
     """How ``Plan.run`` feeds a step."""
 
     ALIAS = "alias"  # outputs are an input's bytes: nothing runs (data-dependent blobs pass on)
     BF16_NATIVE = "bf16-native"  # bf16 arena views in, uint16 results copied out
     RAW_INPUTS = "raw-inputs"  # bf16 arena views in (``forward_bf16``), fp32 out
+    #: bf16 arena views in and out: the kernel stores its results (RNE) itself, fused
+    #: activations included (``forward_store(inputs, output views, post)``)
+    STORE = "store"
     WIDENED = "widened"  # inputs widened to fp32 scratch, fp32 out
 
 
@@ -185,10 +196,13 @@ class Plan:
         storages: list[_Storage] = []
         end_of_run = len(self._steps)
         for step_index, step in enumerate(self._steps):
+            # a kernel that stores its own outputs writes them while still reading its inputs:
+            # those stay live through the step, so they never share bytes with its outputs
+            last = step_index + 1 if _stores_itself(step.kernel) else step_index
             for blob in step.inputs:
                 sid = self._storage_of.get(blob)
                 if sid is not None:
-                    storages[sid].end = max(storages[sid].end, step_index)
+                    storages[sid].end = max(storages[sid].end, last)
             for i, blob in enumerate(step.outputs):
                 if blob in self._dynamic:
                     continue
@@ -251,6 +265,10 @@ class Plan:
                     np.may_share_memory(o, x) for o, _ in outs for x in ins
                 ):
                     self._copy_inputs.add(len(self._program))
+            elif _stores_itself(k) and not any(
+                b in self._dynamic for b in step.inputs + step.outputs
+            ):
+                kind = StepKind.STORE
             elif k.raw_inputs:
                 kind = StepKind.RAW_INPUTS
             else:
@@ -291,6 +309,9 @@ class Plan:
                     ys = kernel.forward(ins)
                     for (view, _), y in zip(outs, ys):
                         np.copyto(view, y)
+                    continue
+                if kind is StepKind.STORE:
+                    kernel.forward_store(ins, [view for view, _ in outs], post)
                     continue
                 if kind is StepKind.RAW_INPUTS:
                     ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])

@@ -1,5 +1,6 @@
 """`vkserve verify` on the CPU engine: its outputs against the ncnn package (CPU, fp32) on the
-same input and weights, under the bf16 tolerance (vkserve.devices.reference)."""
+same input and weights, under the bf16 tolerance, which `vkserve verify` judges against ncnn's
+own bf16 storage path (vkserve.devices.reference)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ def verify_cpu(
     bin_path: str | os.PathLike[str] | None,
     inputs: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
+    *,
+    reduced: bool = False,
 ) -> VerifyReport:
     """Run ``graph`` on the CPU engine and through ncnn (seeded inputs when ``inputs`` is None;
-    ``bin_path`` None: the graph's own weights)."""
+    ``bin_path`` None: the graph's own weights); ``reduced``: judge against ncnn's bf16 run
+    too (`verify_outputs`)."""
     if inputs is None:
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names}, seed)
     feed = inputs
@@ -30,4 +34,4 @@ def verify_cpu(
         plan = Plan(graph, {n: a.shape for n, a in feed.items()}, outputs=names)
         return plan.run(feed), "cpu", "bf16"
 
-    return verify_outputs(graph, param_path, bin_path, inputs, "bf16", run)
+    return verify_outputs(graph, param_path, bin_path, inputs, "bf16", run, reduced=reduced)

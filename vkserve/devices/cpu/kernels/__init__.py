@@ -2,6 +2,7 @@
 
 from vkserve.devices.cpu.kernels import (
     activation,
+    attention,  # noqa: F401  (registers MultiHeadAttention)
     conv,
     deconv,
     detection,
@@ -11,6 +12,7 @@ from vkserve.devices.cpu.kernels import (
     pooling,
     reduction,  # noqa: F401  (registers Reduction, PixelShuffle, Reorg, Tile, GLU)
     shape,
+    vector_ops,  # noqa: F401  (registers ArgMax, Cast, Normalize, MVN, Embed)
 )
 from vkserve.devices.cpu.kernels.base import REGISTRY, Kernel
 

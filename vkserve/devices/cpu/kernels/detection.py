@@ -1,6 +1,8 @@
-"""Yolov3DetectionOutput: the layer's own definition (``vkserve.models.detection``), in fp32.
+"""The detection layers: their own definitions (``vkserve.models.detection``), in fp32.
 
-The row count depends on the data, so the result lives outside the arena and stays fp32.
+Detection outputs (Yolov3DetectionOutput, YoloDetectionOutput, DetectionOutput) have a row
+count that depends on the data, so their results live outside the arena and stay fp32.
+PriorBox depends on the input shapes only: computed once, stored like any other blob.
 """
 
 from __future__ import annotations
@@ -23,3 +25,38 @@ class Yolov3DetectionOutput(Kernel):
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [detection.detect(self.p, self.heads, xs)]
+
+
+@register("YoloDetectionOutput")
+class YoloDetectionOutput(Kernel):
+    dynamic = True
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        super().infer(in_shapes)
+        return [(0, 6)]  # data-dependent rows: not planned
+
+    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        return [detection.yolo_v2_detect(self.p, xs)]
+
+
+@register("DetectionOutput")
+class DetectionOutput(Kernel):
+    dynamic = True
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        super().infer(in_shapes)
+        return [(0, 6)]  # data-dependent rows: not planned
+
+    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        return [detection.ssd_detect(self.p, xs)]
+
+
+@register("PriorBox")
+class PriorBox(Kernel):
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        self.priors = detection.prior_boxes(self.p, in_shapes)
+        return out
+
+    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        return [self.priors]

@@ -1,6 +1,8 @@
-"""Elementwise and reduction layers: activations, Dropout, BinaryOp, Eltwise, Softmax, LRN."""
+"""Elementwise and reduction layers: activations, Dropout, BinaryOp, UnaryOp, Eltwise, Softmax, LRN."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -84,8 +86,28 @@ class Dropout(Kernel):
         return [xs[0] if scale == 1.0 else xs[0] * np.float32(scale)]
 
 
-#: op_type -> (ufunc, operands swapped)
-_BINARY = {
+def _fmod(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """ncnn's x86 fmod: x - trunc(x / y) * y (the quotient rounded to float first)."""
+    q = np.trunc(np.divide(x, y))
+    return np.subtract(x, q * y, out=out)
+
+
+def _remainder(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """ncnn's x86 remainder: x - round_half_even(x / y) * y."""
+    q = np.rint(np.divide(x, y))
+    return np.subtract(x, q * y, out=out)
+
+
+def _floor_divide(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """floor(x / y) of the float quotient (numpy's floor_divide is exact, ncnn's is not)."""
+    np.divide(x, y, out=out)
+    return np.floor(out, out=out)
+
+
+BinaryFn = Callable[..., np.ndarray]
+
+#: op_type -> (function of (x, y, out=), operands swapped)
+_BINARY: dict[int, tuple[BinaryFn, bool]] = {
     0: (np.add, False),
     1: (np.subtract, False),
     2: (np.multiply, False),
@@ -98,6 +120,13 @@ _BINARY = {
     9: (np.power, True),
     10: (np.arctan2, False),
     11: (np.arctan2, True),
+    12: (_fmod, False),
+    13: (_fmod, True),
+    14: (np.logaddexp, False),
+    15: (_floor_divide, False),
+    16: (_floor_divide, True),
+    17: (_remainder, False),
+    18: (_remainder, True),
 }
 
 
@@ -110,16 +139,55 @@ class BinaryOp(Kernel):
         return super().infer(in_shapes)
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        """One ufunc pass into this step's "out" scratch buffer (no per-run allocation)."""
-        ufunc, swap = self.op
+        """One pass into this step's "out" scratch buffer (no per-run allocation)."""
+        fn, swap = self.op
         y = self.buf("out", self.out_shapes[0])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if self.p.with_scalar:
                 a, b = xs[0], np.float32(self.p.b)
             else:
                 a, b = xs[0].reshape(self.a_shape), xs[1].reshape(self.b_shape)
-            ufunc(*((b, a) if swap else (a, b)), out=y)
+            fn(*((b, a) if swap else (a, b)), out=y)
         return [y]
+
+
+def _rsqrt(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.divide(np.float32(1.0), np.sqrt(x, out=out), out=out)
+
+
+def _reciprocal(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.divide(np.float32(1.0), x, out=out)
+
+
+def _square(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.multiply(x, x, out=out)
+
+
+#: UnaryOp op_type -> function of (x, out=) (models.layers.UNARY_OPS names them)
+_UNARY: dict[int, Callable[..., np.ndarray]] = {
+    0: np.abs, 1: np.negative, 2: np.floor, 3: np.ceil, 4: _square, 5: np.sqrt, 6: _rsqrt,
+    7: np.exp, 8: np.log, 9: np.sin, 10: np.cos, 11: np.tan, 12: np.arcsin, 13: np.arccos,
+    14: np.arctan, 15: _reciprocal, 16: np.tanh, 17: np.log10, 18: np.rint, 19: np.trunc,
+    20: np.sign, 21: np.expm1, 22: np.sinh, 23: np.arcsinh, 24: np.cosh, 25: np.arccosh,
+    26: np.arctanh, 27: np.log1p,
+}
+#: ops whose result of a bf16 value is a bf16 value (abs neg floor ceil round trunc sign)
+_EXACT_UNARY = {0, 1, 2, 3, 18, 19, 20}
+
+
+@register("UnaryOp")
+class UnaryOp(Kernel):
+    """Into this step's "out" scratch buffer: the input may be a data-dependent blob that
+    other steps still read."""
+
+    @property
+    def exact_store(self) -> bool:  # type: ignore[override]
+        return self.p.op_type in _EXACT_UNARY
+
+    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        y = self.buf("out", self.out_shapes[0])
+        with np.errstate(all="ignore"):
+            return [_UNARY[self.p.op_type](xs[0], out=y)]
 
 
 @register("Eltwise")

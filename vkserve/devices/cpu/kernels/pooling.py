@@ -1,8 +1,9 @@
-"""Pooling (max / average; global; pad_mode 0 full, 1 valid, 2 SAME_UPPER, 3 SAME_LOWER).
+"""Pooling (max / average; global; adaptive; pad_mode 0 full, 1 valid, 2 SAME_UPPER,
+3 SAME_LOWER) of a 3-D blob, or of a 2-D / 1-D one as a single channel.
 
 The padding and the divisor of averages are the layer's (``PoolingParams.pads`` and
 ``count_region``); with ``avgpool_count_include_pad`` an average divides by
-kernel_w * kernel_h.
+kernel_w * kernel_h. Adaptive windows are ``PoolingParams.adaptive_windows``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import numpy as np
 
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
-from vkserve.devices.errors import UnsupportedError
 from vkserve.models.layers import FLT_MAX, Shape
 
 
@@ -42,13 +42,16 @@ def pool_windows(
 class Pooling(Kernel):
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
-        if p.adaptive_pooling and not p.global_pooling:
-            raise UnsupportedError("adaptive_pooling (used by no shipped model)")
         out = super().infer(in_shapes)
-        if p.global_pooling:
+        self.view = p.image_view(in_shapes[0])
+        _, h, w = self.view
+        self.adaptive = bool(p.adaptive_pooling) and not p.global_pooling
+        if p.global_pooling or self.adaptive:
             self.exact_store = p.pooling_type == 0
+            if self.adaptive:
+                oh, ow = p.adaptive_size(h, w)
+                self.rows, self.cols = p.adaptive_windows(h, oh), p.adaptive_windows(w, ow)
             return out
-        _, h, w = in_shapes[0]
         _, oh, ow = out[0]
         kh, kw, sh, sw = p.kernel_h, p.kernel_w, p.stride_h, p.stride_w
         self.pads = pads = p.pads(h, w)
@@ -69,8 +72,10 @@ class Pooling(Kernel):
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p
-        x = xs[0]
+        x = xs[0].reshape(self.view)
         is_max = p.pooling_type == 0
+        if self.adaptive:
+            return [self.adaptive_pool(x, is_max).reshape(self.out_shapes[0])]
         if p.global_pooling:
             flat = x.reshape(x.shape[0], -1)
             return [flat.max(axis=1) if is_max else flat.mean(axis=1, dtype=np.float32)]
@@ -94,3 +99,15 @@ class Pooling(Kernel):
             else:
                 y *= np.float32(1.0 / (p.kernel_h * p.kernel_w))
         return [y]
+
+    def adaptive_pool(self, x: np.ndarray, is_max: bool) -> np.ndarray:
+        """Max, or sum / rows / columns (ncnn's order), over each adaptive window."""
+        y = np.empty((x.shape[0], len(self.rows), len(self.cols)), np.float32)
+        for i, (y0, y1) in enumerate(self.rows):
+            for j, (x0, x1) in enumerate(self.cols):
+                win = x[:, y0:y1, x0:x1].reshape(x.shape[0], -1)
+                if is_max:
+                    y[:, i, j] = win.max(axis=1)
+                else:
+                    y[:, i, j] = win.sum(axis=1, dtype=np.float32) / np.float32(y1 - y0) / np.float32(x1 - x0)
+        return y

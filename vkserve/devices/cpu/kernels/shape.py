@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from vkserve.devices.cpu.kernels.base import Kernel, register, widen
-from vkserve.devices.errors import UnsupportedError
 from vkserve.models.layers import Shape, positive_axis
 
 
@@ -127,13 +126,12 @@ class ShuffleChannel(Kernel):
 
 @register("Crop")
 class Crop(Kernel):
-    """A copy of the layer's window (``CropParams.window``: every form of it)."""
+    """A copy of the layer's window (``CropParams.window_of``: every form of it)."""
 
     bf16_native = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        reference = in_shapes[1] if self.p.uses_reference() else None
-        offsets, sizes = self.p.window(in_shapes[0], reference)
+        offsets, sizes = self.p.window_of(in_shapes)
         self.window = tuple(slice(o, o + n) for o, n in zip(offsets, sizes))
         return [sizes]
 
@@ -143,12 +141,15 @@ class Crop(Kernel):
 
 @register("Padding")
 class Padding(Kernel):
+    """Constant (one value, or one per output channel of a 3-D / 4-D blob: ncnn pads 1-D and
+    2-D blobs with the value), replicate (numpy's edge) or reflect; front/behind pad a 3-D
+    blob's channels and a 4-D blob's depth in every type."""
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
-        if p.type != 0 and (p.front or p.behind):
-            raise UnsupportedError("front/behind padding with a non-constant type")
         self.pads = p.pads(len(in_shapes[0]))
-        self.per_channel = self.bf16_weight(0) if p.per_channel_pad_data_size else None
+        per_channel = p.per_channel_pad_data_size and len(in_shapes[0]) >= 3
+        self.per_channel = self.bf16_weight(0) if per_channel else None
         return super().infer(in_shapes)
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -162,19 +163,22 @@ class Padding(Kernel):
             return [np.pad(x, self.pads, mode="constant", constant_values=np.float32(p.value))]
         values = widen(self.per_channel)
         y = np.empty(self.out_shapes[0], dtype=np.float32)
-        y[...] = values.reshape((-1,) + (1,) * (x.ndim - 1))
+        y[...] = values[: y.shape[0]].reshape((-1,) + (1,) * (x.ndim - 1))  # one per channel
         inner = tuple(slice(a, a + s) for (a, _), s in zip(self.pads, x.shape))
         y[inner] = x
         return [y]
 
 
+def source_coords(out: int, align_corner: bool, step: float) -> np.ndarray:
+    """ncnn's float32 source coordinate of each output pixel: o * step with align_corner, else
+    (o + 0.5) * step - 0.5; ``step`` is ``InterpParams.source_steps``'."""
+    o = np.arange(out, dtype=np.float64)
+    return (o * step if align_corner else (o + 0.5) * step - 0.5).astype(np.float32)
+
+
 def linear_taps(size: int, out: int, align_corner: bool, step: float) -> tuple[np.ndarray, np.ndarray]:
-    """Source index and weight of the first of two taps, as ncnn's linear_coeffs; ``step`` is
-    the source step per output pixel (``InterpParams.source_steps``)."""
-    if align_corner:
-        f = (np.arange(out, dtype=np.float64) * step).astype(np.float32)
-    else:
-        f = ((np.arange(out, dtype=np.float64) + 0.5) * step - 0.5).astype(np.float32)
+    """Source index and weight of the first of two taps, as ncnn's linear_coeffs."""
+    f = source_coords(out, align_corner, step)
     idx = np.floor(f).astype(np.int64)
     frac = f - idx
     low = idx < 0
@@ -184,31 +188,87 @@ def linear_taps(size: int, out: int, align_corner: bool, step: float) -> tuple[n
     return idx, frac.astype(np.float32)
 
 
+def cubic_weights(f: np.ndarray) -> np.ndarray:
+    """ncnn's four bicubic weights (A = -0.75) of fractions ``f``, float32, shape (n, 4)."""
+    a = np.float32(-0.75)
+    one = np.float32(1.0)
+    f0, f1, f2 = f + one, f, one - f
+    c0 = a * f0 * f0 * f0 - np.float32(5) * a * f0 * f0 + np.float32(8) * a * f0 - np.float32(4) * a
+    c1 = (a + 2) * f1 * f1 * f1 - (a + 3) * f1 * f1 + one
+    c2 = (a + 2) * f2 * f2 * f2 - (a + 3) * f2 * f2 + one
+    return np.stack([c0, c1, c2, one - c0 - c1 - c2], axis=1).astype(np.float32)
+
+
+def cubic_taps(size: int, out: int, align_corner: bool, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (n, 4) and weights (n, 4) of the bicubic taps, as ncnn's cubic_coeffs: taps
+    sx - 1 .. sx + 2, with the weights folded inwards at the borders by ncnn's four checks
+    applied in turn; indices are clamped into the input (their weights are 0 there)."""
+    f = source_coords(out, align_corner, step)
+    sx = np.floor(f).astype(np.int64)
+    weights = cubic_weights((f - sx).astype(np.float32))
+    for i in range(out):
+        c, s = weights[i], int(sx[i])
+        if s <= -1:
+            s, c[:] = 1, (1 - c[3], c[3], 0, 0)
+        if s == 0:
+            s, c[:] = 1, (c[0] + c[1], c[2], c[3], 0)
+        if s == size - 2:
+            s, c[:] = size - 3, (0, c[0], c[1], c[2] + c[3])
+        if s >= size - 1:
+            s, c[:] = size - 3, (0, 0, c[0], 1 - c[0])
+        sx[i] = s
+    idx = np.clip(sx[:, None] + np.arange(-1, 3), 0, size - 1)
+    return idx, weights
+
+
+def resize_taps(resize_type: int, size: int, out: int, align_corner: bool,
+                step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (out, k) and float32 weights (out, k) that make each output pixel of one axis:
+    k = 1 (nearest: min(int(o * step), size - 1)), 2 (bilinear) or 4 (bicubic)."""
+    if resize_type == 1:
+        o = np.arange(out, dtype=np.float32) * np.float32(step)
+        return np.minimum(o.astype(np.int64), size - 1)[:, None], np.ones((out, 1), np.float32)
+    if resize_type == 2:
+        idx, frac = linear_taps(size, out, align_corner, step)
+        first = np.maximum(idx, 0)  # one pixel: both taps are pixel 0
+        taps = np.stack([first, np.minimum(idx + 1, size - 1)], axis=1)
+        return taps, np.stack([1.0 - frac, frac], axis=1).astype(np.float32)
+    return cubic_taps(size, out, align_corner, step)
+
+
 @register("Interp")
 class Interp(Kernel):
+    """Resize along w and h (``InterpParams``): each axis is a weighted sum of taps
+    (``resize_taps``), along w first, as ncnn; a 2-D blob is resized along w only, a 1-D blob
+    spread over its output channels."""
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
-        if len(in_shapes[0]) != 3:
-            raise UnsupportedError(f"input of {len(in_shapes[0])} dims (need c,h,w)")
-        if p.resize_type not in (1, 2):
-            raise UnsupportedError(f"resize_type={p.resize_type} (nearest and bilinear only)")
         out = super().infer(in_shapes)
-        _, h, w = in_shapes[0]
-        _, oh, ow = out[0]
+        shape = in_shapes[0]
+        if len(shape) == 1:
+            self.bf16_native = True  # a broadcast, any dtype
+            return out
+        _, h, w = (1, *shape) if len(shape) == 2 else shape
+        oh, ow = (h, out[0][1]) if len(shape) == 2 else out[0][1:]
         hs, ws = p.source_steps((h, w), (oh, ow))
-        if p.resize_type == 1:
-            self.bf16_native = True  # nearest: a gather, any dtype
-            self.ys = np.minimum((np.arange(oh, dtype=np.float32) * np.float32(hs)).astype(np.int64), h - 1)
-            self.xs = np.minimum((np.arange(ow, dtype=np.float32) * np.float32(ws)).astype(np.int64), w - 1)
+        align = bool(p.align_corner)
+        self.tx, self.wx = resize_taps(p.resize_type, w, ow, align, ws)
+        if len(shape) == 2:
+            self.ty, self.wy = np.arange(h)[:, None], np.ones((h, 1), np.float32)
         else:
-            self.ys, self.fy = linear_taps(h, oh, bool(p.align_corner), hs)
-            self.xs, self.fx = linear_taps(w, ow, bool(p.align_corner), ws)
+            self.ty, self.wy = resize_taps(p.resize_type, h, oh, align, hs)
+        self.bf16_native = p.resize_type == 1  # nearest: a gather, any dtype
         return out
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
+        if x.ndim == 1:
+            return [np.broadcast_to(x[:, None, None], self.out_shapes[0]).copy()]
+        img = x.reshape((1, *x.shape)) if x.ndim == 2 else x
         if self.p.resize_type == 1:
-            return [x[:, self.ys[:, None], self.xs[None, :]]]
-        fx, fy = self.fx, self.fy[:, None]
-        rows = x[:, :, self.xs] * (1.0 - fx) + x[:, :, self.xs + 1] * fx
-        return [rows[:, self.ys, :] * (1.0 - fy) + rows[:, self.ys + 1, :] * fy]
+            y = img[:, self.ty[:, 0][:, None], self.tx[None, :, 0]]
+            return [y.reshape(self.out_shapes[0])]
+        rows = sum(img[:, :, self.tx[:, k]] * self.wx[:, k] for k in range(self.tx.shape[1]))
+        y = sum(rows[:, self.ty[:, k], :] * self.wy[:, k, None] for k in range(self.ty.shape[1]))
+        return [np.asarray(y, np.float32).reshape(self.out_shapes[0])]

@@ -1,4 +1,4 @@
-"""Vulkan layers for activations, Dropout, BinaryOp and Eltwise.
+"""Vulkan layers for activations, Dropout, UnaryOp, BinaryOp and Eltwise.
 
 Elementwise shaders work on vec4s: the executor pads every blob to a whole number of vec4
 elements, so a blob of n elements takes ceil(n / 4) invocations and the padding lanes compute
@@ -15,8 +15,8 @@ from vkserve.devices.vulkan.layers.base import Dispatch, Shape, VulkanLayer, reg
 from vkserve.devices.vulkan.layers.shape import LOCAL, contiguous_strides, linear_grid, pad4
 from vkserve.models.layers import binary_broadcast_shape
 
-# unaryop.comp's op codes
-RELU, CLIP, SIGMOID, SWISH, HARDSIGMOID, HARDSWISH, SCALE = range(7)
+# unaryop.comp's op codes; UnaryOp's op_type t is UNARY_BASE + t
+RELU, CLIP, SIGMOID, SWISH, HARDSIGMOID, HARDSWISH, SCALE, UNARY_BASE = range(8)
 
 
 def vec4_count(shape: Shape) -> int:
@@ -96,39 +96,46 @@ class Dropout(_Unary):
         return SCALE, self.params.scale, 0.0
 
 
+@register("UnaryOp")
+class UnaryOp(_Unary):
+    def op(self) -> tuple[int, float, float]:
+        return UNARY_BASE + self.params.op_type, 0.0, 0.0
+
+
+# binaryop.comp's modes
+ELEMENTWISE, SCALAR, BROADCAST = range(3)
+
+
 @register("BinaryOp")
 class BinaryOp(VulkanLayer):
-    """vec4 path when both operands (or the operand and a scalar) have the output's element
-    count; a strided scalar path for ncnn broadcasting."""
+    """One binaryop.comp dispatch of a vec4 per invocation: elementwise when both operands
+    have the output's element count, with a scalar, or through strides for ncnn broadcasting."""
 
     inplace_inputs = (0, 1)  # the executor takes only an input with the output's size
 
     def dispatches(self) -> list[Dispatch]:
         p, layer = self.params, self.layer
         out = self.out_shapes[0]
+        n4, n = vec4_count(out), math.prod(out)
+        a = layer.inputs[0]
+        b = a if p.with_scalar else layer.inputs[1]
+        dims: list[int] = [1, 1, 1]
+        strides = [0] * 8
         if p.with_scalar:
-            n4 = vec4_count(out)
-            a = layer.inputs[0]
-            return [Dispatch("binaryop", (a, a, layer.outputs[0]), linear_grid(n4),
-                             push_constants=(n4, float(p.b)), spec_constants=(p.op_type, 1),
-                             local_size=LOCAL)]
-        sa, sb = self.in_shapes
-        if math.prod(sa) == math.prod(sb) == math.prod(out):
-            n4 = vec4_count(out)
-            return [Dispatch("binaryop", (layer.inputs[0], layer.inputs[1], layer.outputs[0]),
-                             linear_grid(n4), push_constants=(n4, 0.0),
-                             spec_constants=(p.op_type, 0), local_size=LOCAL)]
-        a2, b2, out2 = binary_broadcast_shape(sa, sb)
-        out4, _ = pad4(out2, contiguous_strides(out2))
-        strides = []
-        for operand in (a2, b2):
-            full = [0 if n == 1 else s for n, s in zip(operand, contiguous_strides(operand))]
-            strides += pad4(operand, full)[1]
-        n = math.prod(out)
-        return [Dispatch("binaryop_broadcast",
-                         (layer.inputs[0], layer.inputs[1], layer.outputs[0]), linear_grid(n),
-                         push_constants=(n, out4[1], out4[2], out4[3], *strides),
-                         spec_constants=(p.op_type,), local_size=LOCAL)]
+            mode = SCALAR
+        elif math.prod(self.in_shapes[0]) == math.prod(self.in_shapes[1]) == n:
+            mode = ELEMENTWISE
+        else:
+            mode = BROADCAST
+            a2, b2, out2 = binary_broadcast_shape(self.in_shapes[0], self.in_shapes[1])
+            dims = list(pad4(out2, contiguous_strides(out2))[0][1:])
+            strides = []
+            for operand in (a2, b2):
+                full = [0 if k == 1 else s for k, s in zip(operand, contiguous_strides(operand))]
+                strides += pad4(operand, full)[1]
+        return [Dispatch("binaryop", (a, b, layer.outputs[0]), linear_grid(n4),
+                         push_constants=(n4, n, *dims, *strides, float(p.b)),
+                         spec_constants=(p.op_type, mode), local_size=LOCAL)]
 
 
 @register("Eltwise")

@@ -42,29 +42,30 @@ def _copy_dispatch(layer: Layer, in_shape: Shape, out_shape: Shape, offsets: tup
 
 @register("Padding")
 class VulkanPadding(VulkanLayer):
-    """ncnn Padding: constant (one value, or per-channel values of a 3-D blob), replicate or
-    reflect; front/behind pad the channels of a 3-D blob and the depth of a 4-D one."""
+    """ncnn Padding: constant (one value, or per-channel values: one per output channel of a
+    3-D / 4-D blob; ncnn pads 1-D and 2-D blobs with the value), replicate or reflect;
+    front/behind pad the channels of a 3-D blob and the depth of a 4-D one, in every type."""
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
         shape = self.in_shapes[0]
-        if p.type != 0 and (p.front or p.behind):
-            raise UnsupportedError("front/behind padding with a non-constant type")
-        if p.per_channel_pad_data_size and len(shape) != 3:
-            raise UnsupportedError("per-channel pad data of a blob that is not 3-D")
-        _, _, h, w = _view4(shape)
-        if p.type == 2 and (max(p.left, p.right) >= w or (len(shape) > 1 and max(p.top, p.bottom) >= h)):
-            raise UnsupportedError("reflect padding as wide as the blob")
+        for (before, after), n in zip(p.pads(len(shape)), shape):
+            if p.type == 2 and max(before, after) >= n:
+                raise UnsupportedError("reflect padding as wide as the blob")
 
     def weights(self) -> dict[str, np.ndarray]:
+        """The pad value of each (outer, d) plane of the output view (the shader's ``pad``)."""
         p = self.params
-        outd = _view4(self.out_shapes[0])[1]
-        if p.per_channel_pad_data_size:
-            values = np.asarray(self.layer.weights[0], dtype=np.float32).ravel()
-            return {"pad": np.broadcast_to(values, (outd,)).copy()}
-        return {"pad": np.full(outd, p.value, np.float32)}
+        outer, outd, _, _ = _view4(self.out_shapes[0])
+        if not p.per_channel_pad_data_size or len(self.out_shapes[0]) < 3:
+            return {"pad": np.full(outer * outd, p.value, np.float32)}
+        values = np.asarray(self.layer.weights[0], dtype=np.float32).ravel()
+        channels = self.out_shapes[0][0]  # 3-D: the "d" axis of the view; 4-D: "outer"
+        per_channel = values[:channels]  # the layer checked there are enough
+        plane = per_channel[:, None] if len(self.out_shapes[0]) == 4 else per_channel[None, :]
+        return {"pad": np.broadcast_to(plane, (outer, outd)).ravel().copy()}
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
@@ -75,13 +76,12 @@ class VulkanPadding(VulkanLayer):
 
 @register("Crop")
 class VulkanCrop(VulkanLayer):
-    """Every Crop form: the window is the layer's (``CropParams.window``)."""
+    """Every Crop form: the window is the layer's (``CropParams.window_of``)."""
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
-        reference = self.in_shapes[1] if self.params.uses_reference() else None
-        starts, _ = self.params.window(self.in_shapes[0], reference)
+        starts, _ = self.params.window_of(self.in_shapes)
         self.offsets = (0,) * (4 - len(starts)) + starts  # (outer, d, h, w) offsets
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -94,26 +94,28 @@ class VulkanCrop(VulkanLayer):
 
 @register("Interp")
 class VulkanInterp(VulkanLayer):
-    """Nearest and bilinear resize of a 3-D blob; the source step per output pixel is the
-    layer's (``InterpParams.source_steps``), in float32."""
-
-    def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                 precision: Precision) -> None:
-        super().__init__(layer, in_shapes, out_shapes, precision)
-        p = self.params
-        if len(self.in_shapes[0]) != 3:
-            raise UnsupportedError(f"Interp input of {len(self.in_shapes[0])} dims (need c,h,w)")
-        if p.resize_type not in (1, 2):
-            raise UnsupportedError(f"resize_type={p.resize_type} (nearest and bilinear only)")
+    """Nearest, bilinear and bicubic resize; the source step per output pixel is the layer's
+    (``InterpParams.source_steps``), in float32. The shader sees (c, h, w): a 2-D blob is one
+    channel resized along w only, a 1-D blob of w elements is w channels of one pixel, which
+    nearest spreads over each output channel."""
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
-        c, h, w = self.in_shapes[0]
-        _, oh, ow = self.out_shapes[0]
-        scale_h, scale_w = (float(np.float32(s)) for s in p.source_steps((h, w), (oh, ow)))
+        shape, out = self.in_shapes[0], self.out_shapes[0]
+        resize_type, resize_h = p.resize_type, 1
+        if len(shape) == 1:
+            (c, h, w), (oh, ow) = (shape[0], 1, 1), out[1:]
+            resize_type, steps = 1, (0.0, 0.0)
+        else:
+            if len(shape) == 2:
+                (c, h, w), (oh, ow), resize_h = (1, *shape), (shape[0], out[1]), 0
+            else:
+                (c, h, w), (oh, ow) = shape, out[1:]
+            steps = p.source_steps((h, w), (oh, ow))
+        scale_h, scale_w = (float(np.float32(s)) for s in steps)
         return [make_dispatch("interp", (self.layer.inputs[0], self.layer.outputs[0]), (ow, oh, c),
                               psc=(w, h, ow, oh, c, scale_w, scale_h),
-                              fixed=(p.resize_type, int(bool(p.align_corner))))]
+                              fixed=(resize_type, int(bool(p.align_corner)), resize_h))]
 
 
 @register("Softmax")

@@ -1,14 +1,15 @@
 #version 450
 // Padding and Crop: top[o][z][y][x] = bottom[o + offset_o][z - front][y - top][x - left] where
 // that is inside the input, else the pad value (constant), the nearest edge element
-// (replicate) or the mirrored one (reflect, edge not repeated). Blobs are viewed as
-// (outer, d, h, w): a 3-D blob is (1, c, h, w), so front/behind pad its channels. Crop is
+// (replicate) or the mirrored one (reflect, edge not repeated), along z too. Blobs are viewed
+// as (outer, d, h, w): a 3-D blob is (1, c, h, w), so front/behind pad its channels. Crop is
 // this copy with negative front/top/left (every read inside the input) and a channel offset
 // offset_o for 4-D blobs.
 // gl_GlobalInvocationID = (out x, out y, o * outd + z); one element per invocation.
 //
-// pad: sfp [outd] -- the pad value for each z (ncnn's per-channel pad data of a 3-D blob,
-// else the constant repeated; Crop binds one unused element).
+// pad: sfp [outer * outd] -- the pad value of each (o, z) plane (ncnn's per-channel pad data:
+// per z of a 3-D blob, per o of a 4-D one; else the constant repeated; Crop binds one unused
+// element).
 
 layout (constant_id = 0) const int w = 0;
 layout (constant_id = 1) const int h = 0;
@@ -69,7 +70,7 @@ void main()
     const int z = gz - o * OUTD;
     const int sx = edge(gx - psc(left), W);
     const int sy = edge(gy - psc(top), H);
-    const int sz = z - psc(front);
+    const int sz = edge(z - psc(front), D);
     const int gi = (gz * OUTH + gy) * OUTW + gx;
     if (uint(sx) < uint(W) && uint(sy) < uint(H) && uint(sz) < uint(D))
     {
@@ -78,6 +79,6 @@ void main()
     }
     else
     {
-        buffer_cp1(top_blob_data, gi, pad_data, z);
+        buffer_cp1(top_blob_data, gi, pad_data, gz);
     }
 }

@@ -7,6 +7,8 @@
 // Average divisor (ncnn): kernel_w * kernel_h with avgpool_count_include_pad, otherwise the
 // number of window cells inside the count region [count_x0, count_x1) x [count_y0, count_y1)
 // (the padded input less the declared pads and the full-mode tail), computed, not counted.
+// adaptive = 1: ncnn's adaptive windows instead, rows [h * y / outh, ceil(h * (y + 1) / outh))
+// and likewise columns, averaged over their size; kernel, stride and pads are unused.
 
 layout (constant_id = 0) const int w = 0;
 layout (constant_id = 1) const int h = 0;
@@ -25,6 +27,7 @@ layout (constant_id = 13) const int count_y0 = 0;
 layout (constant_id = 14) const int count_y1 = 0;
 layout (constant_id = 15) const int pooling_type = 0;  // 0 max, 1 average
 layout (constant_id = 16) const int count_include_pad = 0;
+layout (constant_id = 17) const int adaptive = 0;
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -60,12 +63,19 @@ void main()
     if (gx >= OUTW || gy >= OUTH || gz >= psc(c))
         return;
 
-    const int KW = psc(kernel_w);
-    const int KH = psc(kernel_h);
-    const int px0 = gx * psc(stride_w);  // window origin, padded coordinates
-    const int py0 = gy * psc(stride_h);
-    const int x0 = px0 - psc(pad_left);  // window origin, input coordinates
-    const int y0 = py0 - psc(pad_top);
+    int KW = psc(kernel_w);
+    int KH = psc(kernel_h);
+    int px0 = gx * psc(stride_w);  // window origin, padded coordinates
+    int py0 = gy * psc(stride_h);
+    int x0 = px0 - psc(pad_left);  // window origin, input coordinates
+    int y0 = py0 - psc(pad_top);
+    if (adaptive != 0)
+    {
+        x0 = (W * gx) / OUTW;
+        y0 = (H * gy) / OUTH;
+        KW = (W * (gx + 1) + OUTW - 1) / OUTW - x0;
+        KH = (H * (gy + 1) + OUTH - 1) / OUTH - y0;
+    }
     // the window part inside the input (the loops touch no padding)
     const int kx0 = max(0, -x0);
     const int kx1 = min(KW, W - x0);
@@ -94,7 +104,7 @@ void main()
                 sum += float(buffer_ld1(bottom_blob_data, row + kx));
         }
         int area = KW * KH;
-        if (count_include_pad == 0)
+        if (count_include_pad == 0 && adaptive == 0)
         {
             const int nx = min(px0 + KW, psc(count_x1)) - max(px0, psc(count_x0));
             const int ny = min(py0 + KH, psc(count_y1)) - max(py0, psc(count_y0));
