@@ -123,7 +123,7 @@ async def test_input_validation_names_the_input(tmp_path: Path) -> None:
 
 
 async def test_priority_order_under_saturation(tmp_path: Path) -> None:
-    write_model(tmp_path)
+    write_model(tmp_path, config="max_batch_size = 1\n")  # one job per run: the order shows
     device = DeviceHandle.cpu(0)
     async with serving([device], tmp_path, instances_per_device=1) as sched:
         device.pause()
@@ -302,7 +302,7 @@ async def test_failover_loads_the_model_on_the_cpu_on_demand(tmp_path: Path) -> 
 
 
 async def test_placement_prefers_the_device_that_finishes_first(tmp_path: Path) -> None:
-    write_model(tmp_path, config="warmup = 2\n")
+    write_model(tmp_path, config="warmup = 2\nmax_batch_size = 1\n")  # placement of single jobs
     slow, fast = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
     slow.inject_delay(0.03)  # before start: the warm-up runs measure it
     async with serving([slow, fast], tmp_path, instances_per_device=1) as sched:
@@ -325,7 +325,7 @@ async def test_placement_prefers_the_device_that_finishes_first(tmp_path: Path) 
 
 
 async def test_placement_avoids_a_loaded_device(tmp_path: Path) -> None:
-    write_model(tmp_path)
+    write_model(tmp_path, config="max_batch_size = 1\n")  # placement of single jobs
     busy, idle = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
     async with serving([busy, idle], tmp_path, instances_per_device=2) as sched:
         busy.pause()  # stuck: whatever it takes stays in flight
@@ -560,9 +560,10 @@ async def test_every_job_ends_exactly_once_under_mixed_trouble(tmp_path: Path) -
         assert totals.submitted == (totals.completed + totals.failed + totals.deadline_exceeded
                                     + totals.cancelled)
         # the first fault takes device 0 out; each run that failed on it (the one or two
-        # running then) moved its job unless the job had ended meanwhile (cancelled, expired)
+        # running then, each a batch of up to max_batch_size = 8 jobs) moved its jobs unless
+        # they had ended meanwhile (cancelled, expired)
         assert totals.device_faults == 1 and status.devices[0].healthy is False
-        assert moved_ok <= totals.retried <= status.devices[0].faults
+        assert moved_ok <= totals.retried <= 8 * status.devices[0].faults
         assert status.queue_depth == 0
         # a run may complete on its device in the instant its caller is cancelled: the device
         # counts the run, the totals count the job as the caller saw it (cancelled)

@@ -473,10 +473,12 @@ class InferReply:
     device: str | None = None
     queue_seconds: float | None = None
     run_seconds: float | None = None
+    batch_size: int | None = None  # jobs the daemon ran together with this one (itself included)
 
 
 def decode_infer_reply(result: Any) -> InferReply:
-    """Outputs plus the optional ``device``/``queue_seconds``/``run_seconds`` extras."""
+    """Outputs plus the optional ``device``/``queue_seconds``/``run_seconds``/``batch_size``
+    extras."""
     outputs = decode_infer_result(result)
 
     def number(key: str) -> float | None:
@@ -484,8 +486,10 @@ def decode_infer_reply(result: Any) -> InferReply:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     device = result.get("device")
+    batch = result.get("batch_size")
     return InferReply(outputs, device if isinstance(device, str) else None,
-                      number("queue_seconds"), number("run_seconds"))
+                      number("queue_seconds"), number("run_seconds"),
+                      batch if type(batch) is int else None)
 
 
 def decode_infer_result(result: Any) -> dict[str, np.ndarray]:

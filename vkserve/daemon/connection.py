@@ -575,7 +575,8 @@ class Connection:
             raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED, "no result by the request's deadline")
         self._results[request.id] = result
         return encode_infer_result(result.outputs, device=result.device,
-                                   queue_seconds=result.queue_seconds, run_seconds=result.run_seconds)
+                                   queue_seconds=result.queue_seconds, run_seconds=result.run_seconds,
+                                   batch_size=result.batch_size)
 
     # ------------------------------------------------------------------ writing
 

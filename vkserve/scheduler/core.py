@@ -35,7 +35,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -65,7 +65,7 @@ from vkserve.scheduler.errors import (
     SchedulerError,
     Unavailable,
 )
-from vkserve.scheduler.jobs import InferResult, Job, validate_inputs
+from vkserve.scheduler.jobs import InferResult, Job, client_batch, validate_inputs
 from vkserve.scheduler.plans import BuildState, ShapePlans, ShapeSlots
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
 from vkserve.scheduler.reports import (
@@ -102,7 +102,8 @@ class _Placement:
     plans: ShapePlans
     state: PlacementState = PlacementState.LOADING
     error: str | None = None
-    latency: float | None = None  # EWMA of run seconds
+    latency: float | None = None  # EWMA of run seconds (one job)
+    batch_latency: dict[int, float] = dataclasses.field(default_factory=dict)  # EWMA per batch size
     running: int = 0
     load_seconds: float | None = None
     load_cache: Literal["cold", "warm"] | None = None  # cold: the load compiled GLSL
@@ -150,7 +151,9 @@ class _Device:
     healthy: bool = True
     fault: str | None = None
     running: dict[int, tuple[float, float]] = dataclasses.field(
-        default_factory=dict)  # job id -> (start, expected seconds)
+        default_factory=dict)  # run (its first job's id) -> (start, expected seconds)
+    members: dict[int, tuple[int, ...]] = dataclasses.field(
+        default_factory=dict)  # run -> the ids of the jobs it runs (a batch: several)
     queue_depth: int = 0  # jobs waiting for this device in the last placement pass
     runs: int = 0
     run_seconds: float = 0.0
@@ -194,12 +197,13 @@ def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
-                  inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-    """Worker thread: one run with the device's test hooks; returns outputs and seconds."""
+                  batch: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:
+    """Worker thread: one run (of a batch, in one execution) with the device's test hooks;
+    returns the outputs per item and seconds."""
     handle.wait_gate()
     start = time.perf_counter()
     handle.apply_hooks()
-    outputs = executor.run(inputs)
+    outputs = [executor.run(batch[0])] if len(batch) == 1 else executor.run_batch(batch)
     return outputs, time.perf_counter() - start
 
 
@@ -224,7 +228,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
             handle.save_pipeline_cache()  # a crash later still finds this load's pipelines
         for executor in executors:
             for _ in range(warmup):
-                timings.append(_run_blocking(handle, executor, inputs)[1])
+                timings.append(_run_blocking(handle, executor, [inputs])[1])
     except BaseException:
         for executor in executors:
             close_executor(executor)
@@ -419,18 +423,25 @@ class Scheduler:
         absolute ``time.time()`` by which the answer must be ready, or DeadlineExceeded.
         ``outputs``: a subset of the model's outputs to return. Cancelling the calling task
         cancels the job. Raises a SchedulerError subclass on every failure.
+
+        Inputs with one leading dimension more than the model's (every input of a model whose
+        inputs have a known rank) are a client's batch: one job per item, admitted together
+        (or refused together when the queue cannot take them all) so they run batched; the
+        outputs are stacked along a new leading dimension, and the first failure cancels the
+        other items.
         """
         self._check_accepting()
         entry = self._models.get(model)
         if entry is None:
             raise ModelNotFound(f"no model '{model}' (models: {', '.join(self._models) or 'none'})")
         self._check_servable(entry)
-        arrays = validate_inputs(model, entry.spec.inputs, inputs)
-        key = tuple(arrays[n].shape for n in entry.spec.inputs)
-        problem = self._shape_problem(entry, key)
-        if problem is not None:
-            raise BadInput(f"model '{model}': input shapes {format_key(entry.spec.inputs, key)}: "
-                           f"{problem}")
+        items = client_batch(model, entry.spec.inputs, inputs, entry.spec.max_batch_size)
+        arrays = [validate_inputs(model, entry.spec.inputs, item) for item in (items or [inputs])]
+        for key in dict.fromkeys(tuple(a[n].shape for n in entry.spec.inputs) for a in arrays):
+            problem = self._shape_problem(entry, key)
+            if problem is not None:
+                raise BadInput(f"model '{model}': input shapes "
+                               f"{format_key(entry.spec.inputs, key)}: {problem}")
         wanted: list[str] | None = None
         if outputs is not None:
             wanted = list(outputs)
@@ -443,30 +454,62 @@ class Scheduler:
         if deadline is not None:
             remaining = float(deadline) - time.time()
             if remaining <= 0:  # submitted, and over at once (see JobTotals)
-                self._totals.submitted += 1
-                self._totals.deadline_exceeded += 1
+                self._totals.submitted += len(arrays)
+                self._totals.deadline_exceeded += len(arrays)
                 raise DeadlineExceeded(f"model '{model}': the deadline had passed "
                                        f"{-remaining:.3f} s before the job arrived")
             trio_deadline = trio.current_time() + remaining
         limit = entry.spec.queue_limit or self.config.queue_limit_per_model
-        if len(entry.queue) >= limit:
+        if len(entry.queue) + len(arrays) > limit:
             self._totals.overloaded += 1
+            adds = f", the batch adds {len(arrays)}" if items is not None else ""
             raise Overloaded(f"model '{model}': queue full ({len(entry.queue)} of {limit} "
-                             "jobs waiting); retry later")
+                             f"jobs waiting{adds}); retry later")
 
-        job = Job(model, arrays, wanted, level, trio_deadline, key)
-        self._jobs[job.id] = job
-        entry.queue.append(job)
-        self._totals.submitted += 1
+        jobs = [Job(model, a, wanted, level, trio_deadline,
+                    tuple(a[n].shape for n in entry.spec.inputs)) for a in arrays]
+        for job in jobs:
+            self._jobs[job.id] = job
+            entry.queue.append(job)
+        self._totals.submitted += len(jobs)
         self._notify()
         self._dispatch()
+        if items is None:
+            return await self._wait(jobs[0], entry)
+        results: list[InferResult] = []
+        failures: list[SchedulerError] = []
+
+        async def wait(job: Job, scope: trio.CancelScope) -> None:
+            try:
+                results.append(await self._wait(job, entry))
+            except SchedulerError as exc:  # the first failure is the batch's; the rest cancel
+                failures.append(exc)
+                scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(wait, job, nursery.cancel_scope)
+        if failures:
+            raise failures[0]
+        results.sort(key=lambda r: r.job_id)  # the items' order (ids grow with admission)
+        first = results[0]
+        return InferResult(
+            outputs={n: np.stack([r.outputs[n] for r in results]) for n in first.outputs},
+            device=", ".join(dict.fromkeys(r.device for r in results)),
+            queue_seconds=max(r.queue_seconds for r in results),
+            run_seconds=max(r.run_seconds for r in results), device_index=first.device_index,
+            job_id=first.job_id, attempts=max(r.attempts for r in results),
+            batch_size=max(r.batch_size for r in results))
+
+    async def _wait(self, job: Job, entry: _Model) -> InferResult:
+        """Wait for an admitted job to end, under its deadline; a cancelled caller ends it."""
         try:
-            with trio.move_on_at(math.inf if trio_deadline is None else trio_deadline):
+            with trio.move_on_at(math.inf if job.deadline is None else job.deadline):
                 await job.done.wait()
             if not job.done.is_set():
                 where = "running" if job.id in self._running_job_ids(entry) else "queued"
                 self._end(job, error=DeadlineExceeded(
-                    f"model '{model}': deadline passed while the job was {where}"))
+                    f"model '{job.model}': deadline passed while the job was {where}"))
         except trio.Cancelled:
             if job.done.is_set() and job.error is None:
                 # The job finished in the same instant the caller was cancelled: its result is
@@ -476,7 +519,7 @@ class Scheduler:
             raise
         finally:
             if not job.done.is_set():  # the caller was cancelled (or failed) while waiting
-                self._end(job, error=Cancelled(f"model '{model}': the caller cancelled the job"))
+                self._end(job, error=Cancelled(f"model '{job.model}': the caller cancelled the job"))
         if job.error is not None:
             raise job.error
         assert job.result is not None
@@ -501,7 +544,7 @@ class Scheduler:
 
     def _running_job_ids(self, entry: _Model) -> set[int]:
         return {jid for i in entry.placements if i in self._devices
-                for jid in self._devices[i].running}
+                for run in self._devices[i].members.values() for jid in run}
 
     def _entries(self) -> list[_Model]:
         """Every version that may hold jobs: the current ones and those retiring after a
@@ -549,13 +592,16 @@ class Scheduler:
     # ------------------------------------------------------------------------------------
     # placement
 
-    def _latency(self, entry: _Model, placement: _Placement) -> float:
+    def _latency(self, entry: _Model, placement: _Placement, batch: int = 1) -> float:
         """Expected run seconds of ``entry`` on the placement's device: its EWMA, else the
-        best one measured elsewhere, else the configured prior."""
+        best one measured elsewhere, else the configured prior; a batch of n its own EWMA, or
+        n times one job's until measured (no gain assumed)."""
+        if batch > 1 and batch in placement.batch_latency:
+            return placement.batch_latency[batch]
         if placement.latency is not None:
-            return placement.latency
+            return placement.latency * batch
         known = [p.latency for p in entry.placements.values() if p.latency is not None]
-        return min(known) if known else self.config.default_latency_s
+        return (min(known) if known else self.config.default_latency_s) * batch
 
     def _dispatch(self) -> None:
         """One placement pass over every queued job (see the module docstring).
@@ -575,6 +621,8 @@ class Scheduler:
                 avail[device.index] = device.slot_free_times(now)
         recheck = math.inf
         for job, entry in queued:
+            if job not in entry.queue:  # started as part of a batch earlier in this pass
+                continue
             if job.expired(now):
                 self._end(job, error=DeadlineExceeded(
                     f"model '{job.model}': deadline passed while the job was queued"))
@@ -612,8 +660,14 @@ class Scheduler:
             _, device, placement, shape, latency = best
             slots = avail[device.index]
             if slots[0] <= now and shape.free:
-                entry.queue.remove(job)
-                self._start(job, entry, placement, shape, device, now, latency)
+                batch, hold_until = self._form_batch(job, entry, placement, device.index, now)
+                if not batch:  # waiting (max_queue_delay_ms) for the batch to fill
+                    recheck = min(recheck, hold_until)
+                    continue
+                latency = self._latency(entry, placement, len(batch))
+                for member in batch:
+                    entry.queue.remove(member)
+                self._start(batch, entry, placement, shape, device, now, latency)
                 slots[0] = now + latency
             else:
                 device.queue_depth += 1
@@ -632,69 +686,124 @@ class Scheduler:
         return Unavailable(f"model '{entry.name}': no healthy device can run it "
                            f"({self._model_error(entry)})")
 
-    def _start(self, job: Job, entry: _Model, placement: _Placement, shape: ShapeSlots,
+    def _form_batch(self, lead: Job, entry: _Model, placement: _Placement, device: int,
+                    now: float) -> tuple[list[Job], float]:
+        """The jobs to run with ``lead`` in one execution, highest priority first (Triton's
+        dynamic batcher): queued jobs of the same model and input shapes that may run on the
+        device, up to ``max_batch_size``, cut to the largest preferred size it reaches. No job
+        joins if the batch would make it miss a deadline it meets alone. With
+        ``max_queue_delay_ms`` a short batch waits for more jobs until the lead has waited that
+        long: then ``([], when to look again)``."""
+        spec = entry.spec
+        batch = [lead]
+        if spec.max_batch_size > 1:
+            batch += sorted((j for j in entry.queue if j is not lead and j.key == lead.key
+                             and device not in j.excluded and not j.expired(now)),
+                            key=Job.sort_key)[:spec.max_batch_size - 1]
+        full = max(spec.preferred_batch_sizes, default=spec.max_batch_size)
+        hold_until = lead.submitted + spec.max_queue_delay_ms / 1e3
+        if len(batch) < full and now < hold_until:
+            return [], hold_until
+        fitting = [p for p in spec.preferred_batch_sizes if p <= len(batch)]
+        batch = batch[:max(fitting, default=len(batch))]
+        alone = self._latency(entry, placement, 1)
+        while len(batch) > 1:
+            together = self._latency(entry, placement, len(batch))
+            late = [j for j in batch if j.deadline is not None
+                    and now + alone <= j.deadline < now + together]
+            if not late:
+                break
+            batch = batch[:-1] if lead in late else [j for j in batch if j not in late]
+        return batch, now
+
+    def _start(self, batch: list[Job], entry: _Model, placement: _Placement, shape: ShapeSlots,
                device: _Device, now: float, latency: float) -> None:
         placement.plans.use(shape.key)
         executor = shape.free.pop()
-        job.attempts += 1
-        job.dispatched = now
-        device.running[job.id] = (now, latency)
-        placement.running += 1
-        entry.running += 1
+        for job in batch:
+            job.attempts += 1
+            job.dispatched = now
+        run = batch[0].id
+        device.running[run] = (now, latency)
+        device.members[run] = tuple(j.id for j in batch)
+        placement.running += len(batch)
+        entry.running += len(batch)
         assert device.nursery is not None
-        device.nursery.start_soon(self._execute, job, entry, placement, shape, device, executor)
+        device.nursery.start_soon(self._execute, batch, entry, placement, shape, device, executor)
         self._notify()
 
-    async def _execute(self, job: Job, entry: _Model, placement: _Placement, shape: ShapeSlots,
-                       device: _Device, executor: Executor) -> None:
-        """One run of ``job`` on ``device`` (a task in the device worker's nursery)."""
-        assert job.dispatched is not None
-        queue_seconds = job.dispatched - job.submitted
+    async def _execute(self, batch: list[Job], entry: _Model, placement: _Placement,
+                       shape: ShapeSlots, device: _Device, executor: Executor) -> None:
+        """One run of a batch of jobs on ``device`` (a task in the device worker's nursery)."""
+        run = batch[0].id
         try:
             try:
-                outputs, run_seconds = await trio.to_thread.run_sync(
-                    _run_blocking, device.handle, executor, job.inputs, limiter=device.limiter)
+                results, run_seconds = await trio.to_thread.run_sync(
+                    _run_blocking, device.handle, executor, [j.inputs for j in batch],
+                    limiter=device.limiter)
             except Exception as exc:  # classified: device fault -> failover, else INTERNAL
-                self._run_failed(job, entry, device, exc)
+                self._run_failed(batch, entry, device, exc)
                 return
             device.runs += 1
             device.run_seconds += run_seconds
-            alpha = self.config.latency_ewma_alpha
-            placement.latency = (run_seconds if placement.latency is None
-                                 else alpha * run_seconds + (1 - alpha) * placement.latency)
-            if job.done.is_set():
-                self._totals.discarded += 1  # cancelled or timed out while running
-                return
-            if job.expired(trio.current_time()):
-                self._end(job, error=DeadlineExceeded(
-                    f"model '{job.model}': the run on device {device.index} ended after "
-                    "the deadline"))
-                return
-            names = job.outputs if job.outputs is not None else list(outputs)
-            result = InferResult(
-                outputs={n: outputs[n] for n in names}, device=device.handle.name,
-                queue_seconds=queue_seconds, run_seconds=run_seconds,
-                device_index=device.index, job_id=job.id, attempts=job.attempts)
-            if self._end(job, result=result):
-                device.completed += 1
+            self._observe_latency(placement, len(batch), run_seconds)
+            for job, outputs in zip(batch, results):
+                if self._finish_job(job, outputs, device, run_seconds, len(batch)):
+                    device.completed += 1
         finally:
-            device.running.pop(job.id, None)
-            placement.running -= 1
-            entry.running -= 1
+            device.running.pop(run, None)
+            device.members.pop(run, None)
+            placement.running -= len(batch)
+            entry.running -= len(batch)
             if placement.state is PlacementState.READY and placement.plans.get(shape.key) is shape:
                 shape.free.append(executor)
             self._notify()
             self._dispatch()
 
-    def _run_failed(self, job: Job, entry: _Model, device: _Device, exc: Exception) -> None:
+    def _observe_latency(self, placement: _Placement, size: int, seconds: float) -> None:
+        alpha = self.config.latency_ewma_alpha
+        if size == 1:
+            old = placement.latency
+            placement.latency = seconds if old is None else alpha * seconds + (1 - alpha) * old
+        else:
+            old = placement.batch_latency.get(size)
+            placement.batch_latency[size] = (seconds if old is None
+                                             else alpha * seconds + (1 - alpha) * old)
+
+    def _finish_job(self, job: Job, outputs: dict[str, np.ndarray], device: _Device,
+                    run_seconds: float, batch_size: int) -> bool:
+        """Deliver one job's outputs; False when it had ended meanwhile (discarded) or the
+        answer came after its deadline."""
+        assert job.dispatched is not None
+        if job.done.is_set():
+            self._totals.discarded += 1  # cancelled or timed out while running
+            return False
+        if job.expired(trio.current_time()):
+            self._end(job, error=DeadlineExceeded(
+                f"model '{job.model}': the run on device {device.index} ended after the deadline"))
+            return False
+        names = job.outputs if job.outputs is not None else list(outputs)
+        return self._end(job, result=InferResult(
+            outputs={n: outputs[n] for n in names}, device=device.handle.name,
+            queue_seconds=job.dispatched - job.submitted, run_seconds=run_seconds,
+            device_index=device.index, job_id=job.id, attempts=job.attempts,
+            batch_size=batch_size))
+
+    def _run_failed(self, batch: list[Job], entry: _Model, device: _Device, exc: Exception) -> None:
+        """A run failed: a device fault moves its jobs elsewhere, anything else fails them."""
         if not is_device_fault(exc):
-            log.error("model %s on device %d: run failed", entry.name, device.index,
-                      exc_info=exc)
-            self._end(job, error=InternalError(
-                f"model '{entry.name}' on device {device.index}: {type(exc).__name__}: {exc}"))
+            log.error("model %s on device %d: run of %d job(s) failed", entry.name, device.index,
+                      len(batch), exc_info=exc)
+            for job in batch:
+                self._end(job, error=InternalError(
+                    f"model '{entry.name}' on device {device.index}: {type(exc).__name__}: {exc}"))
             return
         device.faults += 1
         self._mark_unhealthy(device, exc)
+        for job in batch:
+            self._retry_elsewhere(job, entry, device, exc)
+
+    def _retry_elsewhere(self, job: Job, entry: _Model, device: _Device, exc: Exception) -> None:
         job.excluded.add(device.index)
         job.last_fault = f"device {device.index} ({device.handle.name}) failed: {exc}"
         if job.done.is_set():
@@ -1247,7 +1356,7 @@ class Scheduler:
             fault=device.fault,
             slots=device.slots,
             queue_depth=device.queue_depth,
-            in_flight=len(device.running),
+            in_flight=sum(map(len, device.members.values())),
             models=sorted(held),
             latency_ms={n: None if p.latency is None else p.latency * 1e3
                         for n, p in sorted(held.items())},
@@ -1274,7 +1383,7 @@ class Scheduler:
                                      reload_failures=self._reload_failures.get(name, 0))
                     for name, m in sorted(self._models.items())},
             queue_depth=sum(len(m.queue) for m in self._entries()),
-            in_flight=sum(len(d.running) for d in self._devices.values()),
+            in_flight=sum(len(m) for d in self._devices.values() for m in d.members.values()),
             totals=dataclasses.replace(self._totals),
             gpu_problem=self._gpu_problem,
         )

@@ -32,6 +32,7 @@ class InferResult:
     device_index: int = -1
     job_id: int = 0
     attempts: int = 1  # 2 when a device failure moved the job
+    batch_size: int = 1  # jobs that ran together in the execution that answered this one
 
 
 class Job:
@@ -115,3 +116,27 @@ def validate_inputs(model: str, expected: Mapping[str, InputSpec],
                            "float32; float16 and float64 are converted)")
         arrays[name] = np.ascontiguousarray(arr)
     return arrays
+
+
+def client_batch(model: str, expected: Mapping[str, InputSpec], inputs: object,
+                 max_batch_size: int) -> list[dict[str, np.ndarray]] | None:
+    """The items of a client's batch (every input an array with one leading dimension more
+    than its input's known rank, the same length N for all), or None when ``inputs`` are one
+    request. Inputs of open rank are never read as a batch."""
+    if not isinstance(inputs, Mapping) or set(inputs) != set(expected) or not expected:
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    for name, spec in expected.items():
+        value, rank = inputs[name], len(spec.dims())
+        if not (isinstance(value, np.ndarray) and rank and value.ndim == rank + 1):
+            return None
+        arrays[name] = value
+    sizes = {a.shape[0] for a in arrays.values()}
+    if len(sizes) != 1:
+        raise BadInput(f"model '{model}': a batch needs one leading size for every input, got "
+                       + ", ".join(f"{n}: {a.shape[0]}" for n, a in arrays.items()))
+    (n_items,) = sizes
+    if not 1 <= n_items <= max_batch_size:
+        raise BadInput(f"model '{model}': a batch of {n_items}; the model takes 1 to "
+                       f"{max_batch_size} (max_batch_size in its config.toml)")
+    return [{n: a[i] for n, a in arrays.items()} for i in range(n_items)]

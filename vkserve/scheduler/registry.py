@@ -13,6 +13,9 @@
         seed = 0                  # seed for random_weights
         plan_cache_shapes = 8     # Plans kept per device for distinct input shapes (LRU)
         plan_cache_mb = 1024      # and the device memory they may hold, MiB
+        max_batch_size = 8        # queued jobs of one input shape run together (1: never)
+        preferred_batch_sizes = []  # batch sizes to cut to when more jobs wait (Triton's)
+        max_queue_delay_ms = 0.0  # how long a short batch may wait to fill (0: never waits)
         [inputs]
         data = [3, 224, 224]      # input shape in ncnn order, built and warmed at load
         [inputs.img]              # or a table: several shapes and bounds (see scheduler.shapes)
@@ -63,7 +66,8 @@ PRECISIONS = ("auto", "fp32", "fp16", "fp16s", "fp16sa")
 DEVICE_MODES = ("auto", "all", "gpu", "cpu")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CONFIG_KEYS = ("inputs", "precision", "devices", "cpu_fallback", "warmup", "queue_limit",
-               "random_weights", "seed", "plan_cache_shapes", "plan_cache_mb")
+               "random_weights", "seed", "plan_cache_shapes", "plan_cache_mb", "max_batch_size",
+               "preferred_batch_sizes", "max_queue_delay_ms")
 INPUT_KEYS = ("shapes", "min", "max")
 
 
@@ -99,6 +103,9 @@ class ModelSpec:
     seed: int = 0
     plan_cache_shapes: int = 8
     plan_cache_mb: int = 1024
+    max_batch_size: int = 8
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_ms: float = 0.0
     error: str | None = None
 
     def load_layers(self) -> list[Layer]:
@@ -243,6 +250,9 @@ def read_model_folder(folder: Path) -> ModelSpec:
         seed=settings["seed"],
         plan_cache_shapes=settings["plan_cache_shapes"],
         plan_cache_mb=settings["plan_cache_mb"],
+        max_batch_size=settings["max_batch_size"],
+        preferred_batch_sizes=settings["preferred_batch_sizes"],
+        max_queue_delay_ms=settings["max_queue_delay_ms"],
     )
 
 
@@ -345,11 +355,23 @@ def _read_config(path: Path, name: str) -> dict[str, Any]:
         out[key] = value
 
     for key, low, default in (("warmup", 0, None), ("queue_limit", 1, None), ("seed", 0, 0),
-                              ("plan_cache_shapes", 1, 8), ("plan_cache_mb", 1, 1024)):
+                              ("plan_cache_shapes", 1, 8), ("plan_cache_mb", 1, 1024),
+                              ("max_batch_size", 1, 8)):
         value = raw.get(key, default)
         if value is not None and (type(value) is not int or value < low):
             raise bad(key, f"an integer >= {low}")
         out[key] = value
+
+    preferred = raw.get("preferred_batch_sizes", [])
+    if not (isinstance(preferred, list) and all(
+            type(n) is int and 1 <= n <= out["max_batch_size"] for n in preferred)):
+        raise bad("preferred_batch_sizes",
+                  f"a list of batch sizes from 1 to max_batch_size ({out['max_batch_size']})")
+    out["preferred_batch_sizes"] = tuple(sorted(set(preferred)))
+    delay = raw.get("max_queue_delay_ms", 0.0)
+    if type(delay) not in (int, float) or not 0 <= delay <= 10_000:
+        raise bad("max_queue_delay_ms", "milliseconds from 0 to 10000")
+    out["max_queue_delay_ms"] = float(delay)
     return out
 
 

@@ -223,8 +223,9 @@ class Plan:
         self.blob_shapes: dict[str, Shape] = infer_shapes(graph.layers, graph.file, given)
         self.weights: Buffer | None = None
         self._cond = threading.Condition()
-        self._idle: list[PlanInstance] = []
-        self._count = 0
+        # instances by batch size (items run together in one submission, see PlanInstance)
+        self._idle: dict[int, list[PlanInstance]] = {}
+        self._count: dict[int, int] = {}
         self._closed = False
         compiles_before = device.pipelines.stats.glsl_compiles
         try:
@@ -506,24 +507,27 @@ class Plan:
 
     # -- instances ------------------------------------------------------------------------------
 
-    def acquire(self, timeout_s: float | None = None) -> PlanInstance:
-        """A free instance (created on demand up to max_instances, else waits for one)."""
+    def acquire(self, timeout_s: float | None = None, batch: int = 1) -> PlanInstance:
+        """A free instance for ``batch`` items (created on demand, up to max_instances per
+        batch size, else waits for one)."""
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
         with self._cond:
             while True:
                 if self._closed:
                     raise RuntimeError("plan is closed")
-                if self._idle:
-                    return self._idle.pop()
-                if self._count < self.max_instances:
-                    self._count += 1
+                if self._idle.get(batch):
+                    return self._idle[batch].pop()
+                if self._count.get(batch, 0) < self.max_instances:
+                    self._count[batch] = self._count.get(batch, 0) + 1
                     break
                 if not self._cond.wait(timeout_s):
                     raise TimeoutError(f"no free plan instance within {timeout_s} s")
         try:
-            return PlanInstance(self)
+            return PlanInstance(self, batch=batch)
         except BaseException:
             with self._cond:
-                self._count -= 1
+                self._count[batch] -= 1
                 self._cond.notify()
             raise
 
@@ -535,17 +539,19 @@ class Plan:
             instance.settle()
         with self._cond:
             if not self._closed and reusable:
-                self._idle.append(instance)
+                self._idle.setdefault(instance.batch, []).append(instance)
                 self._cond.notify()
                 return
-            self._count -= 1
+            self._count[instance.batch] -= 1
         instance.destroy()
 
     def drop_idle(self) -> None:
         """Destroy idle instances (their arenas go back to the pool): the pool's reclaimer."""
         with self._cond:
-            idle, self._idle = self._idle, []
-            self._count -= len(idle)
+            idle = [inst for insts in self._idle.values() for inst in insts]
+            self._idle = {}
+            for inst in idle:
+                self._count[inst.batch] -= 1
             self._cond.notify_all()
         for inst in idle:
             inst.destroy()
@@ -554,6 +560,12 @@ class Plan:
             between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
         with self.acquire() as inst:
             return inst.run(inputs, timeout_s, between_waits)
+
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], timeout_s: float | None = None,
+                  between_waits: Callable[[], None] | None = None) -> list[dict[str, np.ndarray]]:
+        """Several inferences in one submission (see PlanInstance); outputs in input order."""
+        with self.acquire(batch=len(batch)) as inst:
+            return inst.run_batch(batch, timeout_s, between_waits)
 
     def close(self) -> None:
         """Destroy idle instances now, busy ones when released, and give the weights back."""
@@ -603,13 +615,22 @@ class StepTimer(Protocol):
 
 class PlanInstance:
     """One replayable copy of a Plan: its own arena, staging buffer, descriptor sets,
-    recorded command buffer and fence. Not re-entrant: one inference at a time."""
+    recorded command buffer and fence. Not re-entrant: one inference at a time.
 
-    def __init__(self, plan: Plan, profiler: StepTimer | None = None) -> None:
+    With ``batch`` N the instance holds N arenas and staging regions side by side and records
+    the N items layer by layer: each layer's dispatches for every item, then one barrier, so
+    the GPU runs the items' dispatches of a layer concurrently and the batch costs one submit,
+    one fence wait and one pass of copies. (The shaders run per item: weights are read once per
+    item, from the cache for all but the first.)"""
+
+    def __init__(self, plan: Plan, profiler: StepTimer | None = None, batch: int = 1) -> None:
         self.plan = plan
         ctx = self.ctx = plan.ctx
         vk = ctx.vk
         self.profiler = profiler
+        self.batch = batch
+        self.arena_stride = align_up(plan.arena_bytes, plan.alignment)
+        self.staging_stride = align_up(plan.staging_bytes, STAGING_ALIGN)
         self.arena: Buffer | None = None
         self.staging: Buffer | None = None
         self.descriptors: DescriptorPool | None = None
@@ -617,8 +638,8 @@ class PlanInstance:
         self.fence: Any = None
         self.in_flight = False  # submitted and not waited for to the end (wait abandoned)
         try:
-            self.arena = plan.pool.acquire(plan.arena_bytes, MemoryKind.DEVICE)
-            self.staging = plan.pool.acquire(plan.staging_bytes, MemoryKind.HOST)
+            self.arena = plan.pool.acquire(self.arena_stride * batch, MemoryKind.DEVICE)
+            self.staging = plan.pool.acquire(self.staging_stride * batch, MemoryKind.HOST)
             self._write_sets()
             self.cmd = ctx.allocate_command_buffer()
             ctx.record(self.cmd, self._record)
@@ -633,29 +654,43 @@ class PlanInstance:
         self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
                                                  "commandBufferCount": 1,
                                                  "pCommandBuffers": self._cmds})
-        dtype = plan.dtype
-        self._inputs = [(t.blob, t.shape,
-                         self.staging.array(plan.input_dtype, math.prod(t.shape),
-                                            t.staging_offset).reshape(t.shape))
-                        for t in plan.copy_in]
-        self._outputs = [(t.blob, self.staging.array(dtype, math.prod(t.shape),
-                                                     t.staging_offset).reshape(t.shape))
-                         for t in plan.copy_out]
-        self._finish_views: list[dict[str, np.ndarray]] = [{} for _ in plan.finishers]
-        for f, t in plan.copy_raw:
-            self._finish_views[f][t.blob] = self.staging.array(np.uint8, t.nbytes, t.staging_offset)
+        # per item: (blob, shape, staging view) of inputs, (blob, view) of outputs, raw views
+        self._inputs = [self._input_views(i) for i in range(batch)]
+        self._outputs = [[(t.blob, self._view(plan.dtype, t, i)) for t in plan.copy_out]
+                         for i in range(batch)]
+        self._finish_views: list[list[dict[str, np.ndarray]]] = []
+        for i in range(batch):
+            views: list[dict[str, np.ndarray]] = [{} for _ in plan.finishers]
+            for f, t in plan.copy_raw:
+                views[f][t.blob] = self._view(np.dtype(np.uint8), t, i)
+            self._finish_views.append(views)
+
+    def _view(self, dtype: np.dtype, t: _Transfer, item: int) -> np.ndarray:
+        assert self.staging is not None
+        offset = item * self.staging_stride + t.staging_offset
+        return self.staging.array(dtype, math.prod(t.shape), offset).reshape(t.shape)
+
+    def _input_views(self, item: int) -> list[tuple[str, Shape, np.ndarray]]:
+        return [(t.blob, t.shape, self._view(self.plan.input_dtype, t, item))
+                for t in self.plan.copy_in]
 
     def _write_sets(self) -> None:
         plan = self.plan
         assert self.arena is not None
-        self.descriptors = DescriptorPool(self.ctx, max(1, len(plan.steps)),
-                                          sum(len(s.bindings) for s in plan.steps))
-        self.sets = []
+        steps = max(1, len(plan.steps)) * self.batch
+        self.descriptors = DescriptorPool(self.ctx, steps,
+                                          self.batch * sum(len(s.bindings) for s in plan.steps))
         buffers = {"weights": plan.weights, "arena": self.arena, "staging": self.staging}
+        strides = {"weights": 0, "arena": self.arena_stride, "staging": self.staging_stride}
+        # sets[k][i]: step k of item i
+        self.sets: list[list[Any]] = []
         for step in plan.steps:
-            bufs = [(buffers[b.buffer], b.offset, b.size)
-                    for b in step.bindings[:step.pipeline.binding_count]]
-            self.sets.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
+            per_item = []
+            for i in range(self.batch):
+                bufs = [(buffers[b.buffer], b.offset + i * strides[b.buffer], b.size)
+                        for b in step.bindings[:step.pipeline.binding_count]]
+                per_item.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
+            self.sets.append(per_item)
 
     def _record(self, cmd: Any) -> None:
         vk, plan = self.ctx.vk, self.plan
@@ -668,35 +703,39 @@ class PlanInstance:
             mb = vk.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)
             vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
 
+        items = range(self.batch)
         if plan.copy_in and plan.input_dtype == plan.dtype:  # else cast_input dispatches
-            regions = [vk.VkBufferCopy(srcOffset=t.staging_offset, dstOffset=t.arena_offset,
-                                       size=t.nbytes) for t in plan.copy_in]
+            regions = [vk.VkBufferCopy(srcOffset=i * self.staging_stride + t.staging_offset,
+                                       dstOffset=i * self.arena_stride + t.arena_offset,
+                                       size=t.nbytes) for i in items for t in plan.copy_in]
             vk.vkCmdCopyBuffer(cmd, self.staging.handle, self.arena.handle, len(regions), regions)
             barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
                     shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
         bound = None
         if self.profiler:
             self.profiler.record_start(cmd)
-        for k, (step, dset) in enumerate(zip(plan.steps, self.sets)):
+        for k, (step, dsets) in enumerate(zip(plan.steps, self.sets)):
             if step.barrier_before and k:
                 barrier(compute, shader_rw, compute, shader_rw)
             if step.pipeline is not bound:
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, step.pipeline.handle)
                 bound = step.pipeline
-            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
-                                       step.pipeline.layout, 0, 1, [dset], 0, None)
-            if step.push:
-                vk.vkCmdPushConstants(cmd, step.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                                      0, len(step.push), vk.ffi.from_buffer(step.push))
-            vk.vkCmdDispatch(cmd, *step.groups)
+            for dset in dsets:  # the items' dispatches of one step: no barrier between them
+                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                           step.pipeline.layout, 0, 1, [dset], 0, None)
+                if step.push:
+                    vk.vkCmdPushConstants(cmd, step.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                          0, len(step.push), vk.ffi.from_buffer(step.push))
+                vk.vkCmdDispatch(cmd, *step.groups)
             if self.profiler:
                 self.profiler.record_step(cmd, k)
         copies = [*plan.copy_out, *(t for _, t in plan.copy_raw)]
         if copies:
             barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
                     transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
-            regions = [vk.VkBufferCopy(srcOffset=t.arena_offset, dstOffset=t.staging_offset,
-                                       size=t.nbytes) for t in copies]
+            regions = [vk.VkBufferCopy(srcOffset=i * self.arena_stride + t.arena_offset,
+                                       dstOffset=i * self.staging_stride + t.staging_offset,
+                                       size=t.nbytes) for i in items for t in copies]
             vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
             barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
                     vk.VK_ACCESS_HOST_READ_BIT)
@@ -707,17 +746,30 @@ class PlanInstance:
         self.start(inputs)
         return self.finish(timeout_s, between_waits)
 
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], timeout_s: float | None = None,
+                  between_waits: Callable[[], None] | None = None) -> list[dict[str, np.ndarray]]:
+        """The instance's ``batch`` inferences in one submission."""
+        self.start_batch(batch)
+        return self.finish_batch(timeout_s, between_waits)
+
     def start(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Write the inputs into staging (converting to the storage type) and submit."""
+        self.start_batch([inputs])
+
+    def start_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """`start` for the instance's ``batch`` items (exactly that many)."""
         if self.in_flight:
             raise RuntimeError("plan instance already has an inference in flight")
-        for name, shape, view in self._inputs:
-            arr = inputs.get(name)
-            if arr is None:
-                raise ValueError(f"missing input {name!r}")
-            if np.shape(arr) != shape:
-                raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
-            np.copyto(view, arr, casting="unsafe")
+        if len(batch) != self.batch:
+            raise ValueError(f"{len(batch)} inputs for an instance of batch {self.batch}")
+        for inputs, views in zip(batch, self._inputs):
+            for name, shape, view in views:
+                arr = inputs.get(name)
+                if arr is None:
+                    raise ValueError(f"missing input {name!r}")
+                if np.shape(arr) != shape:
+                    raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
+                np.copyto(view, arr, casting="unsafe")
         staging = self.staging
         assert staging is not None
         if not staging.coherent:
@@ -731,6 +783,12 @@ class PlanInstance:
 
     def finish(self, timeout_s: float | None = None,
                between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
+        """`finish_batch` of a one-item instance."""
+        (out,) = self.finish_batch(timeout_s, between_waits)
+        return out
+
+    def finish_batch(self, timeout_s: float | None = None,
+                     between_waits: Callable[[], None] | None = None) -> list[dict[str, np.ndarray]]:
         """Wait for the submission and copy the outputs out (then run the host tail).
 
         `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
@@ -744,13 +802,16 @@ class PlanInstance:
         assert staging is not None
         if not staging.coherent:
             staging.invalidate()
-        out = {name: view.astype(np.float32) for name, view in self._outputs}
-        for (_, layer, vl), views in zip(self.plan.finishers, self._finish_views):
-            out.update(zip(layer.outputs, vl.finish_on_host(views)))  # type: ignore[attr-defined]
-        tail = self.plan.tail
-        if tail is not None:
-            tail.run(out)
-        return {name: out[name] for name in self.plan.output_names}
+        results = []
+        for outputs, finish_views in zip(self._outputs, self._finish_views):
+            out = {name: view.astype(np.float32) for name, view in outputs}
+            for (_, layer, vl), views in zip(self.plan.finishers, finish_views):
+                out.update(zip(layer.outputs, vl.finish_on_host(views)))  # type: ignore[attr-defined]
+            tail = self.plan.tail
+            if tail is not None:
+                tail.run(out)
+            results.append({name: out[name] for name in self.plan.output_names})
+        return results
 
     def settle(self) -> None:
         """Wait for an abandoned submission so that the instance's objects can be destroyed."""
