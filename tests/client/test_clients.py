@@ -41,6 +41,7 @@ from vkserve.client.protocol import (
     LoadModelRequest,
     PingRequest,
     Response,
+    ShmRegisterRequest,
     StatusRequest,
     UnloadModelRequest,
     encode_frame,
@@ -124,6 +125,8 @@ class FakeServer:
                 return [Response.success(req.id, {"name": name, "devices": devices})]
             case UnloadModelRequest(name=name):
                 return [Response.success(req.id, {"name": name})]
+            case ShmRegisterRequest():  # a daemon that refuses shared memory: the clients go inline
+                return [Response.failure(req.id, ErrorCode.BAD_REQUEST, "this server keeps tensors inline")]
         raise AssertionError(f"unhandled {req!r}")
 
 
@@ -352,6 +355,7 @@ async def test_trio_large_tensor_and_other_ops(nursery: trio.Nursery) -> None:
     async with TrioClient.open(stream) as c:
         out = await c.infer("double", {"x": x.T})
         np.testing.assert_array_equal(out["y"], x.T * 2)
+        assert c._shm is None  # the server refused the region: inline from then on
         assert await c.models() == [{"name": "double", "state": "ready"}]
         assert (await c.status())["devices"][0]["name"] == "cpu"
         assert await c.load_model("m") == {"name": "m", "devices": None}

@@ -42,6 +42,8 @@ from vkserve.client.protocol import (
     PingRequest,
     ProtocolError,
     Response,
+    ShmRegisterRequest,
+    ShmUnregisterRequest,
     StatusRequest,
     TensorError,
     UnloadModelRequest,
@@ -215,8 +217,11 @@ def test_parse_every_op() -> None:
     assert parse_request({**base, "op": "unload_model", "name": "m"}) == UnloadModelRequest(5, "m")
     assert parse_request({**base, "op": "cancel", "target": 4}) == CancelRequest(5, 4)
     assert parse_request({**base, "op": "auth", "token": "s3cret"}) == AuthRequest(5, "s3cret")
+    assert parse_request({**base, "op": "shm_register", "name": "r", "size": 64}) == ShmRegisterRequest(5, "r", 64)
+    assert parse_request({**base, "op": "shm_unregister", "name": "r"}) == ShmUnregisterRequest(5, "r")
     assert {o.value for o in Op} == {
-        "infer", "load_model", "unload_model", "list_models", "status", "cancel", "ping", "auth"
+        "infer", "load_model", "unload_model", "list_models", "status", "cancel", "ping", "auth",
+        "shm_register", "shm_unregister",
     }
 
 

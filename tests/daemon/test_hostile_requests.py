@@ -160,10 +160,10 @@ async def test_a_validation_bug_costs_one_internal_answer(monkeypatch: pytest.Mo
 
     real = connection.parse_request
 
-    def buggy(msg: dict) -> object:
+    def buggy(msg: dict, shm: object = None) -> object:
         if msg.get("model") == "bug":
             raise ValueError("a bug in validation")
-        return real(msg)
+        return real(msg, shm)
 
     monkeypatch.setattr(connection, "parse_request", buggy)
     async with connected() as (peer, _server, closed):

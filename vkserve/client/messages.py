@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .framing import ProtocolError
-from .tensors import TensorError, decode_tensors, encode_tensors
+from .tensors import ShmResolver, TensorError, decode_tensors, encode_tensor, encode_tensors, shm_tensor
 
 __all__ = [
     "CONNECTION_ERROR_ID",
@@ -64,6 +64,9 @@ __all__ = [
     "InferRequest",
     "ListModelsRequest",
     "LoadModelRequest",
+    "ShmRegisterRequest",
+    "ShmSlot",
+    "ShmUnregisterRequest",
     "Op",
     "PingRequest",
     "Request",
@@ -104,6 +107,8 @@ class Op(StrEnum):
     CANCEL = "cancel"
     PING = "ping"
     AUTH = "auth"
+    SHM_REGISTER = "shm_register"
+    SHM_UNREGISTER = "shm_unregister"
 
 
 class SchemaError(ProtocolError):
@@ -199,6 +204,18 @@ def _opt_device_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
 # --------------------------------------------------------------------------- requests
 
 
+@dataclass(frozen=True, slots=True)
+class ShmSlot:
+    """``size`` bytes at ``offset`` of a registered shared-memory region."""
+
+    region: str
+    offset: int
+    size: int
+
+    def to_message(self) -> dict[str, Any]:
+        return {"region": self.region, "offset": self.offset, "size": self.size}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class InferRequest:
     """Run ``model`` on ``inputs``. Higher ``priority`` runs first.
@@ -206,6 +223,10 @@ class InferRequest:
     ``deadline`` is an absolute unix time (``time.time()`` clock); ``timeout`` is seconds from
     when the server receives the request. Both may be given: the earlier one applies.
     ``outputs`` selects output names (``None`` = all). Decoded ``inputs`` are read-only arrays.
+
+    Shared memory (Unix sockets): ``placed`` names inputs the client already wrote into a
+    registered region (at that offset; sent as references, not bytes); ``outputs_shm`` is room
+    where the server writes the outputs that fit (the others come inline).
     """
 
     id: int
@@ -215,6 +236,8 @@ class InferRequest:
     deadline: float | None = None
     timeout: float | None = None
     outputs: list[str] | None = None
+    placed: Mapping[str, ShmSlot] | None = None
+    outputs_shm: ShmSlot | None = None
     op: ClassVar[Op] = Op.INFER
 
     def effective_deadline(self, received_at: float) -> float | None:
@@ -226,13 +249,43 @@ class InferRequest:
     def to_message(self) -> dict[str, Any]:
         msg = _header(self.id, self.op)
         msg["model"] = self.model
-        msg["inputs"] = encode_tensors(self.inputs)
+        placed = self.placed or {}
+        msg["inputs"] = {**encode_tensors({n: a for n, a in self.inputs.items() if n not in placed}),
+                         **{n: shm_tensor(np.asarray(self.inputs[n]), slot.region, slot.offset)
+                            for n, slot in placed.items()}}
         msg["priority"] = self.priority
         for key in ("deadline", "timeout", "outputs"):
             value = getattr(self, key)
             if value is not None:
                 msg[key] = value
+        if self.outputs_shm is not None:
+            msg["outputs_shm"] = self.outputs_shm.to_message()
         return msg
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRegisterRequest:
+    """Register a shared-memory region for this connection's tensors: ``size`` bytes of the
+    file descriptor sent with this request's frame (SCM_RIGHTS on the Unix socket), which must
+    be a memfd sealed against shrinking (see ``vkserve.client.shm``)."""
+
+    id: int
+    name: str
+    size: int
+    op: ClassVar[Op] = Op.SHM_REGISTER
+
+    def to_message(self) -> dict[str, Any]:
+        return {**_header(self.id, self.op), "name": self.name, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class ShmUnregisterRequest:
+    id: int
+    name: str
+    op: ClassVar[Op] = Op.SHM_UNREGISTER
+
+    def to_message(self) -> dict[str, Any]:
+        return {**_header(self.id, self.op), "name": self.name}
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +377,8 @@ Request = (
     | PingRequest
     | CancelRequest
     | AuthRequest
+    | ShmRegisterRequest
+    | ShmUnregisterRequest
 )
 
 
@@ -331,12 +386,18 @@ def _header(request_id: int, op: Op) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "id": request_id, "op": op.value}
 
 
-def _parse_infer(rid: int, msg: Mapping[str, Any]) -> InferRequest:
+def _parse_infer(rid: int, msg: Mapping[str, Any], shm: ShmResolver | None) -> InferRequest:
     model = _req_str(msg, "model")
     try:
-        inputs = decode_tensors(msg.get("inputs"))
+        inputs = decode_tensors(msg.get("inputs"), shm)
     except TensorError as exc:
         raise SchemaError(_join("inputs", exc.field), exc.detail) from None
+    outputs_shm = None
+    if msg.get("outputs_shm") is not None:
+        if shm is None:
+            raise SchemaError("outputs_shm", "shared memory needs a Unix-socket connection and a "
+                                             "registered region")
+        outputs_shm = _parse_slot(msg["outputs_shm"], "outputs_shm")
     return InferRequest(
         id=rid,
         model=model,
@@ -345,11 +406,21 @@ def _parse_infer(rid: int, msg: Mapping[str, Any]) -> InferRequest:
         deadline=_opt_number(msg, "deadline"),
         timeout=_opt_number(msg, "timeout", nonnegative=True),
         outputs=_opt_str_list(msg, "outputs"),
+        outputs_shm=outputs_shm,
     )
 
 
+def _parse_slot(value: Any, field: str) -> ShmSlot:
+    if not isinstance(value, dict):
+        raise SchemaError(field, "expected map with region, offset and size")
+    return ShmSlot(_req_str(value, "region"), _req_int(value, "offset", 0, _INT64_MAX),
+                   _req_int(value, "size", 0, _INT64_MAX))
+
+
 _PARSERS: dict[str, Callable[[int, Mapping[str, Any]], Request]] = {
-    Op.INFER: _parse_infer,
+    Op.SHM_REGISTER: lambda rid, m: ShmRegisterRequest(rid, _req_str(m, "name"),
+                                                       _req_int(m, "size", 1, _INT64_MAX)),
+    Op.SHM_UNREGISTER: lambda rid, m: ShmUnregisterRequest(rid, _req_str(m, "name")),
     Op.LOAD_MODEL: lambda rid, m: LoadModelRequest(rid, _req_str(m, "name"), _opt_device_list(m, "devices")),
     Op.UNLOAD_MODEL: lambda rid, m: UnloadModelRequest(rid, _req_str(m, "name")),
     Op.LIST_MODELS: lambda rid, m: ListModelsRequest(rid),
@@ -368,11 +439,12 @@ def _check_version(msg: Mapping[str, Any]) -> None:
         raise SchemaError("v", f"unsupported protocol version {v}; this peer speaks {PROTOCOL_VERSION}")
 
 
-def parse_request(msg: Mapping[str, Any]) -> Request:
+def parse_request(msg: Mapping[str, Any], shm: ShmResolver | None = None) -> Request:
     """Validate a decoded request map into a typed request, or raise :class:`BadRequest`.
 
     ``BadRequest.request_id`` carries the id whenever it was valid, so the caller can answer
-    that request; otherwise answer with :data:`CONNECTION_ERROR_ID`.
+    that request; otherwise answer with :data:`CONNECTION_ERROR_ID`. ``shm`` resolves tensors
+    that refer to the connection's shared-memory regions (None: such tensors are refused).
     """
     raw_id = msg.get("id")
     rid = raw_id if _is_int(raw_id) and 1 <= raw_id <= MAX_REQUEST_ID else None
@@ -383,6 +455,8 @@ def parse_request(msg: Mapping[str, Any]) -> Request:
         op = msg.get("op")
         if not isinstance(op, str):
             raise SchemaError("op", "expected str")
+        if op == Op.INFER:
+            return _parse_infer(rid, msg, shm)
         parser = _PARSERS.get(op)
         if parser is None:
             raise SchemaError("op", f"unknown op {op!r}; expected one of {', '.join(o.value for o in Op)}")
@@ -456,13 +530,17 @@ def parse_response(msg: Mapping[str, Any]) -> Response:
         raise BadResponse(exc.field, exc.detail, rid) from None
 
 
-def encode_infer_result(outputs: Mapping[str, npt.ArrayLike], **extra: Any) -> dict[str, Any]:
-    """The ``result`` of an infer response: ``{"outputs": {name: tensor}, **extra}``.
+def encode_infer_result(outputs: Mapping[str, npt.ArrayLike], *,
+                        placed: Mapping[str, ShmSlot] | None = None, **extra: Any) -> dict[str, Any]:
+    """The ``result`` of an infer response: ``{"outputs": {name: tensor}, **extra}``; outputs
+    named in ``placed`` were written into a shared-memory region and go as references.
 
     ``extra`` carries optional metadata (e.g. ``device``, timings); clients ignore what they
     do not know.
     """
-    return {"outputs": encode_tensors(outputs), **extra}
+    placed = placed or {}
+    return {"outputs": {n: shm_tensor(np.asarray(a), placed[n].region, placed[n].offset)
+                        if n in placed else encode_tensor(a) for n, a in outputs.items()}, **extra}
 
 
 @dataclass(frozen=True)
@@ -476,10 +554,10 @@ class InferReply:
     batch_size: int | None = None  # jobs the daemon ran together with this one (itself included)
 
 
-def decode_infer_reply(result: Any) -> InferReply:
+def decode_infer_reply(result: Any, shm: ShmResolver | None = None) -> InferReply:
     """Outputs plus the optional ``device``/``queue_seconds``/``run_seconds``/``batch_size``
     extras."""
-    outputs = decode_infer_result(result)
+    outputs = decode_infer_result(result, shm)
 
     def number(key: str) -> float | None:
         value = result.get(key)
@@ -492,11 +570,13 @@ def decode_infer_reply(result: Any) -> InferReply:
                       batch if type(batch) is int else None)
 
 
-def decode_infer_result(result: Any) -> dict[str, np.ndarray]:
-    """Decode the outputs of an infer result, or raise :class:`BadResponse` naming the field."""
+def decode_infer_result(result: Any, shm: ShmResolver | None = None) -> dict[str, np.ndarray]:
+    """Decode the outputs of an infer result, or raise :class:`BadResponse` naming the field.
+    Outputs in shared memory (``shm``: the client's regions) are copied out of it."""
     if not isinstance(result, dict):
         raise BadResponse("result", "expected map")
     try:
-        return decode_tensors(result.get("outputs"))
+        outputs = decode_tensors(result.get("outputs"), shm)
+        return outputs if shm is None else {n: a.copy() for n, a in outputs.items()}
     except TensorError as exc:
         raise BadResponse(_join("result.outputs", exc.field), exc.detail) from None

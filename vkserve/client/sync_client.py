@@ -3,6 +3,8 @@ call it at once; a reader thread routes each response to its caller by request i
 
 from __future__ import annotations
 
+import array
+import logging
 import os
 import socket
 import threading
@@ -16,26 +18,31 @@ import numpy as np
 import numpy.typing as npt
 
 from .connection import ClientConnection, answer_wait_budget
-from .errors import ClientError, ConnectionClosed, DeadlineExceeded, error_from_info
+from .errors import ClientError, ConnectionClosed, DeadlineExceeded, ServerError, error_from_info
 from .framing import DEFAULT_MAX_FRAME_SIZE, ProtocolError
 from .messages import (
     CONNECTION_ERROR_ID,
     AuthRequest,
     CancelRequest,
+    InferRequest,
     ListModelsRequest,
     LoadModelRequest,
     PingRequest,
     Request,
     Response,
+    ShmRegisterRequest,
+    ShmUnregisterRequest,
     StatusRequest,
     UnloadModelRequest,
     decode_infer_result,
 )
 from .paths import Address, TcpAddress, UnixAddress, check_socket_folder, resolve_address
+from .shm import ClientRegion, SharedInputs, SharedMemory
 
 __all__ = ["Client", "open_socket"]
 
 _RECV_SIZE = 256 * 1024
+log = logging.getLogger(__name__)
 
 
 def open_socket(address: Address, timeout: float | None) -> socket.socket:
@@ -67,6 +74,8 @@ class Client:
 
     def __init__(self, sock: socket.socket, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self._sock = sock
+        #: large tensors go through shared memory on Unix sockets (vkserve.client.shm)
+        self._shm = SharedMemory() if sock.family == socket.AF_UNIX else None
         self._conn = ClientConnection(max_frame_size)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -118,7 +127,45 @@ class Client:
         """
         request = self._conn.infer_request(model, inputs, priority=priority, deadline=deadline,
                                            timeout=timeout, outputs=outputs)
-        return decode_infer_result(self._call(request, answer_wait_budget(deadline, timeout)))
+        wait = answer_wait_budget(deadline, timeout)
+        region = self._shared_region(request)
+        if region is None:
+            return decode_infer_result(self._call(request, wait))
+        shared = SharedInputs(region, request.inputs)
+        try:
+            outputs = decode_infer_result(self._call(shared.request(request), wait), shared)
+        except BaseException:
+            self._drop_region(region)  # the daemon may still write into it
+            raise
+        assert self._shm is not None
+        self._shm.put(region)
+        return outputs
+
+    def _shared_region(self, request: InferRequest) -> ClientRegion | None:
+        """A registered region for the request's inputs when they are large enough and the
+        connection is a Unix socket; None to send them inline (also when the daemon refuses
+        a region: shared memory is then off for this connection, with a log line)."""
+        if self._shm is None or not SharedMemory.wanted(request.inputs):
+            return None
+        region, new = self._shm.take(request.inputs)
+        if new:
+            try:
+                self._call(ShmRegisterRequest(self._conn.next_id(), region.name, region.size),
+                           fds=(region.fd,))
+            except ServerError as exc:
+                log.warning("shared memory off for this connection, tensors go inline: %s", exc)
+                self._shm.drop(region)
+                self._shm = None
+                return None
+        return region
+
+    def _drop_region(self, region: ClientRegion) -> None:
+        assert self._shm is not None
+        self._shm.drop(region)
+        try:  # best effort, answer ignored: the daemon frees it with the connection anyway
+            self._send(self._conn.encode(ShmUnregisterRequest(self._conn.next_id(), region.name)))
+        except (ClientError, OSError):
+            return
 
     def models(self) -> list[dict[str, Any]]:
         """The daemon's models (name, inputs with shapes, devices, state, ...)."""
@@ -146,6 +193,8 @@ class Client:
         if self._reader is not threading.current_thread():
             self._reader.join()
         self._sock.close()
+        if self._shm is not None:
+            self._shm.close()
 
     def __enter__(self) -> Client:
         return self
@@ -157,7 +206,7 @@ class Client:
 
     # ------------------------------------------------------------------ internals
 
-    def _call(self, request: Request, wait: float | None = None) -> Any:
+    def _call(self, request: Request, wait: float | None = None, fds: tuple[int, ...] = ()) -> Any:
         frame = self._conn.encode(request)
         future: Future[Any] = Future()
         with self._state_lock:
@@ -165,7 +214,7 @@ class Client:
                 raise ConnectionClosed(self._closed)
             self._pending[request.id] = future
         try:
-            self._send(frame)
+            self._send(frame, fds)
             return future.result(wait)
         except TimeoutError:
             if self._forget(request.id):
@@ -192,12 +241,17 @@ class Client:
         except (ClientError, OSError):
             return
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: bytes, fds: tuple[int, ...] = ()) -> None:
+        """Write a frame; ``fds`` travel with its first bytes (SCM_RIGHTS, Unix sockets)."""
         with self._send_lock:
             if self._closed is not None:
                 raise ConnectionClosed(self._closed)
             try:
-                self._sock.sendall(frame)
+                sent = 0
+                if fds:
+                    sent = self._sock.sendmsg(
+                        [frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                self._sock.sendall(memoryview(frame)[sent:])
             except OSError as exc:
                 # The reader may have closed the connection first (e.g. on an error frame):
                 # report the first reason, not the broken pipe it caused.

@@ -1,4 +1,6 @@
-"""Tensors on the wire: ``{"dtype": str, "shape": [int, ...], "data": bin}``.
+"""Tensors on the wire: ``{"dtype": str, "shape": [int, ...], "data": bin}``, or, on a Unix
+socket whose peer registered a shared-memory region, ``{"dtype", "shape", "shm": {"region": str,
+"offset": int}}``: the bytes lie in the region (see ``vkserve.client.shm``), not in the frame.
 
 Data is little-endian and C-ordered. Only plain numeric dtypes travel (no object, void,
 string or complex kinds), so nothing on the wire can make us unpickle or interpret code.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +20,7 @@ __all__ = [
     "ALLOWED_DTYPES",
     "MAX_ELEMENTS",
     "MAX_NDIM",
+    "ShmResolver",
     "TensorError",
     "decode_tensor",
     "decode_tensors",
@@ -58,6 +61,15 @@ class TensorError(ValueError):
         self.detail = message
 
 
+class ShmResolver(Protocol):
+    """The shared-memory regions a tensor may refer to (one side's registered regions)."""
+
+    def view(self, region: str, offset: int, nbytes: int) -> memoryview:
+        """``nbytes`` of ``region`` from ``offset``; TensorError naming the field when the
+        region is unknown or the range does not lie inside it."""
+        ...
+
+
 def _wire_dtype(name: str) -> np.dtype[Any]:
     return np.dtype(name).newbyteorder("<")
 
@@ -84,8 +96,15 @@ def encode_tensor(array: npt.ArrayLike) -> dict[str, Any]:
     return {"dtype": name, "shape": list(arr.shape), "data": data}
 
 
-def decode_tensor(obj: Any) -> npt.NDArray[Any]:
-    """Turn a wire tensor into a read-only ndarray that shares memory with ``obj["data"]``.
+def shm_tensor(array: npt.NDArray[Any], region: str, offset: int) -> dict[str, Any]:
+    """The wire form of ``array`` written at ``offset`` of shared-memory ``region``."""
+    return {"dtype": array.dtype.name, "shape": list(array.shape),
+            "shm": {"region": region, "offset": offset}}
+
+
+def decode_tensor(obj: Any, shm: ShmResolver | None = None) -> npt.NDArray[Any]:
+    """Turn a wire tensor into a read-only ndarray that shares memory with ``obj["data"]`` (or
+    with the shared-memory region it names, through ``shm``).
 
     Copy the result (``arr.copy()``) if you need to write to it.
     """
@@ -97,12 +116,16 @@ def decode_tensor(obj: Any) -> npt.NDArray[Any]:
     if dtype_name not in ALLOWED_DTYPES:
         raise TensorError("dtype", f"unsupported dtype {dtype_name!r}; allowed: {sorted(ALLOWED_DTYPES)}")
     shape = _check_shape(obj.get("shape"))
-    data = obj.get("data")
+    dtype = _wire_dtype(dtype_name)
+    expected = math.prod(shape) * dtype.itemsize
+    ref = obj.get("shm")
+    if ref is not None:
+        data: Any = _shm_data(ref, expected, shm)
+    else:
+        data = obj.get("data")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TensorError("data", "expected bin")
-    dtype = _wire_dtype(dtype_name)
     nbytes = memoryview(data).nbytes
-    expected = math.prod(shape) * dtype.itemsize
     if nbytes != expected:
         raise TensorError("data", f"expected {expected} bytes for shape {shape} {dtype_name}, got {nbytes}")
     try:
@@ -112,6 +135,18 @@ def decode_tensor(obj: Any) -> npt.NDArray[Any]:
     if dtype_name == "bool" and arr.size and arr.view(np.uint8).max() > 1:
         raise TensorError("data", "bool tensor holds bytes other than 0 and 1")
     return arr
+
+
+def _shm_data(ref: Any, nbytes: int, shm: ShmResolver | None) -> memoryview:
+    if shm is None:
+        raise TensorError("shm", "shared memory needs a Unix-socket connection and a region "
+                                 "registered on it (op 'shm_register')")
+    if not isinstance(ref, dict) or not isinstance(ref.get("region"), str):
+        raise TensorError("shm.region", "expected str")
+    offset = ref.get("offset")
+    if type(offset) is not int or offset < 0:
+        raise TensorError("shm.offset", "expected int >= 0")
+    return shm.view(ref["region"], offset, nbytes)
 
 
 def _check_shape(shape: Any) -> list[int]:
@@ -142,7 +177,7 @@ def encode_tensors(arrays: Mapping[str, npt.ArrayLike]) -> dict[str, dict[str, A
     return out
 
 
-def decode_tensors(obj: Any) -> dict[str, npt.NDArray[Any]]:
+def decode_tensors(obj: Any, shm: ShmResolver | None = None) -> dict[str, npt.NDArray[Any]]:
     """Decode a name → wire tensor map; a TensorError's field is prefixed with the name."""
     if not isinstance(obj, dict):
         raise TensorError("", f"expected map of name to tensor, got {type(obj).__name__}")
@@ -151,7 +186,7 @@ def decode_tensors(obj: Any) -> dict[str, npt.NDArray[Any]]:
         if not isinstance(name, str):
             raise TensorError("", "tensor names must be str")
         try:
-            out[name] = decode_tensor(tensor)
+            out[name] = decode_tensor(tensor, shm)
         except TensorError as exc:
             raise TensorError(_join(name, exc.field), exc.detail) from None
     return out

@@ -4,8 +4,11 @@ caller. Cancelling a waiting call sends a ``cancel`` op for its request."""
 
 from __future__ import annotations
 
+import array
+import logging
 import math
 import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,29 +18,34 @@ import numpy.typing as npt
 import trio
 
 from .connection import ClientConnection, answer_wait_budget
-from .errors import ConnectionClosed, DeadlineExceeded, error_from_info
+from .errors import ConnectionClosed, DeadlineExceeded, ServerError, error_from_info
 from .framing import DEFAULT_MAX_FRAME_SIZE, ProtocolError
 from .messages import (
     CONNECTION_ERROR_ID,
     AuthRequest,
     CancelRequest,
     InferReply,
+    InferRequest,
     ListModelsRequest,
     LoadModelRequest,
     PingRequest,
     Request,
     Response,
+    ShmRegisterRequest,
+    ShmUnregisterRequest,
     StatusRequest,
     UnloadModelRequest,
     decode_infer_reply,
 )
 from .paths import Address, UnixAddress, check_socket_folder, resolve_address
+from .shm import ClientRegion, SharedInputs, SharedMemory
 
 __all__ = ["TrioClient"]
 
 _RECV_SIZE = 64 * 1024  # trio allocates a fresh buffer of this size per receive
 #: How long a cancelled call may wait for the send lock to deliver its ``cancel`` op.
 _CANCEL_SEND_TIMEOUT = 5.0
+log = logging.getLogger(__name__)
 
 
 class _Slot:
@@ -57,6 +65,10 @@ class TrioClient:
 
     def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
         self._stream = stream
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        #: large tensors go through shared memory on Unix sockets (vkserve.client.shm)
+        self._unix = sock if sock is not None and sock.family == socket.AF_UNIX else None
+        self._shm = SharedMemory() if self._unix is not None else None
         self._conn = ClientConnection(max_frame_size)
         self._send_lock = trio.StrictFIFOLock()
         self._pending: dict[int, _Slot] = {}
@@ -114,6 +126,8 @@ class TrioClient:
             raise
         finally:
             await stream.aclose()
+            if client._shm is not None:
+                client._shm.close()
 
     # ------------------------------------------------------------------ API
 
@@ -146,7 +160,45 @@ class TrioClient:
         request = self._conn.infer_request(model, inputs, priority=priority, deadline=deadline,
                                            timeout=timeout, outputs=outputs)
         budget = answer_wait_budget(deadline, timeout)
-        return decode_infer_reply(await self._call(request, math.inf if budget is None else budget))
+        wait = math.inf if budget is None else budget
+        region = await self._shared_region(request)
+        if region is None:
+            return decode_infer_reply(await self._call(request, wait))
+        shared = SharedInputs(region, request.inputs)
+        try:
+            reply = decode_infer_reply(await self._call(shared.request(request), wait), shared)
+        except BaseException:
+            await self._drop_region(region)  # the daemon may still write into it
+            raise
+        assert self._shm is not None
+        self._shm.put(region)
+        return reply
+
+    async def _shared_region(self, request: InferRequest) -> ClientRegion | None:
+        """As ``Client._shared_region``: a registered region, or None to send inline."""
+        if self._shm is None or not SharedMemory.wanted(request.inputs):
+            return None
+        region, new = self._shm.take(request.inputs)
+        if new:
+            try:
+                await self._call(ShmRegisterRequest(self._conn.next_id(), region.name, region.size),
+                                 fds=(region.fd,))
+            except ServerError as exc:
+                log.warning("shared memory off for this connection, tensors go inline: %s", exc)
+                self._shm.drop(region)
+                self._shm = None
+                return None
+        return region
+
+    async def _drop_region(self, region: ClientRegion) -> None:
+        assert self._shm is not None
+        self._shm.drop(region)
+        frame = self._conn.encode(ShmUnregisterRequest(self._conn.next_id(), region.name))
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CANCEL_SEND_TIMEOUT):
+            try:  # best effort, answer ignored: the daemon frees it with the connection anyway
+                await self._send_frame(frame)
+            except ConnectionClosed:
+                return
 
     async def models(self) -> list[dict[str, Any]]:
         result = await self._call(ListModelsRequest(self._conn.next_id()))
@@ -169,7 +221,7 @@ class TrioClient:
 
     # ------------------------------------------------------------------ internals
 
-    async def _call(self, request: Request, budget: float = math.inf) -> Any:
+    async def _call(self, request: Request, budget: float = math.inf, fds: tuple[int, ...] = ()) -> Any:
         frame = self._conn.encode(request)
         if self._closed is not None:
             raise ConnectionClosed(self._closed)
@@ -178,7 +230,7 @@ class TrioClient:
         sent = False
         try:
             with trio.move_on_after(budget):
-                await self._send_frame(frame)
+                await self._send_frame(frame, fds)
                 sent = True
                 await slot.event.wait()
         finally:
@@ -194,7 +246,8 @@ class TrioClient:
             raise ConnectionClosed(slot.failure)
         raise DeadlineExceeded("no answer from the server by the request's deadline")
 
-    async def _send_frame(self, frame: bytes) -> None:
+    async def _send_frame(self, frame: bytes, fds: tuple[int, ...] = ()) -> None:
+        """Write a frame; ``fds`` travel with its first bytes (SCM_RIGHTS, Unix sockets)."""
         async with self._send_lock:
             if self._closed is not None:
                 raise ConnectionClosed(self._closed)
@@ -202,7 +255,12 @@ class TrioClient:
             # would leave the server reading a torn frame.
             with trio.CancelScope(shield=True):
                 try:
-                    await self._stream.send_all(frame)
+                    sent = 0
+                    if fds:
+                        assert self._unix is not None
+                        sent = await self._unix.sendmsg(
+                            [frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                    await self._stream.send_all(memoryview(frame)[sent:])
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self._fail(f"send failed: {exc!r}")  # keeps an earlier reason
                     raise ConnectionClosed(self._closed or f"send failed: {exc!r}") from exc

@@ -30,9 +30,13 @@ itself close only it.
 
 from __future__ import annotations
 
+import array
+import collections
 import hmac
 import logging
 import math
+import os
+import socket
 import time
 from typing import Any, Protocol
 
@@ -55,6 +59,8 @@ from vkserve.client.protocol import (
     PingRequest,
     Request,
     Response,
+    ShmRegisterRequest,
+    ShmUnregisterRequest,
     StatusRequest,
     UnloadModelRequest,
     encode_frame,
@@ -64,6 +70,7 @@ from vkserve.client.protocol import (
 from vkserve.daemon.backend import Backend, Wire, to_wire
 from vkserve.daemon.config import Config
 from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog
+from vkserve.daemon.shm import RegionError, Regions
 from vkserve.scheduler import InferResult, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -71,6 +78,12 @@ log = logging.getLogger(__name__)
 __all__ = ["Connection", "Host", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed"]
 
 RECV_SIZE = 256 * 1024
+#: Shared memory per Unix-socket connection (vkserve.daemon.shm): regions, and their bytes.
+SHM_MAX_REGIONS = 16
+SHM_MAX_BYTES = 1 << 30
+#: File descriptors a connection may have sent ahead of the shm_register requests that take
+#: them; more are closed on arrival (and those requests then fail).
+MAX_PENDING_FDS = 4
 #: Largest frame a TCP peer may send before it has authenticated.
 PREAUTH_MAX_FRAME_SIZE = 64 * 1024
 #: Frames up to this size (header included) are read without a reservation from the shared
@@ -167,6 +180,12 @@ class Connection:
         self._closing_until: float | None = None
         self._recv_scope: trio.CancelScope | None = None  # the reader's wait for bytes
         self._woken = False  # that wait was interrupted by _wake_reader (not a timer)
+        # Unix sockets: descriptors sent with frames (SCM_RIGHTS) wait here for the
+        # shm_register requests that take them, in order; the regions they became.
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._unix = sock if sock is not None and sock.family == socket.AF_UNIX else None
+        self._fds: collections.deque[int] = collections.deque()
+        self.regions = Regions(SHM_MAX_REGIONS, SHM_MAX_BYTES) if self._unix is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -187,6 +206,10 @@ class Connection:
         finally:
             self.server.buffers.release(self._reserved)
             self._reserved = 0
+            while self._fds:
+                os.close(self._fds.popleft())
+            if self.regions is not None:
+                self.regions.close()
             log.debug("connection %s: %s", self.peer, reason)
 
     def evict(self, why: str) -> None:
@@ -231,10 +254,27 @@ class Connection:
         self._woken = False
         with trio.move_on_at(deadline) as self._recv_scope:
             try:
+                if self._unix is not None:
+                    return await self._receive_with_fds(self._unix, max_bytes)
                 return await self.stream.receive_some(max_bytes)
             finally:
                 self._recv_scope = None
         return None
+
+    async def _receive_with_fds(self, sock: trio.socket.SocketType, max_bytes: int) -> bytes:
+        """``receive_some`` that also keeps the descriptors a Unix peer sent (SCM_RIGHTS)."""
+        data, ancdata, _, _ = await sock.recvmsg(max_bytes, socket.CMSG_SPACE(4 * MAX_PENDING_FDS))
+        for level, kind, payload in ancdata:
+            if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
+                continue
+            fds = array.array("i")
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            for fd in fds:
+                if len(self._fds) < MAX_PENDING_FDS:
+                    self._fds.append(fd)
+                else:
+                    os.close(fd)
+        return data
 
     def _receive_size(self) -> int:
         """The next read's size: the rest of a frame whose size is reserved (never beyond it),
@@ -375,7 +415,7 @@ class Connection:
                 _request_id(msg), ErrorCode.UNAUTHENTICATED, "authenticate first (op 'auth' with the token)"))
             raise _Closing("request before authentication")
         try:
-            request = parse_request(msg)
+            request = parse_request(msg, self.regions)
         except BadRequest as exc:
             self.server.reject("bad_request")
             rid = exc.request_id if exc.request_id is not None else CONNECTION_ERROR_ID
@@ -399,6 +439,10 @@ class Connection:
             await self._send_response(
                 Response.failure(request.id, ErrorCode.BAD_REQUEST, f"request id {request.id} is already in flight")
             )
+            return
+        if isinstance(request, (ShmRegisterRequest, ShmUnregisterRequest)):
+            # in order with the reading: the next request may use the region already
+            await self._send_response(self._shm_request(request))
             return
         if isinstance(request, CancelRequest):
             scope = self.tasks.get(request.target)
@@ -427,6 +471,26 @@ class Connection:
         scope = trio.CancelScope()
         self.tasks[request.id] = scope
         nursery.start_soon(self._run_request, request, received_at, scope)
+
+    def _shm_request(self, request: ShmRegisterRequest | ShmUnregisterRequest) -> Response:
+        if self.regions is None:
+            self.server.reject("bad_request")
+            return Response.failure(request.id, ErrorCode.BAD_REQUEST,
+                                    "shared memory needs a Unix-socket connection (descriptors "
+                                    "cannot travel over TCP); send tensors inline")
+        if isinstance(request, ShmUnregisterRequest):
+            return Response.success(request.id, {"unregistered": self.regions.unregister(request.name)})
+        if not self._fds:
+            self.server.reject("bad_request")
+            return Response.failure(request.id, ErrorCode.BAD_REQUEST,
+                                    "no file descriptor came with the request (send the memfd "
+                                    "with the frame as SCM_RIGHTS)")
+        try:
+            self.regions.register(request.name, self._fds.popleft(), request.size)
+        except (RegionError, OSError) as exc:
+            self.server.reject("bad_request")
+            return Response.failure(request.id, ErrorCode.BAD_REQUEST, f"shm_register: {exc}")
+        return Response.success(request.id, {"registered": request.name, "size": request.size})
 
     async def _authenticate(self, request: AuthRequest) -> None:
         token = self.server.token
@@ -574,7 +638,10 @@ class Connection:
         if timer.cancelled_caught:
             raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED, "no result by the request's deadline")
         self._results[request.id] = result
-        return encode_infer_result(result.outputs, device=result.device,
+        placed = {}
+        if request.outputs_shm is not None and self.regions is not None:
+            placed = self.regions.write(request.outputs_shm, result.outputs)
+        return encode_infer_result(result.outputs, placed=placed, device=result.device,
                                    queue_seconds=result.queue_seconds, run_seconds=result.run_seconds,
                                    batch_size=result.batch_size)
 
