@@ -26,10 +26,10 @@ from vkserve.devices.capabilities import Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL, make_dispatch
+from vkserve.devices.vulkan.layers.matmul import gemm_dispatch
 from vkserve.devices.vulkan.layers.shape import LOCAL, linear_grid
 from vkserve.models.graph import Layer
 
-_GEMM_LOCAL = (8, 8, 1)
 _ELTWISE_SUM = 1  # eltwise.comp's op_type
 _WEIGHT_KEYS = ("qw", "qb", "kw", "kb", "vw", "vb", "ow", "ob")
 
@@ -37,16 +37,14 @@ _WEIGHT_KEYS = ("qw", "qb", "kw", "kb", "vw", "vb", "ow", "ob")
 def _gemm(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
           a: tuple[int, int, int], b: tuple[int, int, int], c: tuple[int, int] | None,
           out: tuple[int, int, int], heads: int = 1, alpha: float = 1.0) -> Dispatch:
-    """One ``gemm`` dispatch: (M, N) = A (M, K) @ B (K, N) (+ C), times alpha, over ``heads``
-    batches. a = (row stride, k stride, head stride), b = (k stride, column stride, head
-    stride), c = (row, column strides) or None, out = (row, column, head strides)."""
-    if -(-n // _GEMM_LOCAL[0]) > MAX_GROUPS or -(-m // _GEMM_LOCAL[1]) > MAX_GROUPS:
-        raise UnsupportedError(f"MultiHeadAttention product {m}x{n}: too many work groups")
-    c_si, c_sj = c if c is not None else (0, 0)
-    return Dispatch("gemm", bindings, (n, m, heads),
-                    push_constants=(m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1],
-                                    float(alpha), 1.0, heads, 0, a[2], 0, b[2], out[2]),
-                    spec_constants=(int(c is not None),), local_size=_GEMM_LOCAL)
+    """One ``gemm`` dispatch (``matmul.gemm_dispatch``: the tile picked for the shape):
+    (M, N) = A (M, K) @ B (K, N) (+ C), times alpha, over ``heads`` batches. a = (row stride,
+    k stride, head stride), b = (k stride, column stride, head stride), c = (row, column
+    strides) or None, out = (row, column, head strides)."""
+    return gemm_dispatch(bindings, m, n, k, a[:2], b[:2], c, out[:2], alpha=alpha,
+                         batches=heads, batch_inner=heads, a_batch=(0, a[2]),
+                         b_batch=(0, b[2]), out_batch=out[2],
+                         what="MultiHeadAttention product")
 
 
 @register("MultiHeadAttention")

@@ -1,13 +1,21 @@
-"""Gemm and MatMul on Vulkan: one ``gemm`` dispatch, one output element per invocation (8x8 work groups),
-float accumulation in every mode. A, B and C are read through strides (``gemm.comp``), so
-transA / transB, output_transpose and C's broadcasts need no copies. Constant operands are
-weights in ncnn's stored orders; the sizes and C's broadcast come from ``GemmParams.dims``.
-MatMul is the same dispatch over work-group z = output batch (``MatMulParams.dims``: two batch
-axes, a stride of 0 on the side that broadcasts), with no C.
+"""Gemm and MatMul on Vulkan: one ``gemm`` dispatch each (``gemm_dispatch``, which
+MultiHeadAttention's products use too), float accumulation in every mode. A, B and C are read
+through strides (``gemm.comp``), so transA / transB, output_transpose and C's broadcasts need no
+copies. Constant operands are weights in ncnn's stored orders; the sizes and C's broadcast come
+from ``GemmParams.dims``. MatMul is the same dispatch over work-group z = output batch
+(``MatMulParams.dims``: two batch axes, a stride of 0 on the side that broadcasts), with no C.
+
+``gemm.comp`` tiles the output like conv_gemm: 256-invocation work groups of a BM x BN tile,
+K split over KS slices (BM * BN * KS = 4096: 4 x 4 outputs per invocation), BK values of k per
+slice and step, A and B staged through shared memory. ``choose_gemm_tile`` picks the tile per
+shape by a cost model fitted on an H100 (conv_gemm's target GPU, ``layers.conv``), so that small
+M (49 tokens) or few columns still give a big GPU enough work groups, or split K over more
+slices when K is long.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,12 +23,113 @@ import numpy as np
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS
 from vkserve.models.graph import Layer
 
 _DUMMY = np.zeros(2, np.float32)
-_LOCAL = (8, 8, 1)
 # C strides (per row i, per column j) for each broadcast type
 _C_STRIDES = {0: (0, 0), 1: (1, 0), 2: (1, 0), 4: (0, 1)}
+# gemm.comp's shared memory in vec4 (16 KiB) and the most values of A and B an invocation stages
+# per step (its register arrays hold 8 of each)
+_SHARED_VEC4 = 1024
+_MAX_STAGED = 8
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulTile:
+    """gemm.comp's tile: BM rows x BN columns per work group, K split over KS slices
+    (BM * BN * KS = 4096: 256 invocations of 4 x 4 outputs), BK values of k per slice and step.
+    Shared memory holds KS * BK rows of A and B (each padded by one vec4) and, for the split-K
+    sum, KS tiles of BM * BN."""
+
+    bm: int
+    bn: int
+    ks: int
+    bk: int
+
+    @staticmethod
+    def candidates() -> list[MatmulTile]:
+        """Every BM, BN of 16, 32, 64 with the largest BK that stages at most 8 values of A and
+        B together per invocation and step (more cost registers and step latency: measured
+        slower on an H100) and fits the shared memory."""
+        out = []
+        for bm in (16, 32, 64):
+            for bn in (16, 32, 64):
+                ks = GEMM_THREADS * 16 // (bm * bn)
+                if not 1 <= ks <= 16:
+                    continue
+                bk = 32
+                while bk > 4 and (ks * bk * (bm // 4 + bn // 4 + 2) > _SHARED_VEC4
+                                  or ks * bk * (bm + bn) > GEMM_THREADS * _MAX_STAGED):
+                    bk //= 2
+                out.append(MatmulTile(bm, bn, ks, bk))
+        return out
+
+    def staged(self) -> int:
+        """Values of A and B one invocation stages per step."""
+        return self.ks * self.bk * (self.bm + self.bn) // GEMM_THREADS
+
+    def valid(self) -> bool:
+        """The shader's assumptions about its constants."""
+        kb = self.ks * self.bk
+        return (self.bm * self.bn * self.ks == GEMM_THREADS * 16 and kb % 8 == 0
+                and kb * self.bm % GEMM_THREADS == 0 and kb * self.bn % GEMM_THREADS == 0
+                and self.staged() <= _MAX_STAGED
+                and kb * (self.bm // 4 + self.bn // 4 + 2) <= _SHARED_VEC4
+                and self.ks * self.bm * self.bn // 4 <= _SHARED_VEC4)
+
+    def grid(self, m: int, n: int, batches: int) -> tuple[int, int, int]:
+        return (_ceil(n, self.bn), _ceil(m, self.bm), batches)
+
+    def cost(self, m: int, n: int, k: int, batches: int) -> float:
+        """Rough microseconds on the target GPU (conv_gemm's: an H100), fitted to every tile
+        timed on the Linear shapes of convnext_tiny and vit_tiny (~7 % rms; the pick within
+        1.5 % of the best on convnext_tiny's): steps of the K loop times the larger of a
+        step's latency (growing with the values each invocation stages and the groups that
+        share a unit) and the work of those groups (a fixed part per step, for its barriers,
+        and BK values of k), plus the split-K sum."""
+        gx, gy, gz = self.grid(m, n, batches)
+        per_unit = _ceil(gx * gy * gz, GEMM_UNITS)
+        steps = max(1, _ceil(k, self.bk * self.ks))
+        latency = 0.135 + 0.080 * self.staged() + 0.034 * per_unit
+        step = max(latency, per_unit * (0.080 + 0.0556 * self.bk))
+        return steps * step + (0.46 * per_unit if self.ks > 1 else 0.0)
+
+
+def choose_gemm_tile(m: int, n: int, k: int, batches: int) -> MatmulTile | None:
+    """The cheapest tile by `MatmulTile.cost` (ties to the fewer slices) among those whose
+    grid fits Vulkan's guaranteed 65535 work groups per dimension; None if none does."""
+    fits = [t for t in MatmulTile.candidates() if max(t.grid(m, n, batches)) <= MAX_GROUPS]
+    return min(fits, key=lambda t: (t.cost(m, n, k, batches), t.ks), default=None)
+
+
+def gemm_dispatch(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
+                  a: tuple[int, int], b: tuple[int, int], c: tuple[int, int] | None,
+                  out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
+                  batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
+                  b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
+                  what: str = "Gemm") -> Dispatch:
+    """One ``gemm`` dispatch: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)), over
+    ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k stride,
+    column stride), c = (row, column strides) or None, out = (row, column strides); batch z is
+    (z // batch_inner, z % batch_inner), with those two strides in a_batch / b_batch and
+    out_batch between output batches."""
+    tile = choose_gemm_tile(m, n, k, batches)
+    if tile is None:
+        raise UnsupportedError(f"{what} {m}x{n} over {batches} batches: too many work groups")
+    gx, gy, gz = tile.grid(m, n, batches)
+    c_si, c_sj = c if c is not None else (0, 0)
+    return Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz),
+                    push_constants=(m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1],
+                                    float(alpha), float(beta), batch_inner, *a_batch, *b_batch,
+                                    out_batch),
+                    spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
+                                    int(a[1] == 1), int(b[0] == 1)),
+                    local_size=(GEMM_THREADS, 1, 1))
 
 
 @register("Gemm")
@@ -30,7 +139,7 @@ class VulkanGemm(VulkanLayer):
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
         self.m, self.n, self.k, self.c_kind = p.dims(self.in_shapes)
-        if -(-self.n // _LOCAL[0]) > MAX_GROUPS or -(-self.m // _LOCAL[1]) > MAX_GROUPS:
+        if choose_gemm_tile(self.m, self.n, self.k, 1) is None:
             raise UnsupportedError(f"Gemm {self.m}x{self.n}: too many work groups")
         ws = [np.asarray(w, np.float32).ravel() for w in layer.weights]
         self._weights: dict[str, np.ndarray] = {"C": _DUMMY}
@@ -53,14 +162,13 @@ class VulkanGemm(VulkanLayer):
     def dispatches(self) -> list[Dispatch]:
         p = self.params
         m, n, k = self.m, self.n, self.k
-        a_si, a_sk = (1, m) if p.transA else (k, 1)
-        b_sk, b_sn = (1, k) if p.transB else (n, 1)
-        c_si, c_sj = (n, 1) if self.c_kind == 3 else _C_STRIDES.get(self.c_kind, (0, 0))
-        o_si, o_sj = (1, m) if p.output_transpose else (n, 1)
-        return [Dispatch("gemm", (self.a, self.b, self.c, self.layer.outputs[0]), (n, m, 1),
-                         push_constants=(m, n, k, a_si, a_sk, b_sk, b_sn, c_si, c_sj, o_si, o_sj,
-                                         float(p.alpha), float(p.beta), 1, 0, 0, 0, 0, 0),
-                         spec_constants=(int(self.c_kind >= 0),), local_size=_LOCAL)]
+        a = (1, m) if p.transA else (k, 1)
+        b = (1, k) if p.transB else (n, 1)
+        c = (n, 1) if self.c_kind == 3 else _C_STRIDES.get(self.c_kind, (0, 0))
+        out = (1, m) if p.output_transpose else (n, 1)
+        return [gemm_dispatch((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
+                              c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
+                              beta=float(p.beta))]
 
 
 @register("MatMul")
@@ -70,9 +178,7 @@ class VulkanMatMul(VulkanLayer):
         super().__init__(layer, in_shapes, out_shapes, precision)
         self.out_batch, self.m, self.n, self.k, self.a_batch, self.b_batch = \
             self.params.dims(self.in_shapes)
-        batches = self.out_batch[0] * self.out_batch[1]
-        if (-(-self.n // _LOCAL[0]) > MAX_GROUPS or -(-self.m // _LOCAL[1]) > MAX_GROUPS
-                or batches > MAX_GROUPS):
+        if choose_gemm_tile(self.m, self.n, self.k, self.out_batch[0] * self.out_batch[1]) is None:
             raise UnsupportedError(f"MatMul {self.in_shapes}: too many work groups")
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -80,20 +186,17 @@ class VulkanMatMul(VulkanLayer):
 
     def dispatches(self) -> list[Dispatch]:
         m, n, k = self.m, self.n, self.k
-        b_1d = len(self.in_shapes[1]) == 1
-        a_si, a_sk = k, 1
-        if b_1d:
-            b_sk, b_sn = 1, 0
+        if len(self.in_shapes[1]) == 1:
+            b = (1, 0)
         else:
-            b_sk, b_sn = (1, k) if self.params.transB else (n, 1)
+            b = (1, k) if self.params.transB else (n, 1)
         a_mat, b_mat = m * k, k * n
-        a_b1 = 0 if self.a_batch[0] == 1 else self.a_batch[1] * a_mat
-        a_b2 = 0 if self.a_batch[1] == 1 else a_mat
-        b_b1 = 0 if self.b_batch[0] == 1 else self.b_batch[1] * b_mat
-        b_b2 = 0 if self.b_batch[1] == 1 else b_mat
-        batches = self.out_batch[0] * self.out_batch[1]
-        return [Dispatch("gemm", (self.layer.inputs[0], self.layer.inputs[1], "w:C",
-                                  self.layer.outputs[0]), (n, m, batches),
-                         push_constants=(m, n, k, a_si, a_sk, b_sk, b_sn, 0, 0, n, 1, 1.0, 1.0,
-                                         self.out_batch[1], a_b1, a_b2, b_b1, b_b2, m * n),
-                         spec_constants=(0,), local_size=_LOCAL)]
+        a_batch = (0 if self.a_batch[0] == 1 else self.a_batch[1] * a_mat,
+                   0 if self.a_batch[1] == 1 else a_mat)
+        b_batch = (0 if self.b_batch[0] == 1 else self.b_batch[1] * b_mat,
+                   0 if self.b_batch[1] == 1 else b_mat)
+        return [gemm_dispatch((self.layer.inputs[0], self.layer.inputs[1], "w:C",
+                               self.layer.outputs[0]), m, n, k, (k, 1), b, None, (n, 1),
+                              batches=self.out_batch[0] * self.out_batch[1],
+                              batch_inner=self.out_batch[1], a_batch=a_batch, b_batch=b_batch,
+                              out_batch=m * n, what="MatMul")]
