@@ -134,3 +134,17 @@ def test_embed_vocabulary_past_fp16_integers_is_refused(engine_device: VulkanDev
     graph = load_model(param, None, {"x": (5,)})
     with pytest.raises(PlanError, match="input_dim 3000"):
         Plan(engine_device, graph, None, Precision.FP16_STORAGE)
+
+
+def test_cast_to_float16_rounds_to_nearest_even_on_every_driver(engine_device: VulkanDevice,
+                                                                 tmp_path: Path) -> None:
+    """float16's edges, exactly as IEEE rounding (numpy's) gives them: ties to even, subnormals,
+    the largest value, rounding to infinity (GLSL leaves packHalf2x16's rounding to the driver)."""
+    edges = np.array([1 + 2**-11, 1 + 3 * 2**-11, 2049, 2051, 3e-8, 6e-8, 1e-5, 2**-14 - 2**-25,
+                      65504, 65519, 65520, 1e5, -1 - 2**-11, -3e-8, 0.1, -0.3], np.float32)
+    param = tmp_path / "cast.param"
+    param.write_text(param_text({"x": edges.shape}, ["Cast c 1 1 x out 0=1 1=2"]))
+    graph = load_model(param, None, {"x": edges.shape})
+    with Plan(engine_device, graph, None, Precision.FP32) as plan:
+        got = plan.run({"x": edges})["out"]
+    np.testing.assert_array_equal(got, edges.astype(np.float16).astype(np.float32))

@@ -12,6 +12,27 @@ layout (push_constant) uniform parameter
     int size;
 } p;
 
+// f rounded to the nearest float16 value (ties to even), as a float. Done with integer and
+// exact float steps because packHalf2x16's rounding is the driver's choice (an NVIDIA driver
+// does not round to nearest; lavapipe does).
+float round_to_half(float f)
+{
+    const uint x = floatBitsToUint(f);
+    const uint sign = x & 0x80000000u;
+    const uint a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u)
+        return f; // inf, nan
+    if (a >= 0x477ff000u)
+        return uintBitsToFloat(sign | 0x7f800000u); // 65520 and up round to infinity
+    if (a < 0x38800000u)
+    {
+        // below the smallest normal float16: a multiple of 2^-24 (the scaling is exact)
+        const float q = roundEven(abs(f) * 16777216.0) / 16777216.0;
+        return uintBitsToFloat(sign | floatBitsToUint(q));
+    }
+    return uintBitsToFloat(sign | ((a + 0x0fffu + ((a >> 13) & 1u)) & 0xffffe000u));
+}
+
 void main()
 {
     // Linear index over a 2-D grid: dispatches of more than 65535 groups go along y too.
@@ -22,7 +43,7 @@ void main()
     vec4 v = vec4(buffer_ld4(bottom_blob_data, gi));
     if (to_type == 2)
     {
-        v = vec4(unpackHalf2x16(packHalf2x16(v.xy)), unpackHalf2x16(packHalf2x16(v.zw)));
+        v = vec4(round_to_half(v.x), round_to_half(v.y), round_to_half(v.z), round_to_half(v.w));
     }
     else
     {
