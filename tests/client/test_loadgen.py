@@ -39,7 +39,7 @@ def test_outputs_table_csv_plot(tmp_path):
     results = [LevelResult.from_windows("concurrency", c, [window([0.001 * c] * 10)], False)
                for c in (1, 4)]
     table = format_table(results).splitlines()
-    assert table[0].split()[:3] == ["load", "req/s", "p50"]
+    assert table[0].split()[:5] == ["load", "req/s", "items/s", "batch", "p50"]
     assert len(table) == 3 and "concurrency 4" in table[2]
     write_csv(tmp_path / "b.csv", results)
     rows = list(csv.DictReader((tmp_path / "b.csv").open()))

@@ -150,6 +150,16 @@ def test_bench_against_a_live_daemon(ops: tuple[Daemon, Path]) -> None:
     rows = list(csv.DictReader(Path(f"{out}.csv").read_text().splitlines()))
     assert [float(r["level"]) for r in rows] == [1.0, 2.0] and float(rows[0]["p99_ms"]) > 0
     assert Path(f"{out}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # client batches of 3, tensors inline: 3 inferences per request, run as one batch
+    p = subprocess.run(
+        vkserve_cmd("bench", "tiny", "--socket", str(d.socket), "--concurrency", "2", "--batch", "3",
+                    "--inline", "--window", "0.25", "--max-windows", "2", "--stable-windows", "2",
+                    "--json", f"{out}-batch.json"),
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    (level,) = json.loads(Path(f"{out}-batch.json").read_text())["results"]
+    assert level["items_per_s"] == pytest.approx(3 * level["throughput"], rel=1e-3)
+    assert level["server_batch"] >= 3 and not level["errors"]
 
 
 # ------------------------------------------------------------------------------ readiness

@@ -27,6 +27,7 @@ class Sample:
     latency: float  # seconds, client side
     queue: float | None
     run: float | None
+    batch: int | None = None  # jobs the daemon ran together with this request's
 
 
 @dataclasses.dataclass
@@ -72,6 +73,8 @@ class LevelResult:
     requests: int
     errors: dict[str, int]
     throughput: float  # requests per second
+    items_per_s: float  # inferences per second: requests times the client's batch
+    server_batch: float | None  # mean jobs per execution the daemon reported
     p50_ms: float
     p90_ms: float
     p95_ms: float
@@ -81,7 +84,7 @@ class LevelResult:
 
     @classmethod
     def from_windows(cls, mode: str, level: float, windows: Sequence[Window],
-                     was_stable: bool) -> LevelResult:
+                     was_stable: bool, batch: int = 1) -> LevelResult:
         samples = [s for w in windows for s in w.samples]
         latencies = [s.latency for s in samples]
         errors: dict[str, int] = {}
@@ -94,10 +97,13 @@ class LevelResult:
             return round(statistics.fmean(known) * 1e3, 4) if known else None
 
         seconds = sum(w.seconds for w in windows)
+        throughput = len(samples) / seconds if seconds else 0.0
+        batches = [s.batch for s in samples if s.batch is not None]
         return cls(
             mode=mode, level=level, windows=len(windows), stable=was_stable,
             requests=len(samples), errors=errors,
-            throughput=round(len(samples) / seconds, 3) if seconds else 0.0,
+            throughput=round(throughput, 3), items_per_s=round(throughput * batch, 3),
+            server_batch=round(statistics.fmean(batches), 2) if batches else None,
             **{f"p{q}_ms": round(percentile(latencies, q) * 1e3, 4) for q in (50, 90, 95, 99)},
             server_queue_ms=mean_ms([s.queue for s in samples]),
             server_run_ms=mean_ms([s.run for s in samples]),
@@ -113,6 +119,7 @@ class BenchSettings:
     stable_windows: int = 3
     tolerance: float = 0.1
     timeout: float | None = 30.0
+    batch: int = 1  # the inputs carry this many items (a leading batch dimension) when > 1
 
 
 Progress = Callable[[str, float, int, Window], None]
@@ -128,16 +135,19 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
     windows: list[Window] = []
     current = Window(settings.window_seconds)
 
+    inputs = settings.inputs
+    if settings.batch > 1:
+        inputs = {n: np.stack([a] * settings.batch) for n, a in inputs.items()}
+
     async def one(client: TrioClient) -> None:
         t0 = trio.current_time()
         try:
-            reply = await client.infer_detailed(settings.model, settings.inputs,
-                                                timeout=settings.timeout)
+            reply = await client.infer_detailed(settings.model, inputs, timeout=settings.timeout)
         except ServerError as exc:
             current.errors[exc.code] = current.errors.get(exc.code, 0) + 1
             return
         current.samples.append(Sample(trio.current_time() - t0, reply.queue_seconds,
-                                      reply.run_seconds))
+                                      reply.run_seconds, reply.batch_size))
 
     async with connect() as client, trio.open_nursery() as nursery:
         if concurrency:
@@ -168,7 +178,7 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
         nursery.cancel_scope.cancel()
     was_stable = stable(windows, settings.stable_windows, settings.tolerance)
     used = windows[-settings.stable_windows:] if was_stable else windows
-    return LevelResult.from_windows(mode, level, used, was_stable)
+    return LevelResult.from_windows(mode, level, used, was_stable, settings.batch)
 
 
 async def sweep(connect: Callable[[], Any], settings: BenchSettings, *,

@@ -63,12 +63,12 @@ class TrioClient:
     """Async vkserve client; obtain one with ``async with TrioClient.connect(...) as c``
     (or :meth:`open` over an existing :class:`trio.abc.Stream`)."""
 
-    def __init__(self, stream: trio.abc.Stream, max_frame_size: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_frame_size: int, shared_memory: bool = True) -> None:
         self._stream = stream
         sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         #: large tensors go through shared memory on Unix sockets (vkserve.client.shm)
         self._unix = sock if sock is not None and sock.family == socket.AF_UNIX else None
-        self._shm = SharedMemory() if self._unix is not None else None
+        self._shm = SharedMemory() if self._unix is not None and shared_memory else None
         self._conn = ClientConnection(max_frame_size)
         self._send_lock = trio.StrictFIFOLock()
         self._pending: dict[int, _Slot] = {}
@@ -82,9 +82,11 @@ class TrioClient:
         *,
         token: str | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        shared_memory: bool = True,
     ) -> AsyncIterator[TrioClient]:
         """Connect to a socket path, ``host:port`` or ``tcp://host:port`` (default: the local
-        daemon's socket). On TCP, ``token`` (default ``$VKSERVE_TOKEN``) authenticates first."""
+        daemon's socket). On TCP, ``token`` (default ``$VKSERVE_TOKEN``) authenticates first.
+        ``shared_memory=False`` keeps large tensors inline on a Unix socket too."""
         addr = resolve_address(address)
         stream: trio.abc.Stream
         if isinstance(addr, UnixAddress):
@@ -94,7 +96,8 @@ class TrioClient:
             stream = await trio.open_tcp_stream(addr.host, addr.port)
             if token is None:
                 token = os.environ.get("VKSERVE_TOKEN")
-        async with cls.open(stream, token=token, max_frame_size=max_frame_size) as client:
+        async with cls.open(stream, token=token, max_frame_size=max_frame_size,
+                            shared_memory=shared_memory) as client:
             yield client
 
     @classmethod
@@ -105,9 +108,10 @@ class TrioClient:
         *,
         token: str | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        shared_memory: bool = True,
     ) -> AsyncIterator[TrioClient]:
         """Run a client over a connected stream; the stream is closed on exit."""
-        client = cls(stream, max_frame_size)
+        client = cls(stream, max_frame_size, shared_memory)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(client._read_loop)

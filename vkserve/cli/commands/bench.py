@@ -20,8 +20,8 @@ from vkserve.client.loadgen import BenchSettings, LevelResult, Window, sweep
 NAME = "bench"
 HELP = "load generator: concurrency sweep or fixed rate against a running daemon"
 
-COLUMNS = ["mode", "level", "throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
-           "server_queue_ms", "server_run_ms", "requests", "windows", "stable", "errors"]
+COLUMNS = ["mode", "level", "throughput", "items_per_s", "server_batch", "p50_ms", "p90_ms", "p95_ms",
+           "p99_ms", "server_queue_ms", "server_run_ms", "requests", "windows", "stable", "errors"]
 
 
 def _numbers(text: str, kind: type) -> list:
@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--rate", type=lambda t: _numbers(t, float), default=None,
                       metavar="R[,R...]", help="requests per second per level")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=file.npy")
+    parser.add_argument("--batch", type=int, default=1, metavar="N",
+                        help="send each request as a client batch of N items (a leading batch "
+                             "dimension; the model's max_batch_size bounds N)")
+    parser.add_argument("--inline", action="store_true",
+                        help="keep large tensors in the frames on a Unix socket (default: shared "
+                             "memory from 64 KiB)")
     parser.add_argument("--window", type=float, default=2.0, metavar="SECONDS",
                         help="measurement window (default 2)")
     parser.add_argument("--max-windows", type=int, default=10)
@@ -57,9 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def format_table(results: list[LevelResult]) -> str:
-    head = ["load", "req/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "queue ms", "run ms",
-            "requests", "stable", "errors"]
-    rows = [[f"{r.mode} {r.level:g}", f"{r.throughput:.1f}", f"{r.p50_ms:.2f}",
+    head = ["load", "req/s", "items/s", "batch", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "queue ms",
+            "run ms", "requests", "stable", "errors"]
+    rows = [[f"{r.mode} {r.level:g}", f"{r.throughput:.1f}", f"{r.items_per_s:.1f}",
+             "-" if r.server_batch is None else f"{r.server_batch:.2f}", f"{r.p50_ms:.2f}",
              f"{r.p90_ms:.2f}", f"{r.p95_ms:.2f}", f"{r.p99_ms:.2f}",
              "-" if r.server_queue_ms is None else f"{r.server_queue_ms:.2f}",
              "-" if r.server_run_ms is None else f"{r.server_run_ms:.2f}",
@@ -95,12 +102,12 @@ def write_plot(path: Path, model: str, results: list[LevelResult]) -> None:
         if not rs:
             continue
         for q, style in (("p50_ms", "o-"), ("p99_ms", "s--")):
-            ax.plot([r.throughput for r in rs], [getattr(r, q) for r in rs], style,
+            ax.plot([r.items_per_s for r in rs], [getattr(r, q) for r in rs], style,
                     label=f"{q[:-3]} ({mode})")
         for r in rs:
-            ax.annotate(f"{r.level:g}", (r.throughput, r.p50_ms), textcoords="offset points",
+            ax.annotate(f"{r.level:g}", (r.items_per_s, r.p50_ms), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("throughput (requests/s)")
+    ax.set_xlabel("throughput (inferences/s)")
     ax.set_ylabel("latency (ms)")
     ax.set_title(f"vkserve bench: {model}")
     ax.grid(True, alpha=0.3)
@@ -120,13 +127,15 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Client) -> int:
         inputs = load_inputs(args.input)
         inputs.update(random_inputs(client, args.model, set(inputs), seed=0))
+        if args.batch < 1:
+            raise UsageError(f"--batch {args.batch}: give 1 or more")
         settings = BenchSettings(args.model, inputs, args.window, args.max_windows,
-                                 args.stable_windows, args.tolerance)
+                                 args.stable_windows, args.tolerance, batch=args.batch)
         address = (f"tcp://{args.tcp}" if args.tcp and not args.tcp.startswith("tcp://")
                    else args.tcp) or (f"unix:{args.socket}" if args.socket else None)
 
         def connect() -> TrioClient:
-            return TrioClient.connect(address, token=args.token)
+            return TrioClient.connect(address, token=args.token, shared_memory=not args.inline)
 
         concurrencies = args.concurrency or ([] if args.rate else [1, 4, 16])
         results = trio.run(lambda: sweep(connect, settings, concurrencies=concurrencies,
