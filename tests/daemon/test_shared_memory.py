@@ -82,9 +82,13 @@ def test_large_tensors_go_through_shared_memory_with_the_inline_answer(daemon: D
 def test_the_trio_client_uses_shared_memory_too(daemon: Daemon) -> None:
     async def main() -> np.ndarray:
         async with TrioClient.connect(daemon.socket) as client:
-            out = (await client.infer("fcn", {"data": x(5)}))["out"]
+            reply = await client.infer_detailed("fcn", {"data": x(5)})
             assert client._shm is not None and len(client._shm.regions) == 1
-            return out
+            # the reply's timing fields: the execution's split of run_seconds
+            stages = (reply.copy_in_seconds, reply.device_seconds, reply.copy_out_seconds)
+            assert all(s is not None and s >= 0 for s in stages) and reply.batch_size == 1
+            assert reply.run_seconds is not None and 0 < sum(stages) <= reply.run_seconds  # type: ignore[arg-type]
+            return reply.outputs["out"]
 
     with Client.connect(tcp_address(daemon), token=TOKEN) as tcp:
         np.testing.assert_array_equal(trio.run(main), tcp.infer("fcn", {"data": x(5)})["out"])

@@ -266,3 +266,12 @@ async def test_a_failing_item_fails_the_clients_batch_with_its_error(tmp_path: P
             await sched.infer("tiny", {"data": np.stack([x(n) for n in range(3)])})
         totals = sched.status().totals
         assert totals.submitted == 3 and totals.completed == 0
+
+
+async def test_results_carry_the_executions_stage_times(tmp_path: Path) -> None:
+    write_model(tmp_path)
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        result = await sched.infer("tiny", {"data": x(0)})
+    stages = result.stages
+    assert stages is not None and min(stages.copy_in, stages.run, stages.copy_out) >= 0
+    assert 0 < stages.copy_in + stages.run + stages.copy_out <= result.run_seconds

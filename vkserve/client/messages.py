@@ -552,6 +552,10 @@ class InferReply:
     queue_seconds: float | None = None
     run_seconds: float | None = None
     batch_size: int | None = None  # jobs the daemon ran together with this one (itself included)
+    # the execution's split of run_seconds: inputs in, the device's run, outputs out
+    copy_in_seconds: float | None = None
+    device_seconds: float | None = None
+    copy_out_seconds: float | None = None
 
 
 def decode_infer_reply(result: Any, shm: ShmResolver | None = None) -> InferReply:
@@ -567,7 +571,8 @@ def decode_infer_reply(result: Any, shm: ShmResolver | None = None) -> InferRepl
     batch = result.get("batch_size")
     return InferReply(outputs, device if isinstance(device, str) else None,
                       number("queue_seconds"), number("run_seconds"),
-                      batch if type(batch) is int else None)
+                      batch if type(batch) is int else None, number("copy_in_seconds"),
+                      number("device_seconds"), number("copy_out_seconds"))
 
 
 def decode_infer_result(result: Any, shm: ShmResolver | None = None) -> dict[str, np.ndarray]:

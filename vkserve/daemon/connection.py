@@ -641,9 +641,13 @@ class Connection:
         placed = {}
         if request.outputs_shm is not None and self.regions is not None:
             placed = self.regions.write(request.outputs_shm, result.outputs)
+        stages: dict[str, float] = {}
+        if result.stages is not None:  # the execution's split (a batch's: all its jobs')
+            stages = {"copy_in_seconds": result.stages.copy_in, "device_seconds": result.stages.run,
+                      "copy_out_seconds": result.stages.copy_out}
         return encode_infer_result(result.outputs, placed=placed, device=result.device,
                                    queue_seconds=result.queue_seconds, run_seconds=result.run_seconds,
-                                   batch_size=result.batch_size)
+                                   batch_size=result.batch_size, **stages)
 
     # ------------------------------------------------------------------ writing
 

@@ -42,11 +42,13 @@ import numpy as np
 import trio
 
 from vkserve.devices.discovery import GpuProblem
+from vkserve.devices.timing import StageTimes
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import Graph, Layer, build_graph
 from vkserve.scheduler.config import SchedulerConfig
 from vkserve.scheduler.devices import DeviceHandle, discover_handles
 from vkserve.scheduler.engine import (
+    BatchRun,
     Executor,
     close_executor,
     executors_nbytes,
@@ -197,14 +199,14 @@ def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
-                  batch: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:
+                  batch: Sequence[Mapping[str, np.ndarray]]) -> tuple[BatchRun, float]:
     """Worker thread: one run (of a batch, in one execution) with the device's test hooks;
-    returns the outputs per item and seconds."""
+    returns the outputs per item with the stage times, and the seconds of the whole run."""
     handle.wait_gate()
     start = time.perf_counter()
     handle.apply_hooks()
-    outputs = [executor.run(batch[0])] if len(batch) == 1 else executor.run_batch(batch)
-    return outputs, time.perf_counter() - start
+    result = executor.run_batch(batch)
+    return result, time.perf_counter() - start
 
 
 def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, instances: int,
@@ -738,7 +740,7 @@ class Scheduler:
         run = batch[0].id
         try:
             try:
-                results, run_seconds = await trio.to_thread.run_sync(
+                done, run_seconds = await trio.to_thread.run_sync(
                     _run_blocking, device.handle, executor, [j.inputs for j in batch],
                     limiter=device.limiter)
             except Exception as exc:  # classified: device fault -> failover, else INTERNAL
@@ -747,8 +749,8 @@ class Scheduler:
             device.runs += 1
             device.run_seconds += run_seconds
             self._observe_latency(placement, len(batch), run_seconds)
-            for job, outputs in zip(batch, results):
-                if self._finish_job(job, outputs, device, run_seconds, len(batch)):
+            for job, outputs in zip(batch, done.outputs):
+                if self._finish_job(job, outputs, device, run_seconds, len(batch), done.stages):
                     device.completed += 1
         finally:
             device.running.pop(run, None)
@@ -771,7 +773,7 @@ class Scheduler:
                                              else alpha * seconds + (1 - alpha) * old)
 
     def _finish_job(self, job: Job, outputs: dict[str, np.ndarray], device: _Device,
-                    run_seconds: float, batch_size: int) -> bool:
+                    run_seconds: float, batch_size: int, stages: StageTimes) -> bool:
         """Deliver one job's outputs; False when it had ended meanwhile (discarded) or the
         answer came after its deadline."""
         assert job.dispatched is not None
@@ -787,7 +789,7 @@ class Scheduler:
             outputs={n: outputs[n] for n in names}, device=device.handle.name,
             queue_seconds=job.dispatched - job.submitted, run_seconds=run_seconds,
             device_index=device.index, job_id=job.id, attempts=job.attempts,
-            batch_size=batch_size))
+            batch_size=batch_size, stages=stages))
 
     def _run_failed(self, batch: list[Job], entry: _Model, device: _Device, exc: Exception) -> None:
         """A run failed: a device fault moves its jobs elsewhere, anything else fails them."""

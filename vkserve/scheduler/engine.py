@@ -17,6 +17,7 @@ this file only. Without the Vulkan engine (or without Vulkan) only the CPU is us
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ import trio
 
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
+from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan.errors import VulkanError
 from vkserve.models.graph import Graph
 from vkserve.scheduler.devices import DeviceHandle
@@ -33,14 +35,22 @@ from vkserve.scheduler.registry import ModelSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "close_executor", "is_device_fault", "load_executors",
+__all__ = ["BatchRun", "Executor", "close_executor", "is_device_fault", "load_executors",
            "vulkan_engine_available"]
 
 
-class Executor(Protocol):
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+@dataclasses.dataclass(frozen=True)
+class BatchRun:
+    """One execution's outputs (per item) and where its time went."""
 
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]: ...
+    outputs: list[dict[str, np.ndarray]]
+    stages: StageTimes
+
+
+class Executor(Protocol):
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
+        """Run the items (one or more) as one execution (blocking; a worker thread)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -52,11 +62,12 @@ class _CpuExecutor:
     def __init__(self, plan: CpuPlan) -> None:
         self.plan = plan
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.plan.run(inputs)
-
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        return [self.plan.run(inputs) for inputs in batch]
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
+        runs = [self.plan.run_timed(inputs) for inputs in batch]
+        stages = [s for _, s in runs]
+        return BatchRun([outputs for outputs, _ in runs],
+                        StageTimes(sum(s.copy_in for s in stages), sum(s.run for s in stages),
+                                   sum(s.copy_out for s in stages)))
 
     def close(self) -> None:
         """Nothing to free: the Plan's arrays go with the executor."""
@@ -82,16 +93,10 @@ class _VulkanExecutor:
     def __init__(self, plan: Any) -> None:
         self.plan = plan
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outputs: dict[str, np.ndarray] = self.plan.run(
-            inputs, between_waits=trio.from_thread.check_cancelled)
-        return outputs
-
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
         """The batch in one submission (a Plan instance of that batch size, made on first use)."""
-        outputs: list[dict[str, np.ndarray]] = self.plan.run_batch(
-            batch, between_waits=trio.from_thread.check_cancelled)
-        return outputs
+        outputs, stages = self.plan.run_batch_timed(batch, between_waits=trio.from_thread.check_cancelled)
+        return BatchRun(outputs, stages)
 
     def close(self) -> None:
         self.plan.close()  # idempotent: the first executor of the Plan frees it

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import trio
 
+from vkserve.devices.timing import StageTimes
 from vkserve.scheduler.errors import BadInput, SchedulerError
 from vkserve.scheduler.shapes import InputSpec, ShapeKey
 
@@ -33,6 +34,7 @@ class InferResult:
     job_id: int = 0
     attempts: int = 1  # 2 when a device failure moved the job
     batch_size: int = 1  # jobs that ran together in the execution that answered this one
+    stages: StageTimes | None = None  # where that execution's time went (all its jobs together)
 
 
 class Job:

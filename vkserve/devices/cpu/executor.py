@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, wide
 from vkserve.devices.cpu.kernels import REGISTRY, Kernel
 from vkserve.devices.cpu.scratch import Scratch
 from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.timing import StageTimes
 from vkserve.models.layers import Shape, ShapeError
 
 BYTES_PER_ELEMENT = 2
@@ -279,16 +281,23 @@ class Plan:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once; ``inputs`` maps every input blob name to a float32-convertible array."""
+        return self.run_timed(inputs)[0]
+
+    def run_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], StageTimes]:
+        """``run``, and the seconds spent narrowing the inputs, in the kernels and widening
+        the outputs."""
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise ValueError(f"missing inputs: {', '.join(missing)}")
         with self._lock, np.errstate(over="ignore", under="ignore"):
+            t0 = time.perf_counter()
             for name in self.input_names:
                 arr = np.asarray(inputs[name], dtype=np.float32)
                 want = self.blob_shapes[name]
                 if arr.shape != want:
                     raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
                 to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
+            t1 = time.perf_counter()
             dynamic: dict[str, np.ndarray] = {}
             scratch_get = self.scratch.get
             copy_inputs = self._copy_inputs
@@ -333,7 +342,9 @@ class Plan:
                         narrow_exact_into(y, view)
                     else:
                         to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))
-            return {
+            t2 = time.perf_counter()
+            outputs = {
                 name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
                 for name in self.output_names
             }
+            return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)

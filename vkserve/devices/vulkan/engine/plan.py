@@ -53,6 +53,7 @@ import numpy as np
 from vkserve.devices.arena import Interval, align_up, plan_offsets
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind
 from vkserve.devices.vulkan.descriptors import DescriptorPool
@@ -615,8 +616,21 @@ class Plan:
     def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], timeout_s: float | None = None,
                   between_waits: Callable[[], None] | None = None) -> list[dict[str, np.ndarray]]:
         """Several inferences in one submission (see PlanInstance); outputs in input order."""
+        return self.run_batch_timed(batch, timeout_s, between_waits)[0]
+
+    def run_batch_timed(self, batch: Sequence[Mapping[str, np.ndarray]], timeout_s: float | None = None,
+                        between_waits: Callable[[], None] | None = None
+                        ) -> tuple[list[dict[str, np.ndarray]], StageTimes]:
+        """``run_batch``, and where its time went: writing the inputs into staging, submit to
+        fence, reading the outputs (and the host tail)."""
         with self.acquire(batch=len(batch)) as inst:
-            return inst.run_batch(batch, timeout_s, between_waits)
+            t0 = time.perf_counter()
+            inst.start_batch(batch)
+            t1 = time.perf_counter()
+            inst.wait(timeout_s, between_waits)
+            t2 = time.perf_counter()
+            outputs = inst.read_outputs()
+            return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def close(self) -> None:
         """Destroy idle instances now, busy ones when released, and give the weights back."""
@@ -844,7 +858,13 @@ class PlanInstance:
 
     def finish_batch(self, timeout_s: float | None = None,
                      between_waits: Callable[[], None] | None = None) -> list[dict[str, np.ndarray]]:
-        """Wait for the submission and copy the outputs out (then run the host tail).
+        """Wait for the submission, then read the outputs (``wait`` + ``read_outputs``)."""
+        self.wait(timeout_s, between_waits)
+        return self.read_outputs()
+
+    def wait(self, timeout_s: float | None = None,
+             between_waits: Callable[[], None] | None = None) -> None:
+        """Wait for the submission.
 
         `between_waits` runs between 50 ms fence-wait slices (a trio worker checks for
         cancellation there and may raise); `timeout_s` bounds the wait. After either gives
@@ -853,6 +873,10 @@ class PlanInstance:
             raise RuntimeError("no inference in flight: call start() first")
         self.ctx.wait_fence(self.fence, timeout_s, between_waits)
         self.in_flight = False
+
+    def read_outputs(self) -> list[dict[str, np.ndarray]]:
+        """The finished submission's outputs per item, copied out of staging (then the host
+        tail)."""
         staging = self.staging
         assert staging is not None
         if not staging.coherent:
