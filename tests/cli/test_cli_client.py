@@ -106,4 +106,20 @@ def test_client_errors_exit_nonzero(cli_daemon: Daemon, tmp_path: Path) -> None:
     p = vk("infer", "digits", "--input", "data", "--socket", sock)
     assert p.returncode == 2
     p = vk("ping", "--socket", str(tmp_path / "nothing.sock"))
-    assert p.returncode == 1 and "cannot talk to the daemon" in p.stderr
+    assert p.returncode == 3 and "UNREACHABLE: cannot talk to the daemon" in p.stderr
+    p = vk("models", "--json", "--socket", str(tmp_path / "nothing.sock"))
+    answer = json.loads(p.stdout)
+    assert p.returncode == 3 and answer["error"]["code"] == "UNREACHABLE" and answer["exit_status"] == 3
+    p = vk("infer", "nope", "--random-input", "--json", "--socket", sock)
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "NOT_FOUND"
+
+
+def test_a_closed_pipe_is_no_traceback(cli_daemon: Daemon) -> None:
+    """`vkserve status --json | true`: the reader is gone before the command writes."""
+    proc = subprocess.Popen(vkserve_cmd("status", "--json", "--socket", str(cli_daemon.socket)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

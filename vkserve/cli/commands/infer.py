@@ -13,6 +13,7 @@ import numpy as np
 from vkserve.cli.commands._client import add_address_arguments, run_client_command
 from vkserve.cli.commands._inputs import UsageError, load_inputs
 from vkserve.client import Client
+from vkserve.client.errors import NotFound
 
 NAME = "infer"
 HELP = "run a model on the daemon: print output shapes (and the class of a score vector)"
@@ -59,7 +60,8 @@ def model_input_shapes(model: dict[str, Any]) -> dict[str, list[int] | None]:
 def random_inputs(client: Client, model: str, have: set[str], seed: int) -> dict[str, np.ndarray]:
     entry = next((m for m in client.models() if isinstance(m, dict) and m.get("name") == model), None)
     if entry is None:
-        raise UsageError(f"--random-input: the daemon has no model {model!r} (see vkserve models)")
+        # what the daemon answers for the model by name: the same error as with --input
+        raise NotFound(f"no model '{model}' (see vkserve models)")
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, shape in model_input_shapes(entry).items():
