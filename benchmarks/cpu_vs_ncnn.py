@@ -3,8 +3,9 @@
     python benchmarks/cpu_vs_ncnn.py [--threads N] [--repeat K] [--models DIR] [--json OUT]
 
 Every model runs with seeded random weights (the same .bin for both), the same input and
-the same thread count (ncnn's num_threads; numpy's BLAS pool limited through the
-environment before numpy loads). Reports the median of K runs after one warm-up.
+the same thread count (ncnn's num_threads; vkserve's numba kernels through
+VKSERVE_CPU_THREADS and numpy's BLAS pool, both set in the environment before they load).
+Reports the median of K runs after one warm-up.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main() -> int:
     ap.add_argument("--models", type=Path, default=DEFAULT_MODELS)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VKSERVE_CPU_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
     from vkserve.devices.cpu.executor import Plan

@@ -1,18 +1,18 @@
-"""A small persistent thread pool for splitting numpy passes over the engine's cores.
+"""The CPU engine's thread count, and a small persistent pool for splitting numpy passes.
+
+``THREADS`` is the number of cores this process may use (its affinity mask, capped by a cgroup
+v2 ``cpu.max`` quota); ``VKSERVE_CPU_THREADS=N`` overrides it. The numba kernels
+(``vkserve.devices.cpu.jit``) run on that many threads, and numpy passes (the RNE narrowing,
+large widenings) are split over the pool below. Convolution and InnerProduct do not call BLAS;
+the layers that still do (Gemm, MatMul, Deconvolution) use numpy's BLAS pool, sized by
+``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` before numpy loads.
 
 numpy releases the GIL inside its ufunc loops and copies, so one large pass split into row
-chunks can run on several cores at once. Used by the RNE narrowing, large widenings and the
-depthwise convolution (split by channels). Work below ``MIN_SPLIT`` elements runs inline:
-handing a chunk to a thread costs ~10-30 us.
-
-Off by default (``VKSERVE_CPU_THREADS`` unset = 1 thread outside BLAS): measured on the
-2-core development VM with OpenBLAS at 2 threads, the split made isolated passes 1.3-2x
-faster (a 144x56x56 depthwise layer 1.9 -> 0.9 ms, narrowing 3.2M values 3.0 -> 1.8 ms) but
-whole models 0-6 % *slower* (mobilenet, mobilenet_v2, efficientnet_b0, shufflenet_v2;
-alternating runs in one process): OpenBLAS's idle worker spins on the second core after every
-GEMM, so a numpy thread started right after one competes with it for the core. Set
-``VKSERVE_CPU_THREADS=N`` where cores are not that scarce (or with
-``OPENBLAS_THREAD_TIMEOUT=4``, which made the split a 0-7 % gain here).
+chunks can run on several cores at once. Work below ``MIN_SPLIT`` elements runs inline:
+handing a chunk to a thread costs ~10-30 us. (Measured on the 2-core development VM before the
+numba kernels: with OpenBLAS at 2 threads the split made whole models 0-6 % slower, since
+OpenBLAS's idle worker spins on the second core after every GEMM; the convolutions no longer
+run through BLAS.)
 """
 
 from __future__ import annotations
@@ -20,15 +20,54 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 #: elements (fp32 values) below which a pass is not split (measured: splitting the RNE
 #: narrowing over 2 threads pays off from about 400K values on this machine; below, it loses)
 MIN_SPLIT = 256 * 1024
 
 
+#: the cgroup v2 hierarchy, and this process's place in it ("0::<path>" in /proc/self/cgroup)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def _cgroup_quota() -> int | None:
+    """Whole cores allowed by the cgroup v2 ``cpu.max`` limits of this process's cgroup and its
+    ancestors (the smallest; at least one), or None where none is set or readable."""
+    try:
+        rel = next((line[3:].strip() for line in PROC_CGROUP.read_text().splitlines()
+                    if line.startswith("0::")), "/")
+    except OSError:
+        rel = "/"
+    group = CGROUP_ROOT / rel.lstrip("/")
+    best: int | None = None
+    for d in [group, *group.parents]:
+        try:
+            quota, period = (d / "cpu.max").read_text().split()[:2]
+        except (OSError, ValueError):
+            quota = "max"
+        if quota != "max":
+            cores = max(1, int(quota) // int(period))
+            best = cores if best is None else min(best, cores)
+        if d == CGROUP_ROOT:
+            break
+    return best
+
+
+def available_cores() -> int:
+    """Cores this process may use: its CPU affinity, capped by the cgroup v2 quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return max(1, n if quota is None else min(n, quota))
+
+
 def _thread_count() -> int:
     v = os.environ.get("VKSERVE_CPU_THREADS", "").strip()
-    return int(v) if v.isdigit() and int(v) > 0 else 1
+    return int(v) if v.isdigit() and int(v) > 0 else available_cores()
 
 
 THREADS = _thread_count()

@@ -1,0 +1,210 @@
+"""The numba convolution kernels (``vkserve.devices.cpu.jit``, issue 13) against the ncnn package:
+kernel sizes 1/3/5/7, strides, dilations, symmetric / asymmetric / SAME pads and pad_value,
+depthwise (with a channel multiplier) and grouped convolutions, channel and pixel counts that
+are not multiples of the kernels' tiles (MR = 4 rows, NR = 16 pixels, NB = 128 pixels per task,
+KC = 256 per K block), every fused activation type, InnerProduct in both input forms; and the
+same bits with 1 and N threads and from run to run.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from tests.support.cpu_engine import check_against_ncnn
+from tests.support.params import param_text
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.executor import Plan, StepKind
+from vkserve.devices.cpu.jit.epilogue import store_row
+from vkserve.devices.cpu.kernels import REGISTRY
+from vkserve.models.graph import load_model
+
+#: activation_type 1..6 with their params (0: none is every other case)
+ACTS = ["9=1", "9=2 -23310=1,0.1", "9=3 -23310=2,-0.5,0.7", "9=4", "9=5", "9=6 -23310=2,0.2,0.5"]
+
+
+def conv(kind: str, c: int, out: int, k: tuple[int, int], params: str, group: int = 1) -> str:
+    size = out * (c // group) * k[0] * k[1]
+    g = f" 7={group}" if kind == "ConvolutionDepthWise" else ""
+    return f"{kind} op 1 1 data out 0={out} 1={k[1]} 11={k[0]} 6={size}{g} 5=1 {params}"
+
+
+# (input shape, out channels, (kh, kw), params)
+DENSE = [
+    ((3, 9, 11), 5, (1, 1), ""),  # 1x1 flat path, rows and pixels short of a tile
+    ((19, 13, 17), 21, (1, 1), "3=2"),  # 1x1 stride 2
+    ((6, 12, 14), 7, (1, 1), "4=1"),  # 1x1 with padding (not the flat path)
+    ((5, 11, 13), 9, (3, 3), "4=1"),
+    ((4, 16, 15), 6, (3, 3), "3=2 4=1"),
+    ((5, 12, 12), 6, (3, 3), "2=2 4=2"),  # dilation 2
+    ((3, 10, 13), 4, (3, 3), "4=1 15=2 14=0 16=1 18=0.75"),  # asymmetric pads, pad_value
+    ((4, 9, 10), 5, (3, 3), "4=-233 3=2"),  # SAME_UPPER
+    ((4, 9, 10), 5, (3, 3), "4=-234 3=2"),  # SAME_LOWER
+    ((3, 17, 19), 8, (5, 5), "4=2 3=2"),
+    ((2, 15, 15), 3, (7, 7), "4=3 3=2 18=-1.0"),
+    ((3, 12, 11), 5, (3, 5), "13=2 3=1 12=2 4=1 14=2"),  # rectangular kernel, stride/dilation per axis
+    ((40, 9, 9), 150, (3, 3), "4=1"),  # K = 360 > KC, 150 rows (several row chunks)
+    ((12, 13, 13), 33, (3, 3), "4=1"),  # 169 pixels: two pixel blocks, the second partial
+    ((300, 5, 5), 77, (1, 1), ""),  # K = 300 > KC on the flat path
+]
+
+
+@pytest.mark.parametrize("shape,out,k,params", DENSE, ids=[f"{s}-{o}-{k}-{p}" for s, o, k, p in DENSE])
+def test_convolution_matches_ncnn(tmp_path: Path, shape: tuple[int, int, int], out: int,
+                                  k: tuple[int, int], params: str) -> None:
+    check_against_ncnn(tmp_path, conv("Convolution", shape[0], out, k, params), {"data": shape},
+                       np.random.default_rng(1))
+
+
+# (input shape, out channels, group, (kh, kw), params)
+GROUPED = [
+    ((6, 13, 11), 6, 6, (3, 3), "4=1"),  # depthwise 3x3 s1
+    ((7, 14, 15), 7, 7, (3, 3), "3=2 4=1"),  # depthwise 3x3 s2
+    ((5, 17, 16), 5, 5, (5, 5), "4=2"),
+    ((5, 17, 16), 5, 5, (5, 5), "3=2 4=2 18=0.5"),
+    ((3, 15, 15), 3, 3, (7, 7), "4=3 2=2"),  # dilation 2
+    ((4, 10, 9), 4, 4, (1, 1), ""),
+    ((4, 13, 12), 4, 4, (3, 3), "3=3 4=1 15=0 16=2"),  # stride 3, asymmetric
+    ((4, 11, 11), 4, 4, (3, 3), "4=-233 3=2"),
+    ((3, 10, 12), 6, 3, (3, 3), "4=1"),  # channel multiplier 2
+    ((6, 9, 10), 9, 3, (3, 3), "4=1 3=2"),  # grouped: 2 in, 3 out per group (GEMM path)
+    ((8, 12, 11), 8, 2, (1, 1), ""),  # grouped 1x1
+]
+
+
+@pytest.mark.parametrize("shape,out,group,k,params", GROUPED,
+                         ids=[f"{s}-{o}-g{g}-{k}-{p}" for s, o, g, k, p in GROUPED])
+def test_depthwise_and_grouped_match_ncnn(tmp_path: Path, shape: tuple[int, int, int], out: int, group: int,
+                                          k: tuple[int, int], params: str) -> None:
+    line = conv("ConvolutionDepthWise", shape[0], out, k, params, group)
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(2))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kind", ["conv", "dw", "fc"])
+def test_fused_activation_types_match_ncnn(tmp_path: Path, kind: str, act: str) -> None:
+    if kind == "conv":
+        line, shape = conv("Convolution", 5, 7, (3, 3), f"4=1 {act}"), (5, 9, 10)
+    elif kind == "dw":
+        line, shape = conv("ConvolutionDepthWise", 5, 5, (3, 3), f"4=1 {act}", group=5), (5, 9, 10)
+    else:
+        line, shape = f"InnerProduct op 1 1 data out 0=19 1=1 2={19 * 60} {act}", (60,)
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(3))
+
+
+@pytest.mark.parametrize("shape,out", [((7, 5, 3), 23), ((37,), 16), ((5, 33), 17), ((3, 300), 40)],
+                         ids=["flat-3d", "flat-1d", "rows", "rows-wide"])
+def test_inner_product_matches_ncnn(tmp_path: Path, shape: tuple[int, ...], out: int) -> None:
+    n_in = shape[-1] if len(shape) == 2 else int(np.prod(shape))
+    line = f"InnerProduct op 1 1 data out 0={out} 1=1 2={out * n_in}"
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(4))
+
+
+CHAIN = [
+    "Convolution c1 1 1 data a 0=24 1=3 11=3 3=2 4=1 5=1 6=648",
+    "ConvolutionDepthWise dw 1 1 a b 0=24 1=3 11=3 4=1 5=1 6=216 7=24 9=1",
+    "Convolution c2 1 1 b c 0=40 1=1 11=1 5=1 6=960",
+    "Sigmoid s 1 1 c d",
+    "InnerProduct fc 1 1 d out 0=10 1=1 2=" + str(10 * 40 * 17 * 15),
+]
+
+
+def chain_plan(tmp_path: Path) -> tuple[Plan, dict[str, np.ndarray]]:
+    param = tmp_path / "chain.param"
+    param.write_text(param_text({"data": (3, 34, 29)}, CHAIN))
+    graph = load_model(param, None, {"data": (3, 34, 29)}, seed=5)
+    x = np.random.default_rng(6).uniform(-2, 2, (3, 34, 29)).astype(np.float32)
+    return Plan(graph), {"data": x}
+
+
+def test_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, feed = chain_plan(tmp_path)
+    assert [kind for kind, *_ in plan._program if kind is StepKind.STORE]  # the jit kernels store
+    assert plan.fused == [("c2", "s")]
+    monkeypatch.setattr(threads, "THREADS", 1)
+    one = plan.run(feed)["out"]
+    monkeypatch.setattr(threads, "THREADS", max(2, threads.available_cores()))
+    many = plan.run(feed)["out"]
+    again = plan.run(feed)["out"]
+    assert one.tobytes() == many.tobytes() == again.tobytes()
+
+
+def test_plans_on_several_threads_at_once(tmp_path: Path) -> None:
+    """The scheduler runs Plans on worker threads: concurrent kernel launches give each Plan
+    its own, unchanged result."""
+    plan, feed = chain_plan(tmp_path)
+    want = plan.run(feed)["out"]
+    others = [chain_plan(tmp_path)[0] for _ in range(3)]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        got = list(pool.map(lambda p: [p.run(feed)["out"] for _ in range(3)], others))
+    assert all(r.tobytes() == want.tobytes() for rs in got for r in rs)
+
+
+def test_forward_paths_agree_with_the_plan(tmp_path: Path) -> None:
+    """``forward`` (fp32 in and out) and ``forward_bf16`` compute what the Plan's bf16 store
+    path does, before the one RNE narrowing."""
+    param = tmp_path / "one.param"
+    line = conv("Convolution", 6, 9, (3, 3), "4=1 3=2 9=2 -23310=1,0.1")
+    param.write_text(param_text({"data": (6, 15, 14)}, [line]))
+    graph = load_model(param, None, {"data": (6, 15, 14)}, seed=8)
+    u = to_bf16(np.random.default_rng(9).uniform(-2, 2, (6, 15, 14)).astype(np.float32))
+    layer = next(lay for lay in graph.layers if lay.type == "Convolution")
+    kernel = REGISTRY[layer.type](layer, [(6, 15, 14)])
+    wide = kernel.forward([from_bf16(u)])[0].copy()
+    raw = kernel.forward_bf16([u])[0].copy()
+    stored = np.empty(kernel.out_shapes[0], dtype=np.uint16)
+    kernel.forward_store([u], [stored], [])
+    assert wide.tobytes() == raw.tobytes()
+    assert stored.tobytes() == to_bf16(wide).tobytes()
+    assert np.array_equal(Plan(graph).run({"data": from_bf16(u)})["out"], from_bf16(stored))
+
+
+def test_threads_default_to_the_cores_the_process_may_use(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/jobs/vkserve\n")
+    group = tmp_path / "fs" / "jobs" / "vkserve"
+    group.mkdir(parents=True)
+    monkeypatch.setattr(threads, "PROC_CGROUP", proc)
+    monkeypatch.setattr(threads, "CGROUP_ROOT", tmp_path / "fs")
+    assert threads.available_cores() == cores  # no cpu.max anywhere
+    (group / "cpu.max").write_text("max 100000\n")
+    assert threads.available_cores() == cores
+    (group.parent / "cpu.max").write_text("150000 100000\n")  # 1.5 cores on the parent
+    assert threads.available_cores() == 1
+    monkeypatch.setenv("VKSERVE_CPU_THREADS", "3")
+    assert threads._thread_count() == 3
+    monkeypatch.setattr(threads, "THREADS", 1)
+    jit.use_threads()
+    assert numba.get_num_threads() == 1
+
+
+@numba.njit
+def store_vector(src: np.ndarray, dst: np.ndarray) -> None:
+    store_row(src, 0, dst, 0, 0, src.size)
+
+
+def test_kernel_narrowing_is_the_engines_rne() -> None:
+    """The kernels' store rounds like ``bf16.to_bf16``: ties to even, NaN kept (quiet), Inf
+    kept, overflow to Inf; widening is exact."""
+    rng = np.random.default_rng(10)
+    bits = np.concatenate([
+        rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+        np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+                  0x7FC00000, 0x7F800001, 0xFF800001, 0x00000000, 0x80000000, 0x00008000], dtype=np.uint32),
+    ])
+    values = bits.view(np.float32)
+    out = np.empty((1, values.size), dtype=np.uint16)
+    with np.errstate(invalid="ignore"):
+        store_vector(values, out)
+    assert out[0].tobytes() == to_bf16(values).tobytes()
+    wide = np.empty((1, values.size), dtype=np.float32)
+    store_vector(from_bf16(out[0]), wide)
+    assert wide[0].view(np.uint32).tobytes() == from_bf16(out[0]).view(np.uint32).tobytes()

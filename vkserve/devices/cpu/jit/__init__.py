@@ -1,0 +1,101 @@
+"""numba kernels of the CPU engine: bf16 storage (uint16, RNE on store), fp32 accumulation.
+
+Each kernel widens its inputs, computes, applies the fused activations and narrows its results
+in one pass over a tile, and splits its work into ``prange`` tasks: an output element is always
+computed by one task, in an order fixed by the shape alone (K blocks, taps, k ascending), so
+results are the same bits whatever the thread count (``vkserve.devices.cpu.threads``).
+
+Compiled code is cached on disk (``cache=True``): next to these sources (``__pycache__``) unless
+``NUMBA_CACHE_DIR`` is set before numba is first imported; the daemon sets it to its own cache
+folder. Nothing here overrides it.
+"""
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numba
+
+from vkserve.devices.cpu import threads
+
+# numba leaves LLVM's SLP vectorizer off (NUMBA_SLP_VECTORIZE=0): the GEMM micro kernel's register
+# tile is straight-line code that only it turns into SIMD (measured: 4x16 tile 8 -> 117 GFLOP/s on
+# one core). numba reads the setting at each compilation; an explicit NUMBA_SLP_VECTORIZE wins.
+if "NUMBA_SLP_VECTORIZE" not in os.environ:
+    numba.config.SLP_VECTORIZE = 1
+
+from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, geometry, pack_gemm_weights
+from vkserve.devices.cpu.jit.epilogue import epilogue_ops
+from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
+
+__all__ = ["conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
+           "pack_gemm_weights", "pack_rows", "use_threads"]
+
+
+_pool_started = False
+
+
+def _start_pool() -> None:
+    """Start numba's thread pool with OpenMP's passive wait policy (idle workers sleep instead
+    of spinning), unless the environment chooses one. Measured on the 2-core VM, mobilenet on 2
+    threads (median of 10 runs): idle machine 11.1 ms passive, 10.0-10.6 ms spinning; the other
+    core busy with another process 17.8-18.4 ms passive (18.3 on 1 thread), 28-217 ms with
+    libgomp's default spinning and 26-46 ms with GOMP_SPINCOUNT=20000: a spinning worker that
+    the kernel deschedules holds up every parallel region. The variable is set only while the
+    pool's libgomp starts (it reads it once), so other OpenMP users in the process (ncnn
+    bundles its own libgomp) keep theirs."""
+    global _pool_started
+    chosen = "OMP_WAIT_POLICY" in os.environ
+    if not chosen:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        numba.get_num_threads()  # launches the pool
+    finally:
+        if not chosen:
+            del os.environ["OMP_WAIT_POLICY"]
+    _pool_started = True
+
+
+def use_threads() -> None:
+    """Run the next kernels on ``threads.THREADS`` threads, one task at a time (numba's settings
+    are per calling thread; the count is capped by the pool numba started: ``NUMBA_NUM_THREADS``,
+    all CPUs by default)."""
+    if not _pool_started:
+        _start_pool()
+    n = max(1, min(threads.THREADS, numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+    # tasks are handed out one at a time (dynamic scheduling): tasks differ in size, and a core
+    # shared with another process must not hold up the whole kernel
+    if numba.get_parallel_chunksize() != 1:
+        numba.set_parallel_chunksize(1)
+
+
+_launch_lock = threading.Lock()
+_threadsafe_layer: bool | None = None
+
+
+def _threadsafe() -> bool:
+    """numba's threading layer runs parallel regions from several threads at once (tbb, omp;
+    the workqueue fallback aborts the process instead). Unknown until a first region has run."""
+    global _threadsafe_layer
+    if _threadsafe_layer is None:
+        try:
+            _threadsafe_layer = numba.threading_layer() != "workqueue"
+        except ValueError:  # no parallel region has run yet: the layer is not chosen
+            return False
+    return _threadsafe_layer
+
+
+@contextmanager
+def launch() -> Iterator[None]:
+    """Around a kernel call: the thread settings of ``use_threads``, and one kernel at a time
+    across the process's threads (Plans run on the scheduler's worker threads) unless the
+    threading layer is thread-safe."""
+    use_threads()
+    if _threadsafe():
+        yield
+        return
+    with _launch_lock:
+        yield

@@ -1,0 +1,303 @@
+"""Convolution kernels: grouped GEMM over packed bf16 weight panels, and depthwise.
+
+``conv_gemm`` computes Y[o, p] = bias[o] + sum_k W[o, k] X[k, p] per group, k = (c, ky, kx),
+without an im2col of the whole input: each task packs a (KC x NB) block of the input's
+receptive fields (widened, padding filled in) into an fp32 panel of NR-pixel strips that stays
+in L2, widens the packed weights of each of its MR-row blocks for that block in turn, runs the
+MR x NR register-tile kernel over them, and after the last K block applies the epilogue to its fp32
+tile and narrows it into the output. Tasks are (group, pixel block, row chunk)
+triples; which thread computes an output never changes its value.
+
+``depthwise`` (one input channel per group) works on padded fp32 copies of each input plane,
+one per stride phase, a tap (three at stride 1) per pass over all of a channel's outputs.
+
+Each output value's sum has a fixed order (bias, then k ascending; fma where the CPU has it).
+The micro kernel relies on LLVM's SLP vectorizer (``vkserve.devices.cpu.jit`` turns it on), the
+other loops on the loop vectorizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
+
+#: output rows x pixels of the micro kernel's register tile (4 x 2 AVX2 registers of fp32)
+MR, NR = 4, 16
+#: pixels per task (a multiple of NR)
+NB = 128
+#: reduction depth per packed panel (KC x NB fp32: 128 KiB, L2-resident)
+KC = 256
+#: output rows a task computes at least, where there are that many (amortizes its packing)
+MIN_TASK_ROWS = 128
+
+#: index type of the hot loops: numba wraps negative signed indices, a select per access that
+#: keeps LLVM from vectorizing; unsigned ones need none
+_U = np.uint64
+
+# geometry vector layout (int64): see ``geometry``
+G_GROUPS, G_CG, G_OG, G_KH, G_KW, G_SH, G_SW, G_DH, G_DW, G_PT, G_PL, G_OH, G_OW = range(13)
+
+
+def geometry(groups: int, cg: int, og: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
+             pt: int, pl: int, oh: int, ow: int) -> np.ndarray:
+    """The kernels' shape parameters as one int64 vector (pads: top and left; negative crops)."""
+    return np.array([groups, cg, og, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow], dtype=np.int64)
+
+
+def pack_gemm_weights(w16: np.ndarray, groups: int, og: int, k: int) -> np.ndarray:
+    """bf16 weights [groups * og][k] -> panels (groups, row blocks, k, MR), rows zero-padded."""
+    nrb = -(-og // MR)
+    w = np.zeros((groups, nrb * MR, k), dtype=np.uint16)
+    w[:, :og, :] = w16.reshape(groups, og, k)
+    return np.ascontiguousarray(w.reshape(groups, nrb, MR, k).transpose(0, 1, 3, 2))
+
+
+def _micro_source(nr: int) -> str:
+    """The MR x nr register-tile kernel as straight-line code (nr <= NR: the first nr pixels of
+    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b[s, k, j] (k ascending).
+
+    Written out per accumulator so that LLVM's SLP vectorizer turns each row of NR scalars into
+    vector registers that stay live across the k loop (numba cannot express SIMD types); the
+    offsets are unsigned, since numba's wrap-around of negative signed indices would break the
+    runs of consecutive addresses the vectorizer looks for."""
+    acc = [[f"c{r}_{j}" for j in range(nr)] for r in range(MR)]
+    lines = ["def micro(a, b, c, kc, r0, s):", "    r0 = U(r0)", "    s = U(s)", f"    j0 = s * U({NR})"]
+    lines += [f"    {acc[r][j]} = c[r0 + U({r}), j0 + U({j})]" for r in range(MR) for j in range(nr)]
+    lines += ["    for k in range(U(kc)):"]
+    lines += [f"        b{j} = b[s, k, U({j})]" for j in range(nr)]
+    for r in range(MR):
+        lines.append(f"        a{r} = a[k, U({r})]")
+        lines += [f"        {acc[r][j]} += a{r} * b{j}" for j in range(nr)]
+    lines += [f"    c[r0 + U({r}), j0 + U({j})] = {acc[r][j]}" for r in range(MR) for j in range(nr)]
+    return "\n".join(lines) + "\n"
+
+
+def _compile_micro(nr: int):  # noqa: ANN202
+    ns: dict[str, object] = {"U": _U}
+    exec(compile(_micro_source(nr), f"<{__name__} micro kernel {MR}x{nr}>", "exec"), ns)  # noqa: S102
+    return njit(fastmath=FASTMATH, error_model="numpy")(ns["micro"])
+
+
+_micro = _compile_micro(NR)
+#: for a block's last strip when it holds at most NR / 2 pixels (7 x 7 outputs: 49 = 3 x 16 + 1)
+_micro_half = _compile_micro(NR // 2)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _valid(n: int, start: int, step: int, size: int) -> tuple[int, int]:
+    """[lo, hi) of q in [0, n) with 0 <= start + q * step < size (step > 0)."""
+    lo = 0 if start >= 0 else (-start + step - 1) // step
+    hi = (size - 1 - start) // step + 1 if size - 1 - start >= 0 else 0
+    lo = min(lo, n)
+    return lo, max(lo, min(hi, n))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _fill_plane(x, c, iy0, ix0, sy, sx, padv, plane):  # noqa: ANN001
+    """plane[r, q] = widened x[c, iy0 + r sy, ix0 + q sx], ``padv`` outside the input (direct
+    unsigned indexing: no views, which cost an atomic reference count update each)."""
+    h, w = x.shape[1], x.shape[2]
+    rows, cols = plane.shape
+    lo, hi = _valid(cols, ix0, sx, w)
+    cu = _U(c)
+    for r in range(rows):
+        iy = iy0 + r * sy
+        if iy < 0 or iy >= h:
+            for q in range(cols):
+                plane[r, q] = padv
+            continue
+        for q in range(lo):
+            plane[r, q] = padv
+        yu, base, st, ru, lu = _U(iy), _U(ix0 + lo * sx), _U(sx), _U(r), _U(lo)
+        for q in range(_U(hi - lo)):
+            plane[ru, lu + q] = widen(x[cu, yu, base + st * q])
+        for q in range(hi, cols):
+            plane[r, q] = padv
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _widen_run(src, s0, dst, n):  # noqa: ANN001
+    """dst[:n] = widened src[s0:s0 + n] (unsigned indices: the loop vectorizes)."""
+    b = _U(s0)
+    for q in range(_U(n)):
+        dst[q] = widen(src[b + q])
+
+
+def gemm_row_chunks(groups: int, og: int, npix: int, threads: int) -> int:
+    """Row blocks per task: enough tasks to keep ``threads`` busy (about 2 each), but no fewer
+    than MIN_TASK_ROWS rows a task, since each task packs its own input panel. Which task computes
+    an output does not change its sum (bias, then k ascending), so this may follow the thread
+    count."""
+    nrb = -(-og // MR)
+    tasks = groups * -(-npix // NB)
+    chunks = max(1, min(-(-nrb * MR // MIN_TASK_ROWS), -(-2 * threads // tasks)))
+    return -(-nrb // chunks)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def conv_gemm(x, wp, bias, ops, padv, geo, rb_per_task, out):  # noqa: ANN001
+    """Grouped convolution, ``x`` (C, H, W) -> ``out`` (groups * og, OH * OW); ``wp`` from
+    ``pack_gemm_weights``; ``bias`` fp32 per output channel; ``ops`` the epilogue;
+    ``rb_per_task`` from ``gemm_row_chunks``.
+
+    The input panel of a task is gathered from a padded fp32 copy of the input rows its pixel
+    block reads (one channel at a time), at per-pixel offsets computed once per task."""
+    groups, og, kh, kw = geo[G_GROUPS], geo[G_OG], geo[G_KH], geo[G_KW]
+    sh, sw, dh, dw = geo[G_SH], geo[G_SW], geo[G_DH], geo[G_DW]
+    taps = kh * kw
+    cg = geo[G_CG]
+    k_total = cg * taps
+    oh, ow = geo[G_OH], geo[G_OW]
+    npix = oh * ow
+    nrb = wp.shape[1]
+    n_chunks = (nrb + rb_per_task - 1) // rb_per_task
+    n_blocks = (npix + NB - 1) // NB
+    # 1x1, stride 1, no padding: a pixel block is one run of each input channel
+    flat = (taps == 1 and sh == 1 and sw == 1 and geo[G_PT] == 0 and geo[G_PL] == 0
+            and oh == x.shape[1] and ow == x.shape[2])
+    xf = x.reshape((x.shape[0], x.shape[1] * x.shape[2]))
+    wflat = wp.reshape(wp.size)
+    wpad = (ow - 1) * sw + (kw - 1) * dw + 1
+    for task in prange(groups * n_blocks * n_chunks):
+        # row chunk outermost: consecutive tasks cover different pixel blocks (even loads)
+        rc = task // (groups * n_blocks)
+        rest = task - rc * groups * n_blocks
+        g = rest // n_blocks
+        pb = rest - g * n_blocks
+        p0 = pb * NB
+        n = min(NB, npix - p0)
+        ns = (n + NR - 1) // NR
+        rb0 = rc * rb_per_task
+        nb = min(nrb, rb0 + rb_per_task) - rb0
+        oy0 = p0 // ow
+        prow = (((p0 + n - 1) // ow - oy0) * sh + (kh - 1) * dh + 1) if not flat else 1
+        plane = np.empty((prow, wpad), dtype=np.float32)
+        pflat = plane.reshape(prow * wpad)
+        offs = np.empty(NB, dtype=np.int64)
+        for j in range(n):
+            oy = (p0 + j) // ow
+            offs[j] = (oy - oy0) * sh * wpad + (p0 + j - oy * ow) * sw
+        nrows = nb * MR
+        panel = np.zeros((NB // NR, KC, NR), dtype=np.float32)
+        wide = np.empty((KC, MR), dtype=np.float32)
+        wide_flat = wide.reshape(KC * MR)
+        tile = np.empty((nrows, NB), dtype=np.float32)
+        for r in range(nrows):
+            o = rb0 * MR + r
+            bv = bias[g * og + o] if o < og else np.float32(0.0)
+            trow = tile[r]
+            for j in range(NB):
+                trow[j] = bv
+        for k0 in range(0, k_total, KC):
+            kcb = min(KC, k_total - k0)
+            for kk in range(kcb):
+                k = k0 + kk
+                c = g * cg + k // taps
+                t = k % taps
+                # direct unsigned indexing, no views (an atomic reference count update each)
+                ku = _U(kk)
+                if flat:
+                    cu = _U(c)
+                    for si in range(ns):
+                        su, b = _U(si), _U(p0 + si * NR)
+                        for j in range(_U(min(NR, n - si * NR))):
+                            panel[su, ku, j] = widen(xf[cu, b + j])
+                else:
+                    if t == 0 or kk == 0:
+                        _fill_plane(x, c, oy0 * sh - geo[G_PT], -geo[G_PL], 1, 1, padv, plane)
+                    ky = t // kw
+                    tap = ky * dh * wpad + (t - ky * kw) * dw
+                    for si in range(ns):
+                        for j in range(min(NR, n - si * NR)):
+                            panel[si, kk, j] = pflat[tap + offs[si * NR + j]]
+            for i in range(nb):
+                _widen_run(wflat, (g * nrb + rb0 + i) * k_total * MR + k0 * MR, wide_flat, kcb * MR)
+                for si in range(ns):
+                    if n - si * NR <= NR // 2:
+                        _micro_half(wide, panel, tile, kcb, i * MR, si)
+                    else:
+                        _micro(wide, panel, tile, kcb, i * MR, si)
+        for r in range(nrows):
+            o = rb0 * MR + r
+            if o < og:
+                trow = tile[r]
+                apply_ops(trow, n, ops)
+                store_row(trow, 0, out, g * og + o, p0, n)
+
+
+# The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside
+# the hot loops: each one costs an atomic reference count update.
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _axpy3(acc, p, b, cnt, d, w0, w1, w2):  # noqa: ANN001
+    """acc[q] += w0 p[b + q], then w1 p[b + q + d], then w2 p[b + q + 2d], for q < cnt."""
+    i0, d1 = _U(b), _U(d)
+    d2 = d1 + d1
+    for q in range(_U(cnt)):
+        i = i0 + q
+        v = acc[q]
+        v += w0 * p[i]
+        v += w1 * p[i + d1]
+        v += w2 * p[i + d2]
+        acc[q] = v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
+    """acc[q] += w0 p[b + q] for q < cnt."""
+    i0 = _U(b)
+    for q in range(_U(cnt)):
+        acc[q] += w0 * p[i0 + q]
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
+    """Depthwise convolution (one input channel per group, ``og`` outputs each): ``x`` (C, H, W)
+    -> ``out`` (C * og, OH * OW); ``w16`` bf16 (C * og, kh * kw); the output channels are split
+    into ``parts`` contiguous tasks (each allocates its buffers once).
+
+    Per output channel the input channel is widened once into padded fp32 planes (border =
+    ``pad_value``), one per stride phase (row r, column q of phase (ry, rx) is padded input
+    (r sh + ry, q sw + rx)), so every tap reads a plane at unit stride without bounds checks.
+    The planes' rows run on into each other: each tap (at stride 1: three taps of a kernel row)
+    is one pass over all outputs at once, in plane coordinates (the extra columns between rows
+    are computed and dropped). Per output: bias, then taps ky-major, kx ascending."""
+    kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
+    dh, dw, pt, pl = geo[G_DH], geo[G_DW], geo[G_PT], geo[G_PL]
+    og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
+    taps = kh * kw
+    prow = oh + (kh - 1) * dh // sh
+    wq = ow + (kw - 1) * dw // sw
+    span = (oh - 1) * wq + ow
+    n_out = out.shape[0]
+    for part in prange(parts):
+        wf = np.empty(taps, dtype=np.float32)
+        planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
+        pf = planes.reshape((sh * sw, prow * wq))
+        acc = np.empty(span, dtype=np.float32)
+        for o in range(part * n_out // parts, (part + 1) * n_out // parts):
+            for t in range(taps):
+                wf[t] = widen(w16[o, t])
+            for ry in range(sh):
+                for rx in range(sw):
+                    _fill_plane(x, o // og, ry - pt, rx - pl, sh, sw, padv, planes[ry * sw + rx])
+            bv = bias[o]
+            for j in range(span):
+                acc[j] = bv
+            for ky in range(kh):
+                ry = ky * dh % sh
+                base = ky * dh // sh * wq
+                kx = 0
+                while sw == 1 and kx + 3 <= kw:
+                    _axpy3(acc, pf[ry], base + kx * dw, span, dw, wf[ky * kw + kx], wf[ky * kw + kx + 1],
+                           wf[ky * kw + kx + 2])
+                    kx += 3
+                while kx < kw:
+                    _axpy1(acc, pf[ry * sw + kx * dw % sw], base + kx * dw // sw, span, wf[ky * kw + kx])
+                    kx += 1
+            apply_ops(acc, span, ops)
+            for oy in range(oh):
+                store_row(acc, oy * wq, out, o, oy * ow, ow)

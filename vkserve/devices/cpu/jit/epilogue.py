@@ -1,0 +1,206 @@
+"""Scalar bf16 helpers for the numba kernels and the fused activation epilogue.
+
+``widen``/``store_row`` dispatch on the array's dtype at compile time: uint16 is bf16 storage
+(widened exactly, narrowed with round-to-nearest-even like ``vkserve.devices.cpu.bf16``), float32
+is taken as it is (the fp32 ``Kernel.forward`` path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+from vkserve.models.layers import activation_values
+
+if TYPE_CHECKING:
+    from vkserve.devices.cpu.kernels.base import Kernel
+
+#: fused multiply-add contraction only: no reassociation, so every sum keeps its written order.
+#: (The kernels also take error_model="numpy": no ZeroDivisionError check, a branch that keeps
+#: a loop with a division from vectorizing; x / 0 gives inf or nan as in numpy.)
+FASTMATH = {"contract"}
+
+_U16 = np.uint32(16)
+_LSB = np.uint32(1)
+_HALF = np.uint32(0x7FFF)
+_QUIET = np.uint32(0x40)
+
+
+@intrinsic
+def _f32_from_bf16(typingctx, bits):  # noqa: ARG001
+    """bf16 bits -> float32 (the high half; exact)."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):  # noqa: ARG001
+    if bits != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _bits_from_f32(typingctx, value):  # noqa: ARG001
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+def widen(v):  # noqa: ANN001, ANN201  (numba overload below)
+    """One stored value as float32."""
+    raise NotImplementedError
+
+
+@overload(widen, inline="always")
+def _widen(v):  # noqa: ANN001, ANN202
+    if v == types.uint16:
+        return lambda v: _f32_from_bf16(v)
+    if v == types.float32:
+        return lambda v: v
+    return None
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def narrow(f: float) -> int:
+    """float32 -> bf16 bits, round to nearest even; NaN stays NaN (quiet, sign kept)."""
+    b = _bits_from_f32(f)
+    if f != f:
+        return np.uint16((b >> _U16) | _QUIET)
+    return np.uint16((b + _HALF + ((b >> _U16) & _LSB)) >> _U16)
+
+
+def store_row(src, s0, dst, row, col, n):  # noqa: ANN001, ANN201
+    """dst[row, col:col + n] = src[s0:s0 + n] (fp32), narrowed when ``dst`` is bf16 storage."""
+    raise NotImplementedError
+
+
+@overload(store_row)
+def _store_row(src, s0, dst, row, col, n):  # noqa: ANN001, ANN202
+    if dst.dtype == types.uint16:
+        def impl(src, s0, dst, row, col, n):  # noqa: ANN001, ANN202
+            # unsigned indices: no wrap-around selects for negative ones, so the loop vectorizes
+            s, r, c = np.uint64(s0), np.uint64(row), np.uint64(col)
+            for i in range(np.uint64(n)):
+                dst[r, c + i] = narrow(src[s + i])
+        return impl
+
+    def impl32(src, s0, dst, row, col, n):  # noqa: ANN001, ANN202
+        s, r, c = np.uint64(s0), np.uint64(row), np.uint64(col)
+        for i in range(np.uint64(n)):
+            dst[r, c + i] = src[s + i]
+    return impl32
+
+
+_EXP_HI = np.float32(88.3762626647949)
+_EXP_LO = np.float32(-88.3762626647949)
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_P = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
+          np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def exp_f32(x: float) -> float:
+    """e**x in fp32 (Cephes expf, as ncnn's SIMD exp_ps: about 1 ulp, the argument clamped to
+    +-88.376), in plain arithmetic so that loops over it vectorize (libm's expf is a call)."""
+    x = min(max(x, _EXP_LO), _EXP_HI)
+    fx = np.floor(x * _LOG2E + np.float32(0.5))
+    x = x - fx * _LN2_HI
+    x = x - fx * _LN2_LO
+    p0, p1, p2, p3, p4, p5 = _EXP_P
+    y = ((((p0 * x + p1) * x + p2) * x + p3) * x + p4) * x + p5
+    y = y * (x * x) + x + np.float32(1.0)
+    return y * _f32_from_bits(np.int32((np.int32(fx) + np.int32(127)) << np.int32(23)))
+
+
+# epilogue op codes: ncnn's activation_type 0..6, then the fusable activation layers' own forms
+OP_NONE, OP_RELU, OP_LEAKY, OP_CLIP, OP_SIGMOID, OP_MISH, OP_HARDSWISH, OP_SWISH, OP_HARDSIGMOID = range(9)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
+    """Apply the epilogue ``ops`` ((code, a, b) rows, in order) to ``row[:n]`` in place."""
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    for i in range(ops.shape[0]):
+        code = int(ops[i, 0])
+        a = ops[i, 1]
+        b = ops[i, 2]
+        if code == OP_RELU:
+            for j in range(n):
+                row[j] = max(row[j], zero)
+        elif code == OP_LEAKY:
+            for j in range(n):
+                v = row[j]
+                row[j] = v * a if v < zero else v
+        elif code == OP_CLIP:
+            for j in range(n):
+                row[j] = min(max(row[j], a), b)
+        elif code == OP_SIGMOID:
+            for j in range(n):
+                row[j] = one / (one + exp_f32(-row[j]))
+        elif code == OP_MISH:
+            for j in range(n):
+                v = row[j]
+                sp = max(v, zero) + np.log1p(np.exp(-abs(v)))
+                row[j] = v * np.tanh(sp)
+        elif code == OP_HARDSWISH:
+            for j in range(n):
+                v = row[j]
+                row[j] = v * min(max(v * a + b, zero), one)
+        elif code == OP_SWISH:
+            for j in range(n):
+                v = row[j]
+                row[j] = v / (one + exp_f32(-v))
+        elif code == OP_HARDSIGMOID:
+            for j in range(n):
+                row[j] = min(max(row[j] * a + b, zero), one)
+
+
+def _post_op(k: Kernel) -> tuple[int, float, float]:
+    """A fused activation layer (the executor's FUSABLE_ACTIVATIONS) as an epilogue op."""
+    p, kind = k.p, k.layer.type
+    if kind == "ReLU":
+        return (OP_RELU, 0.0, 0.0) if p.slope == 0.0 else (OP_LEAKY, p.slope, 0.0)
+    if kind == "Clip":
+        return OP_CLIP, p.min, p.max
+    if kind == "Sigmoid":
+        return OP_SIGMOID, 0.0, 0.0
+    if kind == "Swish":
+        return OP_SWISH, 0.0, 0.0
+    if kind == "HardSigmoid":
+        return OP_HARDSIGMOID, p.alpha, p.beta
+    if kind == "HardSwish":
+        return OP_HARDSWISH, p.alpha, p.beta
+    raise ValueError(f"{kind} cannot be fused into a numba kernel's epilogue")
+
+
+def epilogue_ops(act_type: int, act_params: Sequence[float], post: Sequence[Kernel] = ()) -> np.ndarray:
+    """(n, 3) float32 rows (code, a, b): the layer's own activation, then the fused layers'."""
+    rows = []
+    if act_type:
+        a, b = activation_values(act_type, tuple(act_params))
+        rows.append((act_type, a, b))
+    rows.extend(_post_op(k) for k in post)
+    return np.array(rows, dtype=np.float32).reshape(-1, 3)
