@@ -11,6 +11,7 @@ against that class's fields (see :func:`scheduler_config`).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 import types
@@ -29,10 +30,13 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "Config",
     "ConfigError",
+    "GrpcConfig",
+    "HttpConfig",
     "MetricsConfig",
     "ModelsConfig",
     "ServerConfig",
     "load_config",
+    "is_loopback",
     "parse_config",
     "parse_listen",
     "scheduler_config",
@@ -101,14 +105,26 @@ class ModelsConfig:
         return Path(state) / "models" if state else EXAMPLES_DIR
 
 
-def parse_listen(value: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[v6]:PORT`` too; port 0 = any free port) or ``off`` -> None."""
-    if value == "off":
+def parse_listen(value: str, what: str = "metrics listen address",
+                 off: str = "off") -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too; an empty host is 127.0.0.1; port 0 = any free port)
+    or ``off`` -> None."""
+    if value == off:
         return None
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"metrics listen address {value!r}: expected HOST:PORT or 'off'")
+        raise ValueError(f"{what} {value!r}: expected HOST:PORT or {off!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1); any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,17 +136,39 @@ class MetricsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class HttpConfig:
+    """KServe v2 over HTTP/REST (``vkserve.daemon.kserve``): ``listen`` ``HOST:PORT``, "" = off."""
+
+    listen: str = ""
+
+    def listen_address(self) -> tuple[str, int] | None:
+        return parse_listen(self.listen, "KServe HTTP listen address", off="")
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpcConfig:
+    """KServe v2 over gRPC (``vkserve.daemon.kserve``): ``listen`` ``HOST:PORT``, "" = off."""
+
+    listen: str = ""
+
+    def listen_address(self) -> tuple[str, int] | None:
+        return parse_listen(self.listen, "KServe gRPC listen address", off="")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    http: HttpConfig = dataclasses.field(default_factory=HttpConfig)
+    grpc: GrpcConfig = dataclasses.field(default_factory=GrpcConfig)
     #: Raw ``[scheduler]`` table; checked by :func:`scheduler_config`.
     scheduler: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = "<embedded default>"
 
 
 _SECTIONS: dict[str, type] = {"server": ServerConfig, "models": ModelsConfig,
-                              "metrics": MetricsConfig}
+                              "metrics": MetricsConfig, "http": HttpConfig, "grpc": GrpcConfig}
 
 
 def _type_name(value: Any) -> str:
@@ -224,10 +262,11 @@ def _validate(cfg: Config, base_dir: Path | None) -> Config:
         s.tcp_address()
     except ValueError as exc:
         raise ConfigError(f"server.tcp: {exc}") from None
-    try:
-        cfg.metrics.listen_address()
-    except ValueError as exc:
-        raise ConfigError(f"metrics.listen: {exc}") from None
+    for name, section in (("metrics", cfg.metrics), ("http", cfg.http), ("grpc", cfg.grpc)):
+        try:
+            section.listen_address()
+        except ValueError as exc:
+            raise ConfigError(f"{name}.listen: {exc}") from None
 
     def resolve(p: str) -> str:
         return str(base_dir / p) if p and base_dir is not None and not os.path.isabs(p) else p
@@ -247,7 +286,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         for name, table in data.items():
             if name not in (*_SECTIONS, "scheduler"):
                 raise ConfigError(f"{name}: unknown key (known tables: server, models, metrics, "
-                                  "scheduler)")
+                                  "http, grpc, scheduler)")
             if not isinstance(table, dict):
                 raise ConfigError(f"{name}: expected a table [{name}], got {_type_name(table)}")
             sections[name] = table
@@ -255,6 +294,8 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
             server=build_dataclass(ServerConfig, sections.get("server", {}), "server."),
             models=build_dataclass(ModelsConfig, sections.get("models", {}), "models."),
             metrics=build_dataclass(MetricsConfig, sections.get("metrics", {}), "metrics."),
+            http=build_dataclass(HttpConfig, sections.get("http", {}), "http."),
+            grpc=build_dataclass(GrpcConfig, sections.get("grpc", {}), "grpc."),
             scheduler=dict(sections.get("scheduler", {})),
             source=source,
         )
@@ -275,12 +316,14 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     return parse_config(text, str(p), p.resolve().parent)
 
 
-def resolve_token(server: ServerConfig, env: Mapping[str, str] | None = None) -> str | None:
+def resolve_token(server: ServerConfig, env: Mapping[str, str] | None = None, *,
+                  needed_by: str = "") -> str | None:
     """The TCP token: ``token``, else the first line of ``token_file``, else ``$VKSERVE_TOKEN``.
 
-    ``None`` when TCP is off; ConfigError when TCP is on and no usable token is set.
+    ``None`` when TCP is off (and ``needed_by``, another listener that needs the token, is
+    empty); ConfigError when one of them is on and no usable token is set.
     """
-    if not server.tcp:
+    if not server.tcp and not needed_by:
         return None
     env = os.environ if env is None else env
     token = server.token
@@ -291,8 +334,8 @@ def resolve_token(server: ServerConfig, env: Mapping[str, str] | None = None) ->
             raise ConfigError(f"server.token_file: cannot read {server.token_file}: {exc}") from None
     token = token or env.get("VKSERVE_TOKEN", "")
     if not token:
-        raise ConfigError("server.tcp is set but no token: set server.token, server.token_file "
-                          "or $VKSERVE_TOKEN")
+        raise ConfigError(f"{needed_by or 'server.tcp'} is set but no token: set server.token, "
+                          "server.token_file or $VKSERVE_TOKEN")
     if len(token) < MIN_TOKEN_LENGTH:
         raise ConfigError(f"server token: at least {MIN_TOKEN_LENGTH} characters, got {len(token)}")
     return token

@@ -13,6 +13,10 @@ Operations (DESIGN §9): Prometheus metrics, ``/healthz`` and ``/readyz`` on the
 listener (``metrics.listen``) in the root nursery; systemd ``Type=notify`` (READY, STATUS
 lines with devices and models, WATCHDOG pings from the trio loop, STOPPING) and socket
 activation (``LISTEN_FDS``: the inherited sockets replace the ones the config names).
+
+The Open Inference Protocol (KServe v2, ``vkserve.daemon.kserve``) over HTTP (``http.listen``)
+and gRPC (``grpc.listen``) shares the scheduler: both are bound at start with the other
+sockets, serve once the scheduler runs, and drain with the daemon.
 """
 
 from __future__ import annotations
@@ -28,14 +32,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from vkserve.client.protocol import CONNECTION_ERROR_ID, ErrorCode, Response, encode_frame
 from vkserve.daemon import systemd
 from vkserve.daemon.backend import Backend, Wire
-from vkserve.daemon.config import Config, ConfigError, resolve_token, scheduler_config
+from vkserve.daemon.config import Config, ConfigError, is_loopback, resolve_token, scheduler_config
 from vkserve.daemon.connection import Connection
+from vkserve.daemon.kserve.service import KServeService
 from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog, address_key
 from vkserve.daemon.listeners import (
     ListenError,
@@ -57,6 +63,12 @@ from vkserve.scheduler import (
     discover_handles,
     vulkan_engine_available,
 )
+
+if TYPE_CHECKING:
+    import grpc
+
+    from vkserve.daemon.kserve.grpc_server import GrpcFrontend
+    from vkserve.daemon.kserve.http_server import HttpFrontend
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +115,8 @@ class Server:
         self.buffers = BufferBudget(s.max_buffered_bytes)
         self.auth_throttle = AuthThrottle(s.auth_failures_per_second)
         self.warnings = RateLimitedLog(log)
+        #: The KServe v2 front ends' shared service (None unless http or grpc listens).
+        self.kserve: KServeService | None = None
 
     # ------------------------------------------------------------------ metrics and health
 
@@ -273,7 +287,9 @@ class Server:
         await self._all_closed.wait()
 
     def requests_in_flight(self) -> int:
-        return sum(len(c.tasks) for c in self.connections)
+        """Requests of the native protocol and infer calls of the KServe front ends."""
+        kserve = len(self.kserve.calls) if self.kserve is not None else 0
+        return sum(len(c.tasks) for c in self.connections) + kserve
 
     async def housekeeping(self) -> None:
         """Once a second: the summary lines of rate-limited warnings whose interval is over."""
@@ -403,6 +419,12 @@ class _Listening:
     metrics_host: str = ""
     described: list[str] = dataclasses.field(default_factory=list)
     inherited: list[socket.socket] = dataclasses.field(default_factory=list)
+    #: KServe v2: HTTP listeners, the bound (not started) gRPC server, their announcements,
+    #: and the token they need (None on loopback addresses).
+    http: list[trio.SocketListener] = dataclasses.field(default_factory=list)
+    grpc_server: grpc.Server | None = None
+    kserve_lines: list[str] = dataclasses.field(default_factory=list)
+    kserve_token: str | None = None
 
     def close(self) -> None:
         """Idempotent: remove our socket file and close every socket (served ones are
@@ -410,10 +432,12 @@ class _Listening:
         if self.unix is not None:
             self.unix.unlink()
             self.unix.sock.close()
-        for listener in self.unix_listeners + self.tcp_listeners + self.metrics:
+        for listener in self.unix_listeners + self.tcp_listeners + self.metrics + self.http:
             listener.socket.close()
         for sock in self.inherited:
             sock.close()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(None)
 
 
 def _adopt_inherited(sockets: list[socket.socket], config: Config, where: _Listening) -> None:
@@ -475,10 +499,40 @@ async def _open_listeners(config: Config) -> tuple[_Listening, str | None]:
             except OSError as exc:
                 raise ListenError(f"metrics.listen {host}:{port}: cannot listen: {exc}") from None
             where.metrics_host = host
+        await _open_kserve(config, where)
     except BaseException:
         where.close()
         raise
     return where, token
+
+
+async def _open_kserve(config: Config, where: _Listening) -> None:
+    """Bind the KServe v2 HTTP and gRPC addresses; the token when one is off the loopback."""
+    http, grpc_at = config.http.listen_address(), config.grpc.listen_address()
+    remote = [f"{name}.listen {addr[0]}" for name, addr in (("http", http), ("grpc", grpc_at))
+              if addr is not None and not is_loopback(addr[0])]
+    if remote:
+        where.kserve_token = resolve_token(config.server, needed_by=" and ".join(remote))
+    note = " (token required)" if where.kserve_token is not None else ""
+    if http is not None:
+        host, port = http
+        try:
+            where.http = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise ListenError(f"http.listen {host}:{port}: cannot listen: {exc}") from None
+        for listener in where.http:
+            bound_host, bound_port = tcp_listen_address(listener)
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            where.kserve_lines.append(f"vkserve: KServe v2 HTTP on http://{shown}:{bound_port}/v2{note}")
+    if grpc_at is not None:
+        from vkserve.daemon.kserve.grpc_server import bind_grpc, grpc_address  # noqa: PLC0415
+
+        host, port = grpc_at
+        try:
+            where.grpc_server, bound = bind_grpc(host, port, config.server)
+        except OSError as exc:
+            raise ListenError(f"grpc.listen {host}:{port}: cannot listen: {exc}") from None
+        where.kserve_lines.append(f"vkserve: KServe v2 gRPC on {grpc_address(host, bound)}{note}")
 
 
 async def serve(config: Config, backend_factory: Callable[[], Awaitable[Backend]] | None = None,
@@ -504,9 +558,53 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Backend]
             listeners.append((server.handle_unix, where.unix_listeners))
         if where.tcp_listeners:
             listeners.append((server.handle_tcp, where.tcp_listeners))
-        return await _run(config, server, backend, where, listeners, say)
+        frontends = _kserve_frontends(config, server, where)
+        if frontends.http is not None:
+            listeners.append((frontends.http.handle, where.http))
+        return await _run(config, server, backend, where, listeners, frontends, say)
     finally:
         where.close()
+
+
+@dataclasses.dataclass
+class _Frontends:
+    """The KServe v2 front ends that listen (both None when neither is configured)."""
+
+    http: HttpFrontend | None = None
+    grpc: GrpcFrontend | None = None
+
+    def begin_drain(self, grpc_grace: float) -> None:
+        """Idle HTTP connections close, gRPC refuses new calls (``grpc_grace`` seconds for
+        those in flight); requests in flight go on."""
+        if self.http is not None:
+            self.http.begin_drain()
+        if self.grpc is not None:
+            self.grpc.begin_stop(grpc_grace)
+
+    async def wait_drained(self) -> None:
+        """Until every HTTP request and gRPC call in flight has been answered."""
+        if self.http is not None:
+            await self.http.wait_idle()
+        if self.grpc is not None:
+            await self.grpc.wait_stopped()
+
+
+def _kserve_frontends(config: Config, server: Server, where: _Listening) -> _Frontends:
+    frontends = _Frontends()
+    if not where.http and where.grpc_server is None:
+        return frontends
+    server.kserve = KServeService(server)
+    if where.http:
+        from vkserve.daemon.kserve.http_server import HttpFrontend  # noqa: PLC0415
+
+        frontends.http = HttpFrontend(server.kserve, config.server, where.kserve_token,
+                                      server.auth_throttle)
+    if where.grpc_server is not None:
+        from vkserve.daemon.kserve.grpc_server import GrpcFrontend  # noqa: PLC0415
+
+        frontends.grpc = GrpcFrontend(where.grpc_server, server.kserve, where.kserve_token,
+                                      server.auth_throttle, trio.lowlevel.current_trio_token())
+    return frontends
 
 
 def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Awaitable[Backend]]:
@@ -573,6 +671,7 @@ async def _run(
     backend: Backend,
     where: _Listening,
     listeners: list[tuple[Handler, list[trio.SocketListener]]],
+    frontends: _Frontends,
     say: Callable[[str], None],
 ) -> int:
     stop = trio.Event()
@@ -598,7 +697,7 @@ async def _run(
                 systemd.notify("STOPPING=1\nSTATUS=stopped during start-up")
                 say("vkserve: stopped during start-up")
             else:
-                await _accept_and_drain(config, server, where, listeners, stop, say)
+                await _accept_and_drain(config, server, where, listeners, frontends, stop, say)
             systemd.notify("STATUS=closing the scheduler (saving pipeline caches)")
             await backend.aclose()
             root.cancel_scope.cancel()
@@ -610,6 +709,7 @@ async def _accept_and_drain(
     server: Server,
     where: _Listening,
     listeners: list[tuple[Handler, list[trio.SocketListener]]],
+    frontends: _Frontends,
     stop: trio.Event,
     say: Callable[[str], None],
 ) -> None:
@@ -620,9 +720,13 @@ async def _accept_and_drain(
                 await acceptors.start(
                     functools.partial(trio.serve_listeners, handler, group, handler_nursery=handlers)
                 )
+            if frontends.grpc is not None:
+                frontends.grpc.start()
             for listening in server.listening:
                 kind, _, addr = listening.partition(":")
                 say(f"vkserve: listening on {kind} {addr}{' (token required)' if kind == 'tcp' else ''}")
+            for line in where.kserve_lines:
+                say(line)
             with trio.CancelScope() as loading:
                 systemd.notify("STATUS=loading models")
                 await _wait_ready(server.backend, stop, loading)
@@ -642,15 +746,20 @@ async def _accept_and_drain(
             f"(up to {config.server.drain_timeout:g} s)")
         systemd.notify(f"STOPPING=1\nSTATUS=draining {in_flight} request(s)")
         server.begin_drain()
+        frontends.begin_drain(config.server.drain_timeout + ABORT_GRACE)
         with trio.move_on_after(config.server.drain_timeout) as drain:
             await server.wait_all_closed()
+            await frontends.wait_drained()
         if drain.cancelled_caught:
             left = server.requests_in_flight()
             log.warning("drain timeout: cancelling %d request(s) still in flight "
                         "(answered UNAVAILABLE)", left)
             server.abort_in_flight()
+            if server.kserve is not None:
+                server.kserve.abort_in_flight()
             with trio.move_on_after(ABORT_GRACE):  # the answers go out, connections close
                 await server.wait_all_closed()
+                await frontends.wait_drained()
         handlers.cancel_scope.cancel()
     say(f"vkserve: stopped ({server.requests_done} requests served)")
 

@@ -1337,6 +1337,7 @@ class Scheduler:
             reloading=entry.name in self._pending,
             reload_error=entry.reload_error,
             reload_failures=self._reload_failures.get(entry.name, 0),
+            max_batch_size=entry.spec.max_batch_size,
         )
 
     def models(self) -> list[ModelInfo]:

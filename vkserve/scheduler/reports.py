@@ -89,6 +89,7 @@ class ModelInfo:
     reloading: bool = False  # a new version of its files is loading beside this one
     reload_error: str | None = None  # why the last reload failed (None once one succeeds)
     reload_failures: int = 0  # failed reloads of this model since start
+    max_batch_size: int = 1  # jobs one execution may run together (config.toml); 1: no batching
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`vkserve serve`: run the daemon (trio server on a Unix socket, optional TCP, metrics)."""
+"""`vkserve serve`: run the daemon (trio server on a Unix socket, optional TCP, KServe v2 HTTP
+and gRPC, metrics)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-listen", metavar="HOST:PORT|off",
                         help="Prometheus metrics, /healthz and /readyz (overrides metrics.listen; "
                              "default 127.0.0.1:9464; port 0 = any free port; off = none)")
+    parser.add_argument("--http", metavar="HOST:PORT",
+                        help="KServe v2 (Open Inference Protocol) over HTTP (overrides http.listen; "
+                             "a non-loopback address needs the server token)")
+    parser.add_argument("--grpc", metavar="HOST:PORT",
+                        help="KServe v2 (Open Inference Protocol) over gRPC (overrides grpc.listen; "
+                             "a non-loopback address needs the server token)")
     parser.add_argument("--print-default-config", action="store_true",
                         help="print the embedded default config and exit")
 
@@ -45,7 +52,15 @@ def main(args: argparse.Namespace) -> int:
         if args.metrics_listen is not None:
             metrics = dataclasses.replace(metrics, listen=args.metrics_listen)
             metrics.listen_address()
-        config = dataclasses.replace(config, server=server, models=models, metrics=metrics)
+        http, grpc = config.http, config.grpc
+        if args.http is not None:
+            http = dataclasses.replace(http, listen=args.http)
+            http.listen_address()
+        if args.grpc is not None:
+            grpc = dataclasses.replace(grpc, listen=args.grpc)
+            grpc.listen_address()
+        config = dataclasses.replace(config, server=server, models=models, metrics=metrics,
+                                     http=http, grpc=grpc)
     except (ConfigError, ValueError) as exc:
         print(f"vkserve serve: {exc}", file=sys.stderr)
         return 2
