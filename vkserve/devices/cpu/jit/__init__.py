@@ -5,9 +5,10 @@ in one pass over a tile, and splits its work into ``prange`` tasks: an output el
 computed by one task, in an order fixed by the shape alone (K blocks, taps, k ascending), so
 results are the same bits whatever the thread count (``vkserve.devices.cpu.threads``).
 
-Compiled code is cached on disk (``cache=True``): next to these sources (``__pycache__``) unless
-``NUMBA_CACHE_DIR`` is set before numba is first imported; the daemon sets it to its own cache
-folder. Nothing here overrides it.
+Compiled code is cached on disk (``cache=True``) in ``NUMBA_CACHE_DIR``; unset, this package sets
+it before numba loads to ``numba/`` in vkserve's cache folder (``$CACHE_DIRECTORY``: the systemd
+unit's CacheDirectory=, else the XDG cache), beside the pipeline caches, because an installed
+package's own folder is read-only under the unit. An explicit ``NUMBA_CACHE_DIR`` wins.
 """
 
 import os
@@ -15,9 +16,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numba
+from vkserve.cache.persist import default_cache_dir
 
-from vkserve.devices.cpu import threads
+if "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = str(default_cache_dir() / "numba")
+
+import numba  # noqa: E402 (after its cache folder is set)
+
+from vkserve.devices.cpu import threads  # noqa: E402
 
 # numba leaves LLVM's SLP vectorizer off (NUMBA_SLP_VECTORIZE=0): the GEMM micro kernel's register
 # tile is straight-line code that only it turns into SIMD (measured: 4x16 tile 8 -> 117 GFLOP/s on
