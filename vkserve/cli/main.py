@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from vkserve import __version__
+from vkserve.devices.errors import JitUnavailable
 
 COMMANDS = ["devices", "layers", "cache", "run", "verify", "serve", "infer", "models", "status", "ping",
             "bench", "profile", "tune"]
@@ -33,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except JitUnavailable as exc:  # every command needs the engines' modules
+        print(f"vkserve: {exc}", file=sys.stderr)
+        return 1
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -17,11 +17,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from vkserve.cache.persist import default_cache_dir
+from vkserve.devices.errors import JitUnavailable
 
 if "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = str(default_cache_dir() / "numba")
 
-import numba  # noqa: E402 (after its cache folder is set)
+try:
+    import numba  # noqa: E402 (after its cache folder is set)
+except OSError as exc:  # llvmlite's check at numba's import: no writable+executable memory
+    raise JitUnavailable(
+        f"the CPU engine compiles its kernels at run time and needs writable+executable memory, "
+        f"which this process may not allocate ({exc.strerror}); under systemd, a unit with "
+        f"MemoryDenyWriteExecute=yes prevents it (the shipped unit does not set it)") from exc
 
 from vkserve.devices.cpu import threads  # noqa: E402
 
