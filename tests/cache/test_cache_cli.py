@@ -31,7 +31,11 @@ def warmed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], by
     """One `vkserve cache warm --json` from cold: its report and the file it wrote."""
     proc = vkserve("cache", "warm", "--cache-dir", tmp_path_factory.mktemp("warm"), "--json")
     assert proc.returncode == 0, proc.stderr
-    [report] = json.loads(proc.stdout)
+    reports = json.loads(proc.stdout)
+    [report] = [r for r in reports if r["device"] != "cpu"]
+    # and the CPU kernels: compiled for this machine, or loaded from numba's cache
+    [cpu] = [r for r in reports if r["device"] == "cpu"]
+    assert cpu["kernels_compiled"] + cpu["kernels_cached"] > 0 and cpu["cache_dir"].endswith("numba")
     return report, Path(report["file"]).read_bytes()
 
 

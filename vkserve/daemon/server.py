@@ -51,6 +51,7 @@ from vkserve.daemon.listeners import (
     tcp_listen_address,
 )
 from vkserve.daemon.metrics import DaemonMetrics, LoadRecorder, device_label
+from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.devices.discovery import GpuProblem
 from vkserve.scheduler import (
     DeviceHandle,
@@ -618,6 +619,10 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
     sched_cfg = scheduler_config(table, SchedulerConfig)
 
     async def build() -> Backend:
+        # the CPU kernels are compiled for this machine now (or loaded from their cache), not
+        # by the first job that needs them
+        kernels = await trio.to_thread.run_sync(compile_kernels)
+        log.info("%s", kernels.describe())
         hooks = parse_test_hooks(os.environ)
         if not hooks:  # the scheduler discovers the devices itself (in a worker thread) when it runs
             return Scheduler(None, sched_cfg, ModelRepository(repo_path))

@@ -14,6 +14,7 @@ from typing import Any
 from vkserve.cache.cache_file import inspect_cache_file
 from vkserve.cache.persist import WriterLock, default_cache_dir
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
+from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.devices.discovery import discover_devices
 
 NAME = "cache"
@@ -23,11 +24,12 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    warm = sub.add_parser("warm", help="build every built-in shader in every supported mode, "
-                                       "then save")
+    warm = sub.add_parser("warm", help="build every built-in shader in every supported mode and "
+                                       "compile the CPU kernels for this machine, then save")
     warm.add_argument("--cache-dir", type=Path, default=None,
                       help="cache folder (default: $CACHE_DIRECTORY or $XDG_CACHE_HOME/vkserve)")
-    warm.add_argument("--device", type=int, default=None, help="only this Vulkan device index")
+    warm.add_argument("--device", type=int, default=None,
+                      help="only this Vulkan device index (the CPU kernels are left alone)")
     warm.add_argument("--json", action="store_true")
     inspect = sub.add_parser("inspect", help="print a cache file's header, entries and validity")
     inspect.add_argument("file", type=Path)
@@ -81,17 +83,26 @@ def warm_device(caps: DeviceCaps, cache_dir: Path) -> dict[str, Any]:
 
 def warm(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or default_cache_dir()
-    results = [warm_device(caps, cache_dir) for caps in _vulkan_devices(args.device)]
+    results: list[dict[str, Any]] = [warm_device(caps, cache_dir) for caps in _vulkan_devices(args.device)]
+    cpu = None if args.device is not None else compile_kernels()
+    if cpu is not None:
+        results.append({"device": "cpu", "kernels_compiled": cpu.compiled,
+                        "kernels_cached": cpu.cached, "seconds": cpu.seconds,
+                        "cache_dir": cpu.cache_dir})
     if args.json:
         print(json.dumps(results, indent=2))
-    else:
-        if not results:
-            print("no Vulkan device: nothing to warm")
-        for r in results:
-            print(f"device {r['device']} ({r['name']}): {r['pipelines']} pipelines, "
-                  f"{r['glsl_compiles']} GLSL compiles, {r['spirv_hits']} SPIR-V hits, "
-                  f"driver blob {r['driver_blob_bytes']} bytes, {r['seconds']:.2f} s"
-                  f" -> {r['file']}{'' if r['saved'] else ' (unchanged, not written)'}")
+        return 0
+    for r in results:
+        if r["device"] == "cpu":
+            continue
+        print(f"device {r['device']} ({r['name']}): {r['pipelines']} pipelines, "
+              f"{r['glsl_compiles']} GLSL compiles, {r['spirv_hits']} SPIR-V hits, "
+              f"driver blob {r['driver_blob_bytes']} bytes, {r['seconds']:.2f} s"
+              f" -> {r['file']}{'' if r['saved'] else ' (unchanged, not written)'}")
+    if cpu is not None:
+        print(f"cpu: {cpu.describe()}")
+    elif not results:
+        print("no Vulkan device: nothing to warm")
     return 0
 
 
