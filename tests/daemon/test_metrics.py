@@ -31,6 +31,8 @@ def test_exposition_has_every_family():
     m = DaemonMetrics(snapshot)
     m.observe_request("digits", "vulkan0", "ok", total=0.004, queue=0.001, execution=0.002)
     m.observe_request("digits", "cpu", "deadline_exceeded", total=0.5)
+    for name in ("nosuch-1", "nosuch-2"):  # names clients made up: one series for all
+        m.observe_request(name, "none", "not_found", total=0.001)
     m.rejected.labels("overloaded").inc()
     m.model_load_seconds.labels("digits", "vulkan0", "warm").observe(0.2)
     text = m.exposition().decode()
@@ -50,8 +52,13 @@ def test_exposition_has_every_family():
         'vkserve_pipeline_cache_misses_total{device="vulkan0",tier="pipeline"} 3.0',
         'vkserve_pipeline_compile_seconds_total{device="vulkan0"} 1.5',
         'vkserve_gpu_unusable{node="/dev/dri/renderD129",reason="no_driver"} 1.0',
+        'vkserve_model_ready{model="digits"} 1.0',
+        'vkserve_requests_total{device="none",model="_unknown",outcome="not_found"} 2.0',
     ]:
         assert line in text, line
+    # no `_created` series; build and process information
+    assert "_created" not in text
+    assert 'vkserve_build_info{python="' in text and "process_cpu_seconds_total" in text
 
 
 def test_route_and_listen_parsing():

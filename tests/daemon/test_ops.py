@@ -103,8 +103,12 @@ def test_metrics_after_traffic(ops: tuple[Daemon, Path]) -> None:
     assert sample(s, "vkserve_requests_total", model="digits", device=vk, outcome="ok") == n
     assert sample(s, "vkserve_requests_total", model="digits", device="none",
                   outcome="bad_request") == 1
-    assert sample(s, "vkserve_requests_total", model="nope", device="none",
+    # a model name the daemon does not have is one bounded series, whatever the name
+    assert sample(s, "vkserve_requests_total", model="_unknown", device="none",
                   outcome="not_found") == 1
+    assert not any(dict(labels).get("model") == "nope" for _, labels in s)
+    assert not any(name.endswith("_created") for name, _ in s)
+    assert sample(s, "vkserve_model_ready", model="digits") == 1
     assert sample(s, "vkserve_queue_seconds_count", model="digits") == n
     assert sample(s, "vkserve_execution_seconds_count", model="digits") == n
     assert sample(s, "vkserve_request_seconds_count", model="digits") == n + 1

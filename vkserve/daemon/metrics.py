@@ -9,13 +9,27 @@ own registry, so tests and several daemons in one process do not collide.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vkserve.scheduler import DeviceStatus, ModelInfo, PlacementState, Status
+from vkserve import __version__
+from vkserve.scheduler import DeviceStatus, ModelInfo, ModelState, PlacementState, Status
+
+#: The ``model`` label of requests for a model the daemon does not have: one series for all
+#: of them, so a client sending random names cannot grow the metrics without bound.
+UNKNOWN_MODEL = "_unknown"
 
 # Millisecond inference: 0.25 ms .. ~8 s, doubling; identical on every box so they aggregate.
 LATENCY_BUCKETS = tuple(0.00025 * 2**k for k in range(16))
@@ -35,14 +49,19 @@ class _StateCollector(Collector):
         s = self._status()
         depth = GaugeMetricFamily("vkserve_queue_depth", "Jobs waiting, per model",
                                   labels=["model"])
+        ready = GaugeMetricFamily("vkserve_model_ready",
+                                  "1 when the model serves on a healthy device, else 0",
+                                  labels=["model"])
         reload_failures = CounterMetricFamily(
             "vkserve_model_reload_failures",
             "Reloads (SIGHUP rescans) whose new version could not serve; the old one kept serving",
             labels=["model"])
         for model, queue in sorted(s.models.items()):
             depth.add_metric([model], queue.queue_depth)
+            ready.add_metric([model], float(queue.state is ModelState.READY))
             reload_failures.add_metric([model], queue.reload_failures)
         yield depth
+        yield ready
         yield reload_failures
         in_flight = GaugeMetricFamily("vkserve_in_flight", "Jobs running on the device",
                                       labels=["device"])
@@ -96,8 +115,14 @@ class _StateCollector(Collector):
 
 class DaemonMetrics:
     def __init__(self, status: Callable[[], Status]) -> None:
+        # no `_created` series beside every counter and histogram: they double the series and
+        # Prometheus derives resets itself (a process-wide switch of the client library)
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds ...
+        Gauge("vkserve_build_info", "1, labelled with the version of vkserve and of Python",
+              ["version", "python"], registry=r).labels(__version__, platform.python_version()).set(1)
         self.requests = Counter("vkserve_requests", "Finished requests by outcome",
                                 ["model", "device", "outcome"], registry=r)
         self.rejected = Counter("vkserve_rejected_requests",
@@ -119,7 +144,10 @@ class DaemonMetrics:
 
     def observe_request(self, model: str, device: str, outcome: str, *, total: float,
                         queue: float | None = None, execution: float | None = None) -> None:
-        """One finished request; `outcome` is "ok" or an error code in lower case."""
+        """One finished request; `outcome` is "ok" or an error code in lower case. A model
+        the daemon does not have (``not_found``) is labelled UNKNOWN_MODEL."""
+        if outcome == "not_found":
+            model = UNKNOWN_MODEL
         self.requests.labels(model, device, outcome).inc()
         self.request_seconds.labels(model).observe(total)
         if queue is not None:

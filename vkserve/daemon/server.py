@@ -138,15 +138,17 @@ class Server:
 
     def observe_infer(self, model: str, result: InferResult | None, outcome: str,
                       total: float) -> None:
-        """One finished infer request: ``result`` is None unless it succeeded."""
+        """One finished infer request: ``result`` is None unless it succeeded. A request the
+        scheduler's full queue refused is a rejection (counted there only), not a finished one."""
+        if outcome == "overloaded":
+            self.reject("overloaded")  # the scheduler's queue was full: refused, never ran
+            return
         if result is None:
             self.metrics.observe_request(model, "none", outcome, total=total)
         else:
             device = self.device_labels().get(result.device_index, str(result.device_index))
             self.metrics.observe_request(model, device, outcome, total=total,
                                          queue=result.queue_seconds, execution=result.run_seconds)
-        if outcome == "overloaded":
-            self.reject("overloaded")  # the scheduler's queue was full: refused, never ran
 
     def readiness(self) -> tuple[bool, str]:
         """``/readyz``: every configured model ready on at least one healthy device.
