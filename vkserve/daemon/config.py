@@ -23,6 +23,7 @@ from typing import Any
 
 from vkserve.client.framing import DEFAULT_MAX_FRAME_SIZE
 from vkserve.client.paths import TcpAddress, default_socket_path
+from vkserve.daemon.logs import FORMATS, LEVELS
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -156,19 +157,30 @@ class GrpcConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """How the daemon logs (``vkserve.daemon.logs``): ``level`` debug|info|warning|error,
+    ``format`` text|json."""
+
+    level: str = "info"
+    format: str = "text"
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     http: HttpConfig = dataclasses.field(default_factory=HttpConfig)
     grpc: GrpcConfig = dataclasses.field(default_factory=GrpcConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
     #: Raw ``[scheduler]`` table; checked by :func:`scheduler_config`.
     scheduler: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = "<embedded default>"
 
 
 _SECTIONS: dict[str, type] = {"server": ServerConfig, "models": ModelsConfig,
-                              "metrics": MetricsConfig, "http": HttpConfig, "grpc": GrpcConfig}
+                              "metrics": MetricsConfig, "http": HttpConfig, "grpc": GrpcConfig,
+                              "log": LogConfig}
 
 
 def _type_name(value: Any) -> str:
@@ -267,6 +279,10 @@ def _validate(cfg: Config, base_dir: Path | None) -> Config:
             section.listen_address()
         except ValueError as exc:
             raise ConfigError(f"{name}.listen: {exc}") from None
+    if cfg.log.level not in LEVELS:
+        raise ConfigError(f"log.level: expected one of {', '.join(LEVELS)}, got {cfg.log.level!r}")
+    if cfg.log.format not in FORMATS:
+        raise ConfigError(f"log.format: expected one of {', '.join(FORMATS)}, got {cfg.log.format!r}")
 
     def resolve(p: str) -> str:
         return str(base_dir / p) if p and base_dir is not None and not os.path.isabs(p) else p
@@ -286,7 +302,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         for name, table in data.items():
             if name not in (*_SECTIONS, "scheduler"):
                 raise ConfigError(f"{name}: unknown key (known tables: server, models, metrics, "
-                                  "http, grpc, scheduler)")
+                                  "http, grpc, log, scheduler)")
             if not isinstance(table, dict):
                 raise ConfigError(f"{name}: expected a table [{name}], got {_type_name(table)}")
             sections[name] = table
@@ -296,6 +312,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
             metrics=build_dataclass(MetricsConfig, sections.get("metrics", {}), "metrics."),
             http=build_dataclass(HttpConfig, sections.get("http", {}), "http."),
             grpc=build_dataclass(GrpcConfig, sections.get("grpc", {}), "grpc."),
+            log=build_dataclass(LogConfig, sections.get("log", {}), "log."),
             scheduler=dict(sections.get("scheduler", {})),
             source=source,
         )

@@ -8,6 +8,7 @@ import dataclasses
 import sys
 
 from vkserve.daemon.config import DEFAULT_CONFIG, ConfigError, load_config
+from vkserve.daemon.logs import configure as configure_logging
 
 NAME = "serve"
 HELP = "run the inference daemon (default: the packaged example models on a Unix socket)"
@@ -29,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc", metavar="HOST:PORT",
                         help="KServe v2 (Open Inference Protocol) over gRPC (overrides grpc.listen; "
                              "a non-loopback address needs the server token)")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        help="log lines on stderr as text or JSON objects (overrides log.format)")
+    parser.add_argument("-v", "--verbose", action="store_true", dest="serve_verbose",
+                        help="log at DEBUG level (overrides log.level)")
     parser.add_argument("--print-default-config", action="store_true",
                         help="print the embedded default config and exit")
 
@@ -59,11 +64,17 @@ def main(args: argparse.Namespace) -> int:
         if args.grpc is not None:
             grpc = dataclasses.replace(grpc, listen=args.grpc)
             grpc.listen_address()
+        log = config.log
+        if args.log_format is not None:
+            log = dataclasses.replace(log, format=args.log_format)
+        if args.serve_verbose or args.verbose:  # `vkserve -v serve` or `vkserve serve -v`
+            log = dataclasses.replace(log, level="debug")
         config = dataclasses.replace(config, server=server, models=models, metrics=metrics,
-                                     http=http, grpc=grpc)
+                                     http=http, grpc=grpc, log=log)
     except (ConfigError, ValueError) as exc:
         print(f"vkserve serve: {exc}", file=sys.stderr)
         return 2
+    configure_logging(config.log.level, config.log.format)
     from vkserve.daemon.server import run_daemon  # noqa: PLC0415 (trio and the scheduler only here)
 
     return run_daemon(config)
