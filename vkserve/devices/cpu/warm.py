@@ -15,10 +15,9 @@ import time
 from types import ModuleType
 
 import numpy as np
-from numba.core.dispatcher import Dispatcher
 
 from vkserve.devices.cpu.executor import Plan
-from vkserve.devices.cpu.jit import conv, epilogue, innerproduct
+from vkserve.devices.cpu.jit import Dispatcher, conv, epilogue, innerproduct
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 

@@ -30,6 +30,8 @@ except OSError as exc:  # llvmlite's check at numba's import: no writable+execut
         f"which this process may not allocate ({exc.strerror}); under systemd, a unit with "
         f"MemoryDenyWriteExecute=yes prevents it (the shipped unit does not set it)") from exc
 
+from numba.core.dispatcher import Dispatcher  # noqa: E402 (numba's compiled-function type)
+
 from vkserve.devices.cpu import threads  # noqa: E402
 
 # numba leaves LLVM's SLP vectorizer off (NUMBA_SLP_VECTORIZE=0): the GEMM micro kernel's register
@@ -42,7 +44,7 @@ from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, 
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
+__all__ = ["Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "use_threads"]
 
 
