@@ -131,6 +131,8 @@ def is_loopback(host: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     listen: str = DEFAULT_METRICS_LISTEN
+    #: /readyz: "all" = every model serves; "any" = at least one does (the others are warnings)
+    readyz: str = "all"
 
     def listen_address(self) -> tuple[str, int] | None:
         return parse_listen(self.listen)
@@ -279,6 +281,8 @@ def _validate(cfg: Config, base_dir: Path | None) -> Config:
             section.listen_address()
         except ValueError as exc:
             raise ConfigError(f"{name}.listen: {exc}") from None
+    if cfg.metrics.readyz not in ("all", "any"):
+        raise ConfigError(f"metrics.readyz: expected \"all\" or \"any\", got {cfg.metrics.readyz!r}")
     if cfg.log.level not in LEVELS:
         raise ConfigError(f"log.level: expected one of {', '.join(LEVELS)}, got {cfg.log.level!r}")
     if cfg.log.format not in FORMATS:

@@ -167,7 +167,12 @@ class Server:
         except Exception as exc:  # the answer is "not ready", with the reason
             return False, f"not ready: {type(exc).__name__}: {exc}"
         waiting = [m for m in models if m.state not in (ModelState.READY, ModelState.UNLOADING)]
-        if waiting:
+        serving = [m.name for m in models if m.state is ModelState.READY]
+        if self.config.metrics.readyz == "any" and serving and status.ready:
+            ready, why = True, f"ready: {', '.join(serving)}" + "".join(
+                f"\nwarning: model {m.name} ({m.state}{f': {m.error}' if m.error else ''})"
+                for m in waiting)
+        elif waiting:
             ready, why = False, "not ready: " + "; ".join(
                 f"{m.name} ({m.state}{f': {m.error}' if m.error else ''})" for m in waiting)
         elif not status.ready:
