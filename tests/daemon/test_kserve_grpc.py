@@ -24,11 +24,11 @@ from tests.support.daemon import (
     TOKEN,
     Daemon,
     Launch,
-    make_repository,
     sample,
     wait_for,
     write_slow_model,
 )
+from tests.support.kserve import kserve_config, native_answers
 from vkserve.cli.main import main as cli_main
 from vkserve.client import Client
 
@@ -38,18 +38,7 @@ def grpc_address(d: Daemon) -> str:
 
 
 def config(work: Path, listen: str, extra: str = "") -> str:
-    repo = make_repository(work / "repo", slow=False)
-    return f"""
-[server]
-socket = "{work}/d.sock"
-{extra}
-
-[models]
-repository = "{repo}"
-
-[grpc]
-listen = "{listen}"
-"""
+    return kserve_config(work, "grpc", listen, extra)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +56,7 @@ def client(daemon: Daemon) -> Iterator[triton.InferenceServerClient]:
 
 @pytest.fixture(scope="module")
 def native(daemon: Daemon) -> dict[int, np.ndarray]:
-    """vkserve's own client's answers for the samples 3 and 7."""
-    with Client.connect(f"unix:{daemon.socket}") as c:
-        return {k: c.infer("digits", {"data": sample(k)})["prob"] for k in (3, 7)}
+    return native_answers(daemon)
 
 
 def test_health_and_server_metadata(daemon: Daemon, client: triton.InferenceServerClient) -> None:

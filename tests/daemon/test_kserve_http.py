@@ -14,9 +14,9 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.support.daemon import TOKEN, Daemon, Launch, make_repository, sample
+from tests.support.daemon import TOKEN, Daemon, Launch, sample
+from tests.support.kserve import kserve_config, native_answers
 from vkserve.cli.main import main as cli_main
-from vkserve.client import Client
 
 
 def http_port(d: Daemon) -> int:
@@ -25,18 +25,7 @@ def http_port(d: Daemon) -> int:
 
 
 def config(work: Path, listen: str, extra: str = "") -> str:
-    repo = make_repository(work / "repo", slow=False)
-    return f"""
-[server]
-socket = "{work}/d.sock"
-{extra}
-
-[models]
-repository = "{repo}"
-
-[http]
-listen = "{listen}"
-"""
+    return kserve_config(work, "http", listen, extra)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +41,7 @@ def client(daemon: Daemon) -> triton.InferenceServerClient:
 
 @pytest.fixture(scope="module")
 def native(daemon: Daemon) -> dict[int, np.ndarray]:
-    """vkserve's own client's answers for the samples 3 and 7."""
-    with Client.connect(f"unix:{daemon.socket}") as c:
-        return {k: c.infer("digits", {"data": sample(k)})["prob"] for k in (3, 7)}
+    return native_answers(daemon)
 
 
 def test_banner_health_and_server_metadata(daemon: Daemon, client: triton.InferenceServerClient) -> None:
