@@ -31,6 +31,7 @@ __all__ = [
     "MIN_TOKEN_LENGTH",
     "Config",
     "ConfigError",
+    "CpuConfig",
     "GrpcConfig",
     "HttpConfig",
     "MetricsConfig",
@@ -168,6 +169,15 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CpuConfig:
+    """The CPU engine (``vkserve.devices.cpu.threads``): ``threads`` per job's kernels, 0 = the
+    cores this process may use (affinity and cgroup quota) unless ``$VKSERVE_CPU_THREADS``
+    says otherwise."""
+
+    threads: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
     models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
@@ -175,6 +185,7 @@ class Config:
     http: HttpConfig = dataclasses.field(default_factory=HttpConfig)
     grpc: GrpcConfig = dataclasses.field(default_factory=GrpcConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    cpu: CpuConfig = dataclasses.field(default_factory=CpuConfig)
     #: Raw ``[scheduler]`` table; checked by :func:`scheduler_config`.
     scheduler: dict[str, Any] = dataclasses.field(default_factory=dict)
     source: str = "<embedded default>"
@@ -182,7 +193,7 @@ class Config:
 
 _SECTIONS: dict[str, type] = {"server": ServerConfig, "models": ModelsConfig,
                               "metrics": MetricsConfig, "http": HttpConfig, "grpc": GrpcConfig,
-                              "log": LogConfig}
+                              "log": LogConfig, "cpu": CpuConfig}
 
 
 def _type_name(value: Any) -> str:
@@ -287,6 +298,8 @@ def _validate(cfg: Config, base_dir: Path | None) -> Config:
         raise ConfigError(f"log.level: expected one of {', '.join(LEVELS)}, got {cfg.log.level!r}")
     if cfg.log.format not in FORMATS:
         raise ConfigError(f"log.format: expected one of {', '.join(FORMATS)}, got {cfg.log.format!r}")
+    if cfg.cpu.threads < 0:
+        raise ConfigError(f"cpu.threads: must be >= 0 (0 = the cores this process may use), got {cfg.cpu.threads}")
 
     def resolve(p: str) -> str:
         return str(base_dir / p) if p and base_dir is not None and not os.path.isabs(p) else p
@@ -306,7 +319,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
         for name, table in data.items():
             if name not in (*_SECTIONS, "scheduler"):
                 raise ConfigError(f"{name}: unknown key (known tables: server, models, metrics, "
-                                  "http, grpc, log, scheduler)")
+                                  "http, grpc, log, cpu, scheduler)")
             if not isinstance(table, dict):
                 raise ConfigError(f"{name}: expected a table [{name}], got {_type_name(table)}")
             sections[name] = table
@@ -317,6 +330,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: Path | None = No
             http=build_dataclass(HttpConfig, sections.get("http", {}), "http."),
             grpc=build_dataclass(GrpcConfig, sections.get("grpc", {}), "grpc."),
             log=build_dataclass(LogConfig, sections.get("log", {}), "log."),
+            cpu=build_dataclass(CpuConfig, sections.get("cpu", {}), "cpu."),
             scheduler=dict(sections.get("scheduler", {})),
             source=source,
         )

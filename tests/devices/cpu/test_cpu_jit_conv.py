@@ -3,7 +3,7 @@ kernel sizes 1/3/5/7, strides, dilations, symmetric / asymmetric / SAME pads and
 depthwise (with a channel multiplier) and grouped convolutions, channel and pixel counts that
 are not multiples of the kernels' tiles (MR = 4 rows, NR = 16 pixels, NB = 128 pixels per task,
 KC = 256 per K block), every fused activation type, InnerProduct in both input forms; and the
-same bits with 1 and N threads and from run to run.
+same bits with 1 and N threads and from run to run. (Winograd: test_cpu_winograd.py.)
 """
 
 from __future__ import annotations
@@ -66,6 +66,15 @@ def test_convolution_matches_ncnn(tmp_path: Path, shape: tuple[int, int, int], o
 GROUPED = [
     ((6, 13, 11), 6, 6, (3, 3), "4=1"),  # depthwise 3x3 s1
     ((7, 14, 15), 7, 7, (3, 3), "3=2 4=1"),  # depthwise 3x3 s2
+    # stride 2 with planes of at least jit.conv.PAIR_MIN_COLS columns (both column phases filled
+    # in one pass): no padding and an odd width, asymmetric pads with pad_value, dilation 2,
+    # cropping pads, stride 2 across only, 5x5 with pad 1
+    ((6, 16, 37), 6, 6, (3, 3), "3=2 4=0"),
+    ((5, 15, 40), 5, 5, (3, 3), "3=2 4=1 15=2 14=0 16=1 18=-0.5"),
+    ((4, 19, 38), 4, 4, (3, 3), "3=2 2=2 4=2"),
+    ((3, 13, 36), 3, 3, (3, 3), "3=2 4=-1 15=-1 14=-1 16=-1"),
+    ((4, 12, 33), 4, 4, (3, 3), "13=1 3=2 4=1"),
+    ((3, 12, 41), 3, 3, (5, 5), "3=2 4=1"),
     ((5, 17, 16), 5, 5, (5, 5), "4=2"),
     ((5, 17, 16), 5, 5, (5, 5), "3=2 4=2 18=0.5"),
     ((3, 15, 15), 3, 3, (7, 7), "4=3 2=2"),  # dilation 2
@@ -180,7 +189,7 @@ def test_threads_default_to_the_cores_the_process_may_use(monkeypatch: pytest.Mo
     (group.parent / "cpu.max").write_text("150000 100000\n")  # 1.5 cores on the parent
     assert threads.available_cores() == 1
     monkeypatch.setenv("VKSERVE_CPU_THREADS", "3")
-    assert threads._thread_count() == 3
+    assert threads.resolve()[0] == 3
     monkeypatch.setattr(threads, "THREADS", 1)
     jit.use_threads()
     assert numba.get_num_threads() == 1

@@ -5,10 +5,11 @@ Storage is bf16 (uint16) and compute fp32: before a step runs, each of its input
 from the arena into a reusable fp32 scratch buffer (``vkserve.devices.cpu.scratch.Scratch``; kernels that
 define ``forward_bf16`` instead read the bf16 arena views and widen what they need themselves,
 e.g. straight into a padded buffer); the kernel's fp32 results are narrowed (RNE) into the
-outputs' arena slots. Kernels that define ``forward_store`` (the numba convolutions) read the
-arena and store their bf16 results into it themselves, fused activations included. After the
-first run nothing large is allocated per run. Because every input is read before any output is
-written, a blob last read by a step may share bytes with that step's outputs (see
+outputs' arena slots. Kernels that define ``forward_store`` (the numba kernels: convolutions,
+InnerProduct, Pooling) read the arena and store their bf16 results into it themselves, fused
+activations included. After the first run nothing large is allocated per run. Because every
+input is read before any output is written, a blob last read by a step may share bytes with
+that step's outputs (see
 ``vkserve.devices.arena``), except for those self-storing kernels.
 Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
 Data-dependent outputs (detections) live outside the arena, in fp32.

@@ -1,7 +1,8 @@
 """The CPU engine's thread count, and a small persistent pool for splitting numpy passes.
 
-``THREADS`` is the number of cores this process may use (its affinity mask, capped by a cgroup
-v2 ``cpu.max`` quota); ``VKSERVE_CPU_THREADS=N`` overrides it. The numba kernels
+``THREADS`` is the daemon config's ``[cpu] threads`` where set (``configure``), else
+``VKSERVE_CPU_THREADS=N``, else the number of cores this process may use (its affinity mask,
+capped by a cgroup v2 ``cpu.max`` quota): ``resolve``. The numba kernels
 (``vkserve.devices.cpu.jit``) run on that many threads, and numpy passes (the RNE narrowing,
 large widenings) are split over the pool below. Convolution and InnerProduct do not call BLAS;
 the layers that still do (Gemm, MatMul, Deconvolution) use numpy's BLAS pool, sized by
@@ -17,10 +18,13 @@ run through BLAS.)
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: elements (fp32 values) below which a pass is not split (measured: splitting the RNE
 #: narrowing over 2 threads pays off from about 400K values on this machine; below, it loses)
@@ -65,12 +69,37 @@ def available_cores() -> int:
     return max(1, n if quota is None else min(n, quota))
 
 
-def _thread_count() -> int:
-    v = os.environ.get("VKSERVE_CPU_THREADS", "").strip()
-    return int(v) if v.isdigit() and int(v) > 0 else available_cores()
+#: the environment variable that sets the count where the daemon's config does not
+ENV_VAR = "VKSERVE_CPU_THREADS"
 
 
-THREADS = _thread_count()
+def resolve(configured: int = 0, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """The engine's thread count and where it came from: ``configured`` (the daemon config's
+    ``[cpu] threads``) when > 0, else ``$VKSERVE_CPU_THREADS`` when set to a positive integer,
+    else ``available_cores()``. The one place that decides it."""
+    if configured > 0:
+        return configured, "cpu.threads"
+    raw = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+    if raw:
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw), ENV_VAR
+        log.warning("%s=%r is not a positive integer: ignored, using the cores this process may use",
+                    ENV_VAR, raw)
+    return available_cores(), "the cores this process may use (affinity, cgroup quota)"
+
+
+def configure(configured: int) -> str:
+    """Set ``THREADS`` from the daemon config's ``[cpu] threads`` (0: see ``resolve``) before the
+    first job; returns a line saying the count and its source."""
+    global THREADS, _pool
+    THREADS, source = resolve(configured)
+    if _pool is not None:  # sized for the old count
+        _pool.shutdown(wait=False)
+        _pool = None
+    return f"CPU engine: {THREADS} thread{'s' if THREADS != 1 else ''} ({source})"
+
+
+THREADS = resolve()[0]
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 

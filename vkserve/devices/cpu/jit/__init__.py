@@ -40,12 +40,13 @@ from vkserve.devices.cpu import threads  # noqa: E402
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 
+from vkserve.devices.cpu.jit import pooling, winograd  # noqa: E402 (jit.pooling.*, jit.winograd.*)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
 __all__ = ["Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
-           "pack_gemm_weights", "pack_rows", "use_threads"]
+           "pack_gemm_weights", "pack_rows", "pooling", "use_threads", "winograd"]
 
 
 _pool_started = False

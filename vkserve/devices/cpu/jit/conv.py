@@ -54,9 +54,10 @@ def pack_gemm_weights(w16: np.ndarray, groups: int, og: int, k: int) -> np.ndarr
     return np.ascontiguousarray(w.reshape(groups, nrb, MR, k).transpose(0, 1, 3, 2))
 
 
-def _micro_source(nr: int) -> str:
+def _micro_source(nr: int, rows_b: bool) -> str:
     """The MR x nr register-tile kernel as straight-line code (nr <= NR: the first nr pixels of
-    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b[s, k, j] (k ascending).
+    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b[s, k, j] (k ascending); with
+    ``rows_b``, ``b`` is one (k, pixels) matrix read as b[k, s NR + j] instead of NR-wide strips.
 
     Written out per accumulator so that LLVM's SLP vectorizer turns each row of NR scalars into
     vector registers that stay live across the k loop (numba cannot express SIMD types); the
@@ -66,7 +67,8 @@ def _micro_source(nr: int) -> str:
     lines = ["def micro(a, b, c, kc, r0, s):", "    r0 = U(r0)", "    s = U(s)", f"    j0 = s * U({NR})"]
     lines += [f"    {acc[r][j]} = c[r0 + U({r}), j0 + U({j})]" for r in range(MR) for j in range(nr)]
     lines += ["    for k in range(U(kc)):"]
-    lines += [f"        b{j} = b[s, k, U({j})]" for j in range(nr)]
+    load = "b[k, j0 + U({j})]" if rows_b else "b[s, k, U({j})]"
+    lines += [f"        b{j} = " + load.format(j=j) for j in range(nr)]
     for r in range(MR):
         lines.append(f"        a{r} = a[k, U({r})]")
         lines += [f"        {acc[r][j]} += a{r} * b{j}" for j in range(nr)]
@@ -74,15 +76,17 @@ def _micro_source(nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compile_micro(nr: int):  # noqa: ANN202
+def compile_micro(nr: int, rows_b: bool = False):  # noqa: ANN201
+    """The register-tile kernel of ``_micro_source`` compiled (numba does not cache exec'd code)."""
     ns: dict[str, object] = {"U": _U}
-    exec(compile(_micro_source(nr), f"<{__name__} micro kernel {MR}x{nr}>", "exec"), ns)  # noqa: S102
+    name = f"<{__name__} micro kernel {MR}x{nr}{' rows' if rows_b else ''}>"
+    exec(compile(_micro_source(nr, rows_b), name, "exec"), ns)  # noqa: S102
     return njit(fastmath=FASTMATH, error_model="numpy")(ns["micro"])
 
 
-_micro = _compile_micro(NR)
+_micro = compile_micro(NR)
 #: for a block's last strip when it holds at most NR / 2 pixels (7 x 7 outputs: 49 = 3 x 16 + 1)
-_micro_half = _compile_micro(NR // 2)
+_micro_half = compile_micro(NR // 2)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -117,6 +121,63 @@ def _fill_plane(x, c, iy0, ix0, sy, sx, padv, plane):  # noqa: ANN001
             plane[r, q] = padv
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _at_or(x, cu, yu, ix, w, padv):  # noqa: ANN001, ANN202
+    """Widened x[c, y, ix], or ``padv`` where ix is outside the row."""
+    return widen(x[cu, yu, _U(ix)]) if 0 <= ix < w else padv
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _fill_pair(x, c, iy0, ix0, sy, padv, even, odd):  # noqa: ANN001
+    """The two column phases of stride 2 in one pass over each input row: even[r, q] = widened
+    x[c, iy0 + r sy, ix0 + 2 q], odd[r, q] the same at ix0 + 2 q + 1, ``padv`` outside the
+    input. The interior loop reads the row contiguously and deinterleaves it (vectorized),
+    where a fill per phase would be a strided scalar gather each."""
+    h, w = x.shape[1], x.shape[2]
+    rows, cols = even.shape
+    lo0, hi0 = _valid(cols, ix0, 2, w)
+    lo1, hi1 = _valid(cols, ix0 + 1, 2, w)
+    lo = max(lo0, lo1)
+    hi = max(lo, min(hi0, hi1))
+    cu = _U(c)
+    for r in range(rows):
+        iy = iy0 + r * sy
+        if iy < 0 or iy >= h:
+            for q in range(cols):
+                even[r, q] = padv
+                odd[r, q] = padv
+            continue
+        yu = _U(iy)
+        for q in range(lo):
+            even[r, q] = _at_or(x, cu, yu, ix0 + 2 * q, w, padv)
+            odd[r, q] = _at_or(x, cu, yu, ix0 + 2 * q + 1, w, padv)
+        base, ru, lu = _U(ix0 + 2 * lo), _U(r), _U(lo)
+        for q in range(_U(hi - lo)):
+            even[ru, lu + q] = widen(x[cu, yu, base + _U(2) * q])
+            odd[ru, lu + q] = widen(x[cu, yu, base + _U(2) * q + _U(1)])
+        for q in range(hi, cols):
+            even[r, q] = _at_or(x, cu, yu, ix0 + 2 * q, w, padv)
+            odd[r, q] = _at_or(x, cu, yu, ix0 + 2 * q + 1, w, padv)
+
+
+#: plane width from which stride 2's two column phases are filled in one pass (measured,
+#: depthwise 3x3 s2 on one core: 112x112 input 1.56x faster; below, its edge handling costs
+#: more than the strided gathers it saves: 14x14 input 0.88x)
+PAIR_MIN_COLS = 16
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def fill_phases(x, c, pt, pl, sh, sw, padv, planes):  # noqa: ANN001
+    """planes[ry * sw + rx][r, q] = widened x[c] at (r sh + ry - pt, q sw + rx - pl), ``padv``
+    outside: the stride phases of channel c's padded input, each read at unit stride after."""
+    for ry in range(sh):
+        if sw == 2 and planes.shape[2] >= PAIR_MIN_COLS:
+            _fill_pair(x, c, ry - pt, -pl, sh, padv, planes[ry * 2], planes[ry * 2 + 1])
+            continue
+        for rx in range(sw):
+            _fill_plane(x, c, ry - pt, rx - pl, sh, sw, padv, planes[ry * sw + rx])
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _widen_run(src, s0, dst, n):  # noqa: ANN001
     """dst[:n] = widened src[s0:s0 + n] (unsigned indices: the loop vectorizes)."""
@@ -125,14 +186,15 @@ def _widen_run(src, s0, dst, n):  # noqa: ANN001
         dst[q] = widen(src[b + q])
 
 
-def gemm_row_chunks(groups: int, og: int, npix: int, threads: int) -> int:
+def gemm_row_chunks(groups: int, og: int, npix: int, threads: int, block: int = NB,
+                    min_rows: int = MIN_TASK_ROWS) -> int:
     """Row blocks per task: enough tasks to keep ``threads`` busy (about 2 each), but no fewer
-    than MIN_TASK_ROWS rows a task, since each task packs its own input panel. Which task computes
-    an output does not change its sum (bias, then k ascending), so this may follow the thread
-    count."""
+    than ``min_rows`` rows a task, since each task packs its own input panel (of ``block``
+    pixels). Which task computes an output does not change its sum (bias, then k ascending), so
+    this may follow the thread count."""
     nrb = -(-og // MR)
-    tasks = groups * -(-npix // NB)
-    chunks = max(1, min(-(-nrb * MR // MIN_TASK_ROWS), -(-2 * threads // tasks)))
+    tasks = groups * -(-npix // block)
+    chunks = max(1, min(-(-nrb * MR // min_rows), -(-2 * threads // tasks)))
     return -(-nrb // chunks)
 
 
@@ -180,7 +242,13 @@ def conv_gemm(x, wp, bias, ops, padv, geo, rb_per_task, out):  # noqa: ANN001
             oy = (p0 + j) // ow
             offs[j] = (oy - oy0) * sh * wpad + (p0 + j - oy * ow) * sw
         nrows = nb * MR
-        panel = np.zeros((NB // NR, KC, NR), dtype=np.float32)
+        panel = np.empty((NB // NR, KC, NR), dtype=np.float32)
+        # only a partial last strip's unused lanes are read unwritten (into outputs that are
+        # dropped): zeros there, since garbage could be denormal and slow; zeroing the whole
+        # 128 KiB panel per task cost up to a third of a small-K 1x1 convolution
+        for kk in range(min(KC, k_total)):
+            for j in range(n - (ns - 1) * NR, NR):
+                panel[ns - 1, kk, j] = np.float32(0.0)
         wide = np.empty((KC, MR), dtype=np.float32)
         wide_flat = wide.reshape(KC * MR)
         tile = np.empty((nrows, NB), dtype=np.float32)
@@ -231,21 +299,34 @@ def conv_gemm(x, wp, bias, ops, padv, geo, rb_per_task, out):  # noqa: ANN001
 # the hot loops: each one costs an atomic reference count update.
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _axpy3(acc, p, b, cnt, d, w0, w1, w2):  # noqa: ANN001
-    """acc[q] += w0 p[b + q], then w1 p[b + q + d], then w2 p[b + q + 2d], for q < cnt."""
-    i0, d1 = _U(b), _U(d)
-    d2 = d1 + d1
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _axpy3(acc, p, b0, b1, b2, cnt, w0, w1, w2):  # noqa: ANN001
+    """acc[q] += w0 p[b0 + q], then w1 p[b1 + q], then w2 p[b2 + q], for q < cnt."""
+    i0, i1, i2 = _U(b0), _U(b1), _U(b2)
     for q in range(_U(cnt)):
-        i = i0 + q
         v = acc[q]
-        v += w0 * p[i]
-        v += w1 * p[i + d1]
-        v += w2 * p[i + d2]
+        v += w0 * p[i0 + q]
+        v += w1 * p[i1 + q]
+        v += w2 * p[i2 + q]
         acc[q] = v
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _axpy5(acc, p, b0, b1, b2, b3, b4, cnt, w0, w1, w2, w3, w4):  # noqa: ANN001
+    """acc[q] += w0 p[b0 + q], then w1 p[b1 + q], ... w4 p[b4 + q], for q < cnt (a 5-wide
+    kernel row in one pass over the outputs)."""
+    i0, i1, i2, i3, i4 = _U(b0), _U(b1), _U(b2), _U(b3), _U(b4)
+    for q in range(_U(cnt)):
+        v = acc[q]
+        v += w0 * p[i0 + q]
+        v += w1 * p[i1 + q]
+        v += w2 * p[i2 + q]
+        v += w3 * p[i3 + q]
+        v += w4 * p[i4 + q]
+        acc[q] = v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
     """acc[q] += w0 p[b + q] for q < cnt."""
     i0 = _U(b)
@@ -262,9 +343,11 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     Per output channel the input channel is widened once into padded fp32 planes (border =
     ``pad_value``), one per stride phase (row r, column q of phase (ry, rx) is padded input
     (r sh + ry, q sw + rx)), so every tap reads a plane at unit stride without bounds checks.
-    The planes' rows run on into each other: each tap (at stride 1: three taps of a kernel row)
-    is one pass over all outputs at once, in plane coordinates (the extra columns between rows
-    are computed and dropped). Per output: bias, then taps ky-major, kx ascending."""
+    At column stride 2 both column phases of a row are filled in one pass (``fill_phases``).
+    The planes' rows run on into each other: a 5-wide kernel row, else three taps of a row (each
+    from its phase's plane) are one pass over all outputs at once, in plane coordinates (the extra columns
+    between rows are computed and dropped). Per output: bias, then taps ky-major, kx
+    ascending."""
     kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
     dh, dw, pt, pl = geo[G_DH], geo[G_DW], geo[G_PT], geo[G_PL]
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
@@ -276,27 +359,36 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     for part in prange(parts):
         wf = np.empty(taps, dtype=np.float32)
         planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
-        pf = planes.reshape((sh * sw, prow * wq))
+        plen = prow * wq
+        pf = planes.reshape(sh * sw * plen)
         acc = np.empty(span, dtype=np.float32)
         for o in range(part * n_out // parts, (part + 1) * n_out // parts):
             for t in range(taps):
                 wf[t] = widen(w16[o, t])
-            for ry in range(sh):
-                for rx in range(sw):
-                    _fill_plane(x, o // og, ry - pt, rx - pl, sh, sw, padv, planes[ry * sw + rx])
+            fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]
             for j in range(span):
                 acc[j] = bv
             for ky in range(kh):
-                ry = ky * dh % sh
-                base = ky * dh // sh * wq
+                # tap kx reads phase (ry, kx dw % sw) at column offset kx dw // sw
+                row = (ky * dh % sh) * sw * plen + ky * dh // sh * wq
                 kx = 0
-                while sw == 1 and kx + 3 <= kw:
-                    _axpy3(acc, pf[ry], base + kx * dw, span, dw, wf[ky * kw + kx], wf[ky * kw + kx + 1],
+                if kw == 5:
+                    t0, t1, t2, t3, t4 = 0, dw, 2 * dw, 3 * dw, 4 * dw
+                    _axpy5(acc, pf, row + t0 % sw * plen + t0 // sw, row + t1 % sw * plen + t1 // sw,
+                           row + t2 % sw * plen + t2 // sw, row + t3 % sw * plen + t3 // sw,
+                           row + t4 % sw * plen + t4 // sw, span, wf[ky * kw], wf[ky * kw + 1], wf[ky * kw + 2],
+                           wf[ky * kw + 3], wf[ky * kw + 4])
+                    kx = 5
+                while kx + 3 <= kw:
+                    t0, t1, t2 = kx * dw, (kx + 1) * dw, (kx + 2) * dw
+                    _axpy3(acc, pf, row + t0 % sw * plen + t0 // sw, row + t1 % sw * plen + t1 // sw,
+                           row + t2 % sw * plen + t2 // sw, span, wf[ky * kw + kx], wf[ky * kw + kx + 1],
                            wf[ky * kw + kx + 2])
                     kx += 3
                 while kx < kw:
-                    _axpy1(acc, pf[ry * sw + kx * dw % sw], base + kx * dw // sw, span, wf[ky * kw + kx])
+                    t0 = kx * dw
+                    _axpy1(acc, pf, row + t0 % sw * plen + t0 // sw, span, wf[ky * kw + kx])
                     kx += 1
             apply_ops(acc, span, ops)
             for oy in range(oh):

@@ -86,8 +86,10 @@ class _Jit(Kernel):
 
 @register("Convolution", "ConvolutionDepthWise")
 class Convolution(_Jit):
-    """Depthwise (one input channel per group) by ``jit.depthwise``, the rest (dense and
-    grouped) by ``jit.conv_gemm`` over weight panels packed at load."""
+    """Depthwise (one input channel per group) by ``jit.depthwise``; dense 3x3 stride 1 where
+    ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the layer's
+    bf16 weight bytes); the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels
+    packed at load."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -103,8 +105,13 @@ class Convolution(_Jit):
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
         self.depthwise = cg == 1
+        self.winograd = (
+            g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
+            and jit.winograd.worthwhile(cg, og, oh, ow))
         if self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
+        elif self.winograd:
+            self.weight = jit.winograd.transform_weights(w16, og, cg)
         else:
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
@@ -114,6 +121,11 @@ class Convolution(_Jit):
         if self.depthwise:
             parts = min(oc, 4 * threads.THREADS)
             jit.depthwise(x, self.weight, self.bias, ops, self.pad_value, self.geo, parts, out.reshape(oc, oh * ow))
+        elif self.winograd:
+            rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), threads.THREADS, jit.winograd.TB,
+                                       jit.winograd.MIN_TASK_ROWS)
+            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+                                    out.reshape(oc, oh * ow))
         else:
             rows = jit.gemm_row_chunks(self.p.group_count(), oc // self.p.group_count(), oh * ow, threads.THREADS)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, out.reshape(oc, oh * ow))

@@ -4,12 +4,19 @@
 The padding and the divisor of averages are the layer's (``PoolingParams.pads`` and
 ``count_region``); with ``avgpool_count_include_pad`` an average divides by
 kernel_w * kernel_h. Adaptive windows are ``PoolingParams.adaptive_windows``.
+
+The windowed form runs as the numba kernel ``jit.pooling.pool2d`` (in a Plan straight from the
+bf16 arena into it; the same bits as ``forward``'s numpy passes), global average pooling as
+``jit.pooling.global_avg`` (in ``forward`` too); global max and adaptive pooling widen into a
+scratch buffer and run numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import narrow_exact_into, to_bf16, widen_into
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
 from vkserve.models.layers import FLT_MAX, Shape
@@ -40,6 +47,8 @@ def pool_windows(
 
 @register("Pooling")
 class Pooling(Kernel):
+    raw_inputs = True
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
         out = super().infer(in_shapes)
@@ -68,7 +77,60 @@ class Pooling(Kernel):
             valid = np.zeros((hp, wp), dtype=np.float32)
             valid[y0:y1, x0:x1] = 1.0
             self.divisor = pool_windows(valid, kh, kw, sh, sw, oh, ow, is_max=False)
+        c = self.view[0]
+        self.geo = jit.geometry(c, 1, 1, kh, kw, sh, sw, 1, 1, pads[0], pads[2], oh, ow)
         return out
+
+    def _global_avg_jit(self, x: np.ndarray, out: np.ndarray) -> None:
+        """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
+        c = self.view[0]
+        with jit.launch():
+            jit.pooling.global_avg(x.reshape(c, -1), min(c, 4 * threads.THREADS), out.reshape(1, c))
+
+    @property
+    def global_avg(self) -> bool:
+        return bool(self.p.global_pooling) and self.p.pooling_type == 1
+
+    @property
+    def windowed(self) -> bool:
+        return not (self.p.global_pooling or self.adaptive)
+
+    def _pool_jit(self, x: np.ndarray, out: np.ndarray) -> None:
+        """``jit.pooling.pool2d`` of ``x`` (bf16 or fp32) into ``out`` (same dtype rules)."""
+        p = self.p
+        c, oh, ow = self.out_shapes[0]
+        is_max = p.pooling_type == 0
+        divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
+        with jit.launch():
+            jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
+                               np.float32(-FLT_MAX if is_max else 0.0), divisor,
+                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow))
+
+    def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: list[Kernel]) -> None:
+        """bf16 arena in and out (the Plan's path; no activation is ever fused into Pooling)."""
+        if self.windowed:
+            self._pool_jit(us[0], outs[0])
+            return
+        if self.global_avg:
+            self._global_avg_jit(us[0], outs[0])
+            return
+        y = self.forward([widen_into(us[0], self.buf("in", us[0].shape))])[0]
+        if self.exact_store:
+            narrow_exact_into(y, outs[0])
+        else:
+            to_bf16(y, out=outs[0], scratch=self.buf("narrow", y.size, np.uint32))
+
+    def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
+        if self.windowed:
+            out = self.buf("out", self.out_shapes[0])
+            self._pool_jit(np.ascontiguousarray(us[0]), out)
+            return [out]
+        if self.global_avg:
+            out = self.buf("out", self.view[0])
+            self._global_avg_jit(np.ascontiguousarray(us[0]), out)
+            return [out]
+        x = us[0]  # bf16 from the arena, or fp32 (a data-dependent blob)
+        return self.forward([widen_into(x, self.buf("in", x.shape)) if x.dtype == np.uint16 else x])
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p
@@ -76,9 +138,12 @@ class Pooling(Kernel):
         is_max = p.pooling_type == 0
         if self.adaptive:
             return [self.adaptive_pool(x, is_max).reshape(self.out_shapes[0])]
+        if p.global_pooling and not is_max:
+            out = self.buf("out", self.view[0])
+            self._global_avg_jit(np.ascontiguousarray(x), out)
+            return [out]
         if p.global_pooling:
-            flat = x.reshape(x.shape[0], -1)
-            return [flat.max(axis=1) if is_max else flat.mean(axis=1, dtype=np.float32)]
+            return [x.reshape(x.shape[0], -1).max(axis=1)]
         c, oh, ow = self.out_shapes[0]
         t, b, l, r = self.pads
         if min(t, b, l, r) < 0:

@@ -1,0 +1,67 @@
+"""The CPU engine's thread count: the daemon config's ``[cpu] threads``, else
+``$VKSERVE_CPU_THREADS``, else the cores the process may use (``vkserve.devices.cpu.threads``),
+checked in the config, in-process, and in a real daemon's log."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from tests.support.daemon import Launch, cpu_engine_prob, sample
+from vkserve.client import Client
+from vkserve.daemon.config import DEFAULT_CONFIG, ConfigError, parse_config
+from vkserve.devices.cpu import jit, threads
+
+
+def test_config_key_defaults_to_zero_and_is_checked() -> None:
+    assert parse_config(DEFAULT_CONFIG).cpu.threads == 0  # the documented default
+    assert parse_config("[cpu]\nthreads = 3\n").cpu.threads == 3
+    with pytest.raises(ConfigError, match=r"cpu\.threads: must be >= 0"):
+        parse_config("[cpu]\nthreads = -1\n")
+    with pytest.raises(ConfigError, match=r"cpu\.threads: expected int"):
+        parse_config('[cpu]\nthreads = "all"\n')
+    with pytest.raises(ConfigError, match=r"cpu\.thread: unknown key"):
+        parse_config("[cpu]\nthread = 2\n")
+
+
+def test_config_then_environment_then_cores(caplog: pytest.LogCaptureFixture) -> None:
+    cores = threads.available_cores()
+    assert threads.resolve(3, {"VKSERVE_CPU_THREADS": "5"}) == (3, "cpu.threads")
+    assert threads.resolve(0, {"VKSERVE_CPU_THREADS": "5"}) == (5, "VKSERVE_CPU_THREADS")
+    assert threads.resolve(0, {})[0] == cores
+    with caplog.at_level(logging.WARNING, logger=threads.__name__):
+        assert threads.resolve(0, {"VKSERVE_CPU_THREADS": "many"})[0] == cores
+    assert "VKSERVE_CPU_THREADS='many' is not a positive integer" in caplog.text
+
+
+def test_configure_sets_the_kernels_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "THREADS", threads.THREADS)  # restored afterwards
+    assert threads.configure(1) == "CPU engine: 1 thread (cpu.threads)"
+    jit.use_threads()
+    assert numba.get_num_threads() == 1
+    n = min(2, numba.config.NUMBA_NUM_THREADS)
+    assert threads.configure(n).startswith(f"CPU engine: {n} thread")
+    jit.use_threads()
+    assert numba.get_num_threads() == n
+    # the numpy split pool follows the new count (a 4-way split runs on 3 pool workers)
+    threads.configure(4)
+    seen: list[int] = []
+    threads.run_chunks(lambda i, lo, hi: seen.append(i), [(0, 1), (1, 2), (2, 3), (3, 4)])
+    assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_daemon_applies_the_config_key(tmp_path: Path, launch_daemon: Launch) -> None:
+    """A real daemon: ``[cpu] threads = 1`` wins over the environment, is logged at start, and
+    the daemon serves CPU jobs with it."""
+    d = launch_daemon(tmp_path, f'[server]\nsocket = "{tmp_path}/d.sock"\n[cpu]\nthreads = 1\n'
+                                '[scheduler]\nuse_vulkan = false\n',
+                      env={"VKSERVE_CPU_THREADS": "2"})
+    assert "CPU engine: 1 thread (cpu.threads)" in d.log_text()
+    x = sample(3)
+    with Client.connect(f"unix:{d.socket}") as c:
+        prob = c.infer("digits", {"data": x})["prob"]
+    np.testing.assert_array_equal(prob, cpu_engine_prob(x))

@@ -1,0 +1,116 @@
+"""Pooling over bf16 (or fp32) planes: windowed max / average (``pool2d``, one task per
+channel) and global average (``global_avg``).
+
+``pool2d`` works like ``conv.depthwise``: each channel is widened once into padded fp32 planes, one per stride
+phase (border = ``padv``: -FLT_MAX for max, 0 for average), whose rows run on into each other,
+so each tap is one unit-stride pass over all outputs. Per output: the taps ky-major, kx
+ascending (max, or a sum), then for an average the division by ``divisor[oy, ox]`` (padding
+excluded) or the multiplication by ``scale`` (padding counted), as the numpy path computes it,
+then the narrowing store: the same bits as that path whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vkserve.devices.cpu.jit.conv import (
+    _U,
+    G_KH,
+    G_KW,
+    G_OH,
+    G_OW,
+    G_PL,
+    G_PT,
+    G_SH,
+    G_SW,
+    fill_phases,
+)
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, store_row, widen
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _tap(acc, p, b, cnt, first, is_max):  # noqa: ANN001
+    """acc[q] = p[b + q] (the first tap), else max(acc[q], p[b + q]) or acc[q] + p[b + q]."""
+    i0 = _U(b)
+    if first:
+        for q in range(_U(cnt)):
+            acc[q] = p[i0 + q]
+    elif is_max:
+        for q in range(_U(cnt)):
+            acc[q] = max(acc[q], p[i0 + q])
+    else:
+        for q in range(_U(cnt)):
+            acc[q] += p[i0 + q]
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def pool2d(x, geo, is_max, padv, divisor, scale, out):  # noqa: ANN001
+    """``x`` (C, H, W) -> ``out`` (C, OH * OW); ``geo`` from ``conv.geometry`` (groups = C, 1,
+    1, dilation 1); an average divides by ``divisor`` (OH, OW) when it is not empty, else
+    multiplies by ``scale``."""
+    kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
+    pt, pl, oh, ow = geo[G_PT], geo[G_PL], geo[G_OH], geo[G_OW]
+    prow = oh + (kh - 1) // sh
+    wq = ow + (kw - 1) // sw
+    plen = prow * wq
+    span = (oh - 1) * wq + ow
+    divide = divisor.size > 0
+    for c in prange(out.shape[0]):
+        planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
+        pf = planes.reshape(sh * sw * plen)
+        acc = np.empty(span, dtype=np.float32)
+        fill_phases(x, c, pt, pl, sh, sw, padv, planes)
+        for ky in range(kh):
+            row = (ky % sh) * sw * plen + ky // sh * wq
+            for kx in range(kw):
+                _tap(acc, pf, row + kx % sw * plen + kx // sw, span, ky == 0 and kx == 0, is_max)
+        if not is_max:
+            for oy in range(oh):
+                base = oy * wq
+                if divide:
+                    for ox in range(ow):
+                        acc[base + ox] /= divisor[oy, ox]
+                else:
+                    for ox in range(ow):
+                        acc[base + ox] *= scale
+        for oy in range(oh):
+            store_row(acc, oy * wq, out, c, oy * ow, ow)
+
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _row_sum(x, c, n):  # noqa: ANN001, ANN202
+    """Sum of x[c, :n]: element i into partial sum i % 8 in order (eight scalars that LLVM keeps
+    in one vector register), then (0+4, 1+5, 2+6, 3+7), (0+2, 1+3), 0+1, then the tail."""
+    cu = _U(c)
+    z = np.float32(0.0)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    body = _U(n - n % 8)
+    for b in range(_U(0), body, _U(8)):
+        s0 += widen(x[cu, b])
+        s1 += widen(x[cu, b + _U(1)])
+        s2 += widen(x[cu, b + _U(2)])
+        s3 += widen(x[cu, b + _U(3)])
+        s4 += widen(x[cu, b + _U(4)])
+        s5 += widen(x[cu, b + _U(5)])
+        s6 += widen(x[cu, b + _U(6)])
+        s7 += widen(x[cu, b + _U(7)])
+    s0, s1, s2, s3 = s0 + s4, s1 + s5, s2 + s6, s3 + s7
+    s0, s1 = s0 + s2, s1 + s3
+    v = s0 + s1
+    for i in range(body, _U(n)):
+        v += widen(x[cu, i])
+    return v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def global_avg(x, parts, out):  # noqa: ANN001
+    """``x`` (C, N) bf16 or fp32 -> ``out`` (1, C): the mean of each row (``_row_sum`` / N),
+    the channels split into ``parts`` contiguous tasks; a fixed order whatever the threads."""
+    c_total, n = x.shape
+    res = np.empty(c_total, dtype=np.float32)
+    for part in prange(parts):
+        for c in range(part * c_total // parts, (part + 1) * c_total // parts):
+            res[c] = _row_sum(x, c, n) / np.float32(n)
+    store_row(res, 0, out, 0, 0, c_total)

@@ -1,0 +1,231 @@
+"""Winograd F(4x4, 3x3) for dense 3x3 convolutions at stride 1, dilation 1.
+
+Each 4x4 block of outputs (a tile) is computed from the 6x6 input patch under it as
+Y = A^T [sum over c of U[c] * V[c]] A, with V = B^T d B the patch's transform and
+U = G g G^T the 3x3 kernel's, elementwise over the 36 positions: 36 multiply-adds per tile and
+input channel instead of 144. The 36 sums are 36 independent GEMMs (output rows x channels x
+tiles), run by the register-tile kernel of ``conv``.
+
+``transform_weights`` computes U once at load, in float64 from the bf16 weights, and keeps it
+in fp32 (see there): 36 values per (o, c) where the kernel has 9, so 8x the bytes of the layer's
+bf16 weights, a memory trade-off that ``worthwhile`` confines to layers with many tiles.
+
+``winograd43`` splits the tiles into blocks of ``TB`` (row-major over the output) and the output
+rows into chunks; a task transforms its block's patches for every channel (widened, padding
+filled in, vectorized over whole rows), runs the 36 GEMMs for its rows, and transforms back,
+adding the bias and applying the epilogue to each fp32 row before the one narrowing store. Every
+output's arithmetic depends on the shape alone (channels ascending in each of the 36 sums, then
+the fixed output transform), so the bits are the same whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vkserve.devices.cpu.bf16 import from_bf16
+from vkserve.devices.cpu.jit.conv import _U, G_OG, G_OH, G_OW, G_PL, G_PT, MR, NR, _fill_plane, compile_micro
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row
+
+#: tiles per task (a multiple of NR: the GEMM's pixel strips)
+TB = 32
+#: output rows a task computes at least (the patch transform is repeated per row chunk)
+MIN_TASK_ROWS = 32
+
+#: G (6 x 3): the kernel transform of F(4, 3) (interpolation points 0, +-1, +-2, infinity)
+G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+              [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], dtype=np.float64)
+
+#: where F(4, 3) beats the direct GEMM (measured on the 2-core EPYC box, 1 and 2 threads): the
+#: transformed weights (4x the multiply-adds' worth of fp32 per tile) must be reused over enough
+#: tiles, and the transforms' cost paid by enough channels. 56x56, 64 -> 64: 2.5x faster;
+#: 28x28, 128 -> 128: 2.0x; 14x14, 256 -> 256 (16 tiles): 1.0-1.2x at 1 thread, 0.5x at 2;
+#: 56x56, 4 -> 64: 0.6-0.8x
+MIN_TILES = 36
+MIN_IN = 8
+MIN_OUT = 16
+
+
+def worthwhile(cin: int, og: int, oh: int, ow: int) -> bool:
+    """Whether a dense 3x3 stride-1 convolution of these sizes runs faster as F(4, 3)."""
+    return cin >= MIN_IN and og >= MIN_OUT and -(-oh // 4) * -(-ow // 4) >= MIN_TILES
+
+
+_micro = compile_micro(NR, rows_b=True)
+_micro_half = compile_micro(NR // 2, rows_b=True)
+
+
+def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:
+    """bf16 weights (og, cin, 3, 3) -> U packed as fp32 (36, row blocks, cin, MR), rows
+    zero-padded to a whole block of MR. fp32, not bf16: rounding U to bf16 gave errors of 2.3 %
+    of the output's largest value (the output transform's factors up to 8 amplify them), above
+    the engine's bf16 tolerance; fp32 U is 0.0001 %."""
+    g = from_bf16(w16).reshape(og, cin, 3, 3).astype(np.float64)
+    u = np.einsum("ik,ockl,jl->ijoc", G, g, G).reshape(36, og, cin)
+    nrb = -(-og // MR)
+    padded = np.zeros((36, nrb * MR, cin), dtype=np.float32)
+    padded[:, :og] = u
+    return np.ascontiguousarray(padded.reshape(36, nrb, MR, cin).transpose(0, 1, 3, 2))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _bt(d0, d1, d2, d3, d4, d5):  # noqa: ANN001, ANN202
+    """B^T applied to six values."""
+    t1 = d4 - np.float32(4.0) * d2
+    t2 = d3 - np.float32(4.0) * d1
+    t3 = d4 - d2
+    t4 = np.float32(2.0) * (d3 - d1)
+    return (np.float32(4.0) * d0 - np.float32(5.0) * d2 + d4, t1 + t2, t1 - t2, t3 + t4, t3 - t4,
+            np.float32(4.0) * d1 - np.float32(5.0) * d3 + d5)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _at(m0, m1, m2, m3, m4, m5):  # noqa: ANN001, ANN202
+    """A^T applied to six values."""
+    s12 = m1 + m2
+    d12 = m1 - m2
+    s34 = m3 + m4
+    d34 = m3 - m4
+    return (m0 + s12 + s34, d12 + np.float32(2.0) * d34, s12 + np.float32(4.0) * s34,
+            d12 + np.float32(8.0) * d34 + m5)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _bt_rows(src, s0, stride, dst, d0, dstride, n):  # noqa: ANN001
+    """dst[d0 + i dstride + t] = (B^T applied down src[s0 + r stride + t], r < 6)[i] for t < n
+    (flat arrays, unsigned offsets: one run per stream, so the loop vectorizes)."""
+    b0, st = _U(s0), _U(stride)
+    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
+    e0, ds = _U(d0), _U(dstride)
+    e1, e2, e3, e4, e5 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds, e0 + _U(4) * ds, e0 + _U(5) * ds
+    for t in range(_U(n)):
+        k0, k1, k2, k3, k4, k5 = _bt(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
+        dst[e0 + t] = k0
+        dst[e1 + t] = k1
+        dst[e2 + t] = k2
+        dst[e3 + t] = k3
+        dst[e4 + t] = k4
+        dst[e5 + t] = k5
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _bt_cols(src, s0, dst, d0, dstride, n):  # noqa: ANN001
+    """dst[d0 + k dstride + t] = (B^T applied to src[s0 + 4 t + s], s < 6)[k] for t < n: the
+    transform along a row, one tile (4 columns apart) per t."""
+    b = _U(s0)
+    e0, ds = _U(d0), _U(dstride)
+    e1, e2, e3, e4, e5 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds, e0 + _U(4) * ds, e0 + _U(5) * ds
+    for t in range(_U(n)):
+        i = b + _U(4) * t
+        k0, k1, k2, k3, k4, k5 = _bt(src[i], src[i + _U(1)], src[i + _U(2)], src[i + _U(3)], src[i + _U(4)],
+                                     src[i + _U(5)])
+        dst[e0 + t] = k0
+        dst[e1 + t] = k1
+        dst[e2 + t] = k2
+        dst[e3 + t] = k3
+        dst[e4 + t] = k4
+        dst[e5 + t] = k5
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _at_rows(src, s0, stride, dst, d0, dstride, n):  # noqa: ANN001
+    """dst[d0 + p dstride + t] = (A^T applied down src[s0 + i stride + t], i < 6)[p] for t < n."""
+    b0, st = _U(s0), _U(stride)
+    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
+    e0, ds = _U(d0), _U(dstride)
+    e1, e2, e3 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds
+    for t in range(_U(n)):
+        y0, y1, y2, y3 = _at(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
+        dst[e0 + t] = y0
+        dst[e1 + t] = y1
+        dst[e2 + t] = y2
+        dst[e3 + t] = y3
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _at_cols(src, s0, stride, bias, dst, d0, n):  # noqa: ANN001
+    """dst[d0 + 4 t + j] = bias + (A^T applied to src[s0 + k stride + t], k < 6)[j] for t < n:
+    the transform along an output row, four columns per tile."""
+    b0, st = _U(s0), _U(stride)
+    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
+    e = _U(d0)
+    for t in range(_U(n)):
+        y0, y1, y2, y3 = _at(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
+        i = e + _U(4) * t
+        dst[i] = bias + y0
+        dst[i + _U(1)] = bias + y1
+        dst[i + _U(2)] = bias + y2
+        dst[i + _U(3)] = bias + y3
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def winograd43(x, u, bias, ops, padv, geo, rb_per_task, out):  # noqa: ANN001
+    """3x3 stride-1 convolution ``x`` (C, H, W) -> ``out`` (og, OH * OW); ``u`` from
+    ``transform_weights``; ``bias`` fp32; ``ops`` the epilogue; ``rb_per_task`` row blocks
+    (of MR) per task."""
+    og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
+    pt, pl = geo[G_PT], geo[G_PL]
+    nrb, cin = u.shape[1], u.shape[2]
+    ntx = (ow + 3) // 4
+    ntiles = ntx * ((oh + 3) // 4)
+    n_blocks = (ntiles + TB - 1) // TB
+    n_chunks = (nrb + rb_per_task - 1) // rb_per_task
+    wpad = ntx * 4 + 2
+    for task in prange(n_blocks * n_chunks):
+        rc = task // n_blocks
+        t0 = (task - rc * n_blocks) * TB
+        n = min(TB, ntiles - t0)
+        ty0 = t0 // ntx
+        ty1 = (t0 + n - 1) // ntx
+        rb0 = rc * rb_per_task
+        nb = min(nrb, rb0 + rb_per_task) - rb0
+        plane = np.empty(((ty1 - ty0) * 4 + 6, wpad), dtype=np.float32)
+        pflat = plane.reshape(plane.size)
+        rows6 = np.empty(6 * wpad, dtype=np.float32)
+        v = np.empty((36, cin, TB), dtype=np.float32)
+        vflat = v.reshape(v.size)
+        for e in range(36):  # the last block's unused tiles: zeros (garbage may be denormal)
+            for c in range(cin):
+                for q in range(n, TB):
+                    v[e, c, q] = np.float32(0.0)
+        for c in range(cin):
+            _fill_plane(x, c, ty0 * 4 - pt, -pl, 1, 1, padv, plane)
+            for ty in range(ty0, ty1 + 1):
+                a = max(0, t0 - ty * ntx)
+                b = min(ntx, t0 + n - ty * ntx)
+                q0 = ty * ntx + a - t0
+                _bt_rows(pflat, (ty - ty0) * 4 * wpad + 4 * a, wpad, rows6, 0, wpad, 4 * (b - a) + 2)
+                for i in range(6):
+                    _bt_cols(rows6, i * wpad, vflat, (i * 6 * cin + c) * TB + q0, cin * TB, b - a)
+        rows = nb * MR
+        m = np.zeros((36, rows, TB), dtype=np.float32)
+        mflat = m.reshape(m.size)
+        ns = (n + NR - 1) // NR
+        for e in range(36):
+            ve = v[e]
+            me = m[e]
+            for i in range(nb):
+                ue = u[e, rb0 + i]
+                for si in range(ns):
+                    if n - si * NR <= NR // 2:
+                        _micro_half(ue, ve, me, cin, i * MR, si)
+                    else:
+                        _micro(ue, ve, me, cin, i * MR, si)
+        z = np.empty(4 * 6 * TB, dtype=np.float32)
+        obuf = np.empty((4, ntx * 4), dtype=np.float32)
+        oflat = obuf.reshape(obuf.size)
+        for r in range(min(rows, og - rb0 * MR)):
+            o = rb0 * MR + r
+            for ty in range(ty0, ty1 + 1):
+                a = max(0, t0 - ty * ntx)
+                b = min(ntx, t0 + n - ty * ntx)
+                q0 = ty * ntx + a - t0
+                for k in range(6):
+                    _at_rows(mflat, (k * rows + r) * TB + q0, 6 * rows * TB, z, k * TB, 6 * TB, b - a)
+                for p in range(4):
+                    _at_cols(z, p * 6 * TB, TB, bias[o], oflat, p * ntx * 4, b - a)
+                cnt = min(4 * b, ow) - 4 * a
+                for p in range(min(4, oh - 4 * ty)):
+                    row = obuf[p]
+                    apply_ops(row, cnt, ops)
+                    store_row(row, 0, out, o, (4 * ty + p) * ow + 4 * a, cnt)
