@@ -43,7 +43,7 @@ def test_warm_json_reports_every_builtin_pipeline(warmed: tuple[dict[str, Any], 
                                                   vulkan_caps: DeviceCaps) -> None:
     report, data = warmed
     assert set(report) >= WARM_KEYS
-    assert report["device"] == vulkan_caps.index
+    assert report["device"] == f"vulkan:{vulkan_caps.index}" and report["device_name"] == vulkan_caps.name
     assert Path(report["file"]).name == DeviceIdentity.from_caps(vulkan_caps).file_name()
     # every built-in in every mode (not recounted here: others may be adding shaders)
     modes = len(vulkan_caps.supported_precisions())

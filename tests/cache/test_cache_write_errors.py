@@ -100,7 +100,7 @@ def test_full_disk_save_is_a_warning_and_a_later_save_writes(
         [message] = [m for m in cache_warnings(caplog) if "cannot save" in m]
         assert str(path) in message and "errno 28" in message and "ENOSPC" in message
         assert cache.stats.errors() == {"create": 0, "lock": 0, "load": 0, "save": 1,
-                                        "tuning": 0}
+                                        "tuning": 0, "driver_bypass": 0}
         assert not path.exists()
         assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]  # temp removed
         (folder / "filler").unlink()
@@ -210,7 +210,7 @@ def scrape(d: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def cache_errors(d: Daemon, op: str) -> float:
     return scrape(d).get(("vkserve_pipeline_cache_errors_total",
-                          (("device", "vulkan0"), ("op", op))), 0.0)
+                          (("device", "vulkan:0"), ("op", op))), 0.0)
 
 
 def assert_serves_on_vulkan(d: Daemon) -> None:
@@ -227,7 +227,7 @@ def assert_serves_on_vulkan(d: Daemon) -> None:
         assert int(c.infer("digits", {"data": x})["prob"].argmax()) == 3
     s = scrape(d)
     assert s[("vkserve_requests_total",
-              (("device", "vulkan0"), ("model", "digits"), ("outcome", "ok")))] == 1
+              (("device", "vulkan:0"), ("model", "digits"), ("outcome", "ok")))] == 1
 
 
 def start(launch: Launch, work: Path, cache_line: str, env: dict[str, str] | None = None

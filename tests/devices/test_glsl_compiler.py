@@ -67,6 +67,7 @@ layout (binding = 2) readonly buffer c_blob { sfpvec4 c_data[]; };
 layout (binding = 3) buffer d_blob { sfp d_data[]; };
 layout (binding = 4) writeonly buffer e_blob { sfpvec2 e_data[]; };
 layout (binding = 5) buffer f_blob { sfpvec4 f_data[]; };
+layout (binding = 6) buffer g_blob { sfpvec8 g_data[]; };
 
 layout (push_constant) uniform parameter { int n; } p;
 
@@ -103,6 +104,14 @@ void main()
     buffer_cp4(f_data, gx + 1, c_data, gx);
     buffer_cp1to4(f_data, gx + 2, a_data, ivec4(gx, gx + 1, gx + 2, gx + 3));
     buffer_cp4to1(d_data, ivec4(gx, gx + 1, gx + 2, gx + 3), c_data, gx);
+
+    afpvec8 w = buffer_ld8(g_data, gx);
+    buffer_st8(g_data, gx + 1, w);
+    buffer_cp8(g_data, gx + 2, g_data, gx);
+    buffer_cp1to8(g_data, gx + 3, a_data, ivec4(gx), ivec4(gx + 1));
+    buffer_cp4to8(g_data, gx + 4, c_data, ivec2(gx, gx + 1));
+    buffer_cp8to1(d_data, ivec4(gx), ivec4(gx + 1), g_data, gx);
+    buffer_cp8to4(f_data, ivec2(gx, gx + 1), g_data, gx);
 }
 """
 
@@ -167,7 +176,9 @@ def test_macros_right_after_version_line() -> None:
     # Everything between #version and the shader's own code is preamble.
     first_code = lines.index("void main() {}")
     assert lines[first_code - 1] == "#line 3 0"
-    assert all(line.startswith(("#", "layout", "uvec2 _vks", "vec4 _vks")) for line in lines[2:first_code])
+    helper_function = re.compile(r"(uvec2|uvec4|vec4|mat2x4|f16vec4|f16mat2x4|uint64_t) _vks_\w+\(")
+    assert all(line.startswith(("#", "layout")) or helper_function.match(line)
+               for line in lines[2:first_code])
     assert "#define sfp float16_t" in lines and "#define afpvec4 f16vec4" in lines
 
 
@@ -209,7 +220,7 @@ def test_type_table() -> None:
         Precision.FP16_ARITHMETIC: ("float16_t", "f16vec2", "f16vec4", "float16_t", "f16vec4"),
     }
     for mode, (sfp, sfp2, sfp4, afp, afp4) in expect.items():
-        t = glsl_extension.type_macros(mode)
+        t = glsl_extension.type_macros(mode, CAPS)
         assert (t["sfp"], t["sfpvec2"], t["sfpvec4"], t["afp"], t["afpvec4"]) == (sfp, sfp2, sfp4, afp, afp4)
 
 
@@ -283,7 +294,7 @@ void main() { data[0] = psc(w); }
 
 def test_local_size_injection() -> None:
     no_size = "#version 450\nvoid main() {}\n"
-    e = expand(no_size, caps=CAPS, precision=Precision.FP32)
+    e = expand(no_size, caps=CAPS, options=Precision.FP32)
     assert e.injected_local_size
     assert glsl_extension.LOCAL_SIZE_LAYOUT in e.text
     spv = spirv_words(compile_glsl(no_size, caps=CAPS, precision=Precision.FP32))
@@ -292,10 +303,10 @@ def test_local_size_injection() -> None:
     assert {233, 234, 235} <= spec_ids
 
     with_size = "#version 450\nlayout (local_size_x = 64) in;\nvoid main() {}\n"
-    assert not expand(with_size, caps=CAPS, precision=Precision.FP32).injected_local_size
+    assert not expand(with_size, caps=CAPS, options=Precision.FP32).injected_local_size
     compile_glsl(with_size, caps=CAPS, precision=Precision.FP32)
     commented = "#version 450\n// layout (local_size_x = 64) in;\nvoid main() {}\n"
-    assert expand(commented, caps=CAPS, precision=Precision.FP32).injected_local_size
+    assert expand(commented, caps=CAPS, options=Precision.FP32).injected_local_size
 
 
 # ------------------------------------------------------------------ errors
@@ -395,7 +406,7 @@ def test_parallel_compiles() -> None:
 
 
 def test_compile_expanded_validate_flag() -> None:
-    e = expand(ALL_HELPERS, caps=CAPS, precision=Precision.FP16_PACKED)
+    e = expand(ALL_HELPERS, caps=CAPS, options=Precision.FP16_PACKED)
     spv = compile_expanded(e, source=ALL_HELPERS, name="all.comp", validate=True)
     assert spirv_words(spv)[0] == SPIRV_MAGIC
 
@@ -412,7 +423,7 @@ def real_caps(vulkan_caps: DeviceCaps) -> DeviceCaps:
 def test_real_device_caps_compile_every_supported_mode(real_caps: DeviceCaps) -> None:
     assert real_caps.supported_precisions()
     for mode in real_caps.supported_precisions():
-        spv = compile_expanded(expand(ALL_HELPERS, caps=real_caps, precision=mode),
+        spv = compile_expanded(expand(ALL_HELPERS, caps=real_caps, options=mode),
                                source=ALL_HELPERS, name="all.comp", validate=True)
         assert spirv_words(spv)[0] == SPIRV_MAGIC
     # Every device macro (hundreds of them) is a valid #define with a usable value.

@@ -5,6 +5,10 @@
 2. SPIR-V, keyed by (shader id, option bits, hash of the shader's source);
 3. the driver's VkPipelineCache blob, merged from disk at open and saved back.
 
+A request may also carry a raw SPIR-V module (`SpirvModule`): it skips tier 2 (the
+caller holds the code) but its pipeline is a tier-1 artifact keyed by the module's hash
+and is created through the driver cache (tier 3) like every other.
+
 The cache is device-agnostic: a `PipelineBackend` (devices/vulkan supplies one)
 compiles GLSL, creates pipelines and owns the driver cache object, so `cache/`
 depends on nothing above it. Thread safety: the cache's lock guards only its
@@ -48,9 +52,22 @@ class ShaderSource:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpirvModule:
+    """A compiled SPIR-V module handed over as is (no GLSL): an id for logs and its words."""
+
+    shader_id: str
+    code: bytes
+
+    @property
+    def source_hash(self) -> bytes:
+        """The module's hash: the cache key of its pipelines."""
+        return source_hash(self.code)
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineRequest:
-    shader: ShaderSource
-    option_bits: int
+    shader: ShaderSource | SpirvModule
+    option_bits: int  # 0 for a SpirvModule (its code is final)
     local_size: tuple[int, int, int] = (64, 1, 1)
     spec_constants: tuple[SpecValue, ...] = ()
 
@@ -67,6 +84,7 @@ class PipelineRequest:
     @property
     def spirv_key(self) -> SpirvKey:
         return SpirvKey(self.shader.shader_id, self.option_bits, self.shader.source_hash)
+
 
 
 class Artifact(Protocol):
@@ -107,14 +125,17 @@ class CacheStats:
     load_errors: int = 0  # reading the cache file (a rejected file is a miss, not an error)
     save_errors: int = 0  # writing the cache file
     tuning_errors: int = 0  # reading the tuning file beside it
+    # The driver is on the list of broken pipeline caches: its cache is not used (1 or 0).
+    driver_bypass_errors: int = 0
 
     #: `op` label of `vkserve_pipeline_cache_errors_total` -> field.
     ERROR_FIELDS: ClassVar[dict[str, str]] = {
         "create": "create_errors", "lock": "lock_errors", "load": "load_errors",
-        "save": "save_errors", "tuning": "tuning_errors"}
+        "save": "save_errors", "tuning": "tuning_errors", "driver_bypass": "driver_bypass_errors"}
 
     def errors(self) -> dict[str, int]:
-        """Failed file operations by op (create, lock, load, save, tuning)."""
+        """Failed file operations by op (create, lock, load, save, tuning), and
+        driver_bypass."""
         return {op: getattr(self, name) for op, name in self.ERROR_FIELDS.items()}
 
     def as_dict(self) -> dict[str, Any]:
@@ -266,7 +287,9 @@ class PipelineCache:
         key = request.digest(self.backend.subgroup_size)
 
         def build() -> Artifact:
-            code = self.spirv(request.shader, request.option_bits)
+            shader = request.shader
+            code = (shader.code if isinstance(shader, SpirvModule)
+                    else self.spirv(shader, request.option_bits))
             t0 = time.perf_counter()
             artifact = self.backend.create_pipeline(code, request)
             with self._lock:

@@ -35,6 +35,20 @@ class MemoryHeap:
 
 
 @dataclasses.dataclass(frozen=True)
+class CoopMatrixShape:
+    """One VkCooperativeMatrixPropertiesKHR entry of subgroup scope: A is m x k, B k x n, C and
+    the result m x n; component types by their GLSL names (``float16_t``, ``float``, ...)."""
+
+    m: int
+    n: int
+    k: int
+    a: str
+    b: str
+    c: str
+    result: str
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceCaps:
     index: int
     kind: DeviceKind
@@ -59,6 +73,8 @@ class DeviceCaps:
     int8_storage: bool = False
     int8_arithmetic: bool = False
     cooperative_matrix: bool = False
+    # VK_KHR_cooperative_matrix's subgroup-scope shapes, when the device enables the extension
+    cooperative_matrix_shapes: tuple[CoopMatrixShape, ...] = ()
     # Everything the GLSL device macros need: extension -> spec version,
     # feature name -> 0/1, property/limit name -> int.
     extensions: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -73,6 +89,12 @@ class DeviceCaps:
     @property
     def subgroup_arithmetic(self) -> bool:
         return bool(self.subgroup_operations & 0x4)  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT
+
+    def has_coop_matrix(self, m: int, n: int, k: int, ab: str, acc: str) -> bool:
+        """Whether a subgroup-scope m x n x k cooperative matrix product with A and B of type
+        `ab` and accumulator and result of type `acc` is offered."""
+        return any((c.m, c.n, c.k, c.a, c.b, c.c, c.result) == (m, n, k, ab, ab, acc, acc)
+                   for c in self.cooperative_matrix_shapes)
 
     def supported_precisions(self) -> list[Precision]:
         if self.kind is DeviceKind.CPU:
@@ -110,6 +132,7 @@ class DeviceCaps:
             "subgroup_size": self.subgroup_size,
             "subgroup_arithmetic": self.subgroup_arithmetic,
             "cooperative_matrix": self.cooperative_matrix,
+            "cooperative_matrix_shapes": [dataclasses.asdict(c) for c in self.cooperative_matrix_shapes],
             "software": self.is_software,
             "precisions": [p.value for p in self.supported_precisions()],
             "heaps": [

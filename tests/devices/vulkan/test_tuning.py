@@ -297,11 +297,12 @@ def test_tune_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert out["before_ms"] > 0 and out["after_ms"] > 0
     rows = out["dispatches"]
     assert [r["shader"] for r in rows][-2:] == ["unaryop", "pooling"]
-    assert out["dispatches_tuned"] == len(rows)
+    assert out["dispatches_measured"] == len(rows)
     for r in rows:
         assert r["candidates"] > 1 and r["best_ms"] <= r["default_ms"]
         assert r["improved"] == (r["best_local_size"] != r["default_local_size"])
-    assert out["tuned_dispatches"] == sum(r["improved"] for r in rows)
+    assert out["dispatches_improved"] == sum(r["improved"] for r in rows)
+    assert out["dispatches_using_tuned_size"] == sum(r["improved"] for r in rows)
     # a new process (here: a new device) loads the file and its Plans use the tuned sizes
     with VulkanDevice(vulkan_caps, cache) as device:
         path = device_tuning_path(device)
@@ -310,7 +311,7 @@ def test_tune_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
         assert table is not None and len(table) == len(rows)
         graph = graph_of(MODEL, {"data": SHAPE})
         with Plan(device, graph) as plan:
-            assert plan.tuned_count == out["tuned_dispatches"]
+            assert plan.tuned_count == out["dispatches_using_tuned_size"]
             best = {r["step"]: r["best_local_size"] for r in rows}
             assert [list(s.pipeline.local_size) for s in plan.steps] == \
                 [best.get(k, list(s.dispatch.local_size)) for k, s in enumerate(plan.steps)]

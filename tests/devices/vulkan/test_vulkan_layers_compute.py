@@ -27,6 +27,7 @@ from tests.support.params import param_text
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.reference import run_ncnn
 from vkserve.devices.vulkan.compiler import compile_glsl
+from vkserve.devices.vulkan.context import VulkanContext
 from vkserve.devices.vulkan.dispatch import dispatch
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS, Shape
 from vkserve.devices.vulkan.shader_registry import builtin_shader
@@ -53,7 +54,7 @@ def write_param(path: Path, inputs: dict[str, Shape], line: str) -> None:
     path.write_text(param_text(inputs, [line]))
 
 
-def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str, np.ndarray],
+def run_vulkan(ctx: VulkanContext, spirv_for: SpirvFor, graph: Graph, inputs: dict[str, np.ndarray],
                precision: Precision, push_only: bool = False) -> dict[str, np.ndarray]:
     """Run the graph's last layer on the device; `push_only` zeroes the specialization
     constants that shadow push constants, so every psc() takes the push-constant path."""
@@ -61,6 +62,7 @@ def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str,
     in_shapes = [graph.blob_shapes[n] for n in layer.inputs]
     out_shapes = [graph.blob_shapes[n] for n in layer.outputs]
     vl = VULKAN_LAYERS[layer.type](layer, in_shapes, out_shapes, precision)
+    vl.specialize(ctx.caps)
     dt = np.float32 if precision is Precision.FP32 else np.float16
 
     def buffer(values: np.ndarray) -> np.ndarray:
@@ -85,7 +87,7 @@ def run_vulkan(ctx: object, spirv_for: SpirvFor, graph: Graph, inputs: dict[str,
             for name, shape in zip(layer.outputs, out_shapes)}
 
 
-def check_layer(tmp_path: Path, ctx: object, spirv_for: SpirvFor, line: str,
+def check_layer(tmp_path: Path, ctx: VulkanContext, spirv_for: SpirvFor, line: str,
                 shapes: dict[str, Shape], precision: Precision, push_only: bool = False) -> None:
     param, bin_path = tmp_path / "case.param", tmp_path / "case.bin"
     write_param(param, shapes, line)

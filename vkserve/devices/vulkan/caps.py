@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vkserve.devices.capabilities import DeviceCaps, DeviceKind, MemoryHeap
+from vkserve.devices.capabilities import CoopMatrixShape, DeviceCaps, DeviceKind, MemoryHeap
 from vkserve.devices.vulkan.instance import Instance
 
 _DEVICE_TYPES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
@@ -24,6 +24,26 @@ def _scalar_fields(vk: Any, obj: Any, ctype: str) -> dict[str, int]:
         if field.type.kind == "primitive" and field.type.cname not in ("float", "double", "char"):
             out[name] = int(getattr(obj, name))
     return out
+
+
+# VkComponentTypeKHR -> GLSL type name (the ones the engine's shaders may use)
+_COMPONENT_TYPES = {0: "float16_t", 1: "float", 2: "double", 3: "int8_t", 4: "int16_t", 5: "int",
+                    7: "uint8_t", 8: "uint16_t", 9: "uint"}
+_SCOPE_SUBGROUP = 3  # VK_SCOPE_SUBGROUP_KHR
+
+
+def _coop_matrix_shapes(instance: Instance, pd: Any) -> tuple[CoopMatrixShape, ...]:
+    """The subgroup-scope shapes of vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR whose
+    component types GLSL names."""
+    vk = instance.vk
+    query = vk.vkGetInstanceProcAddr(instance.handle, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+    out = []
+    for p in query(pd):
+        types = [_COMPONENT_TYPES.get(t) for t in (p.AType, p.BType, p.CType, p.ResultType)]
+        if p.scope == _SCOPE_SUBGROUP and None not in types and not p.saturatingAccumulation:
+            a, b, c, r = (str(t) for t in types)
+            out.append(CoopMatrixShape(int(p.MSize), int(p.NSize), int(p.KSize), a, b, c, r))
+    return tuple(out)
 
 
 def read_caps(instance: Instance, index: int) -> DeviceCaps:
@@ -50,8 +70,15 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
                  "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES", f16)
     fi = _struct(vk, "VkPhysicalDeviceShaderFloat16Int8Features",
                  "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES", f8)
-    features2 = _struct(vk, "VkPhysicalDeviceFeatures2",
-                        "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2", fi)
+    memory_model = _struct(vk, "VkPhysicalDeviceVulkanMemoryModelFeatures",
+                           "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES", fi)
+    coop = _struct(vk, "VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+                   "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", memory_model)
+    # structs of extensions the device lacks stay out of the chain
+    has_memory_model = api >= vk.VK_MAKE_VERSION(1, 2, 0) or "VK_KHR_vulkan_memory_model" in extensions
+    has_coop = has_memory_model and "VK_KHR_cooperative_matrix" in extensions
+    features2 = _struct(vk, "VkPhysicalDeviceFeatures2", "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2",
+                        coop if has_coop else memory_model if has_memory_model else fi)
     budget = _struct(vk, "VkPhysicalDeviceMemoryBudgetPropertiesEXT",
                      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT")
     mem2 = _struct(vk, "VkPhysicalDeviceMemoryProperties2",
@@ -96,7 +123,10 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
     if has11:
         for obj, ctype in ((f16[0], "VkPhysicalDevice16BitStorageFeatures"),
                            (f8[0], "VkPhysicalDevice8BitStorageFeatures"),
-                           (fi[0], "VkPhysicalDeviceShaderFloat16Int8Features")):
+                           (fi[0], "VkPhysicalDeviceShaderFloat16Int8Features"),
+                           *([(memory_model[0], "VkPhysicalDeviceVulkanMemoryModelFeatures")]
+                             if has_memory_model else []),
+                           *([(coop[0], "VkPhysicalDeviceCooperativeMatrixFeaturesKHR")] if has_coop else [])):
             features.update({k: v for k, v in _scalar_fields(vk, obj, ctype).items()
                              if k != "sType"})
     properties = _scalar_fields(vk, props.limits, "VkPhysicalDeviceLimits")
@@ -134,6 +164,9 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
         fp16_arithmetic=fp16_storage and bool(features.get("shaderFloat16")),
         int8_storage=int8_storage,
         int8_arithmetic=int8_storage and bool(features.get("shaderInt8")),
+        cooperative_matrix_shapes=(_coop_matrix_shapes(instance, pd) if has11 and has_coop
+                                   and features.get("cooperativeMatrix") and features.get("vulkanMemoryModel")
+                                   else ()),
         cooperative_matrix=("VK_KHR_cooperative_matrix" in extensions
                             or "VK_NV_cooperative_matrix" in extensions),
         extensions=extensions,

@@ -2,6 +2,10 @@
 
     spirv = compile_glsl(source, caps=caps, precision=Precision.FP16_STORAGE,
                          defines={"KERNEL": 3}, name="relu.comp")
+    spirv = compile_glsl(source, caps=caps,
+                         precision=ShaderOptions(fp16_packed=True, fp16_arithmetic=True))
+
+- `precision` is a `Precision` mode or any `ShaderOptions` combination of option bits.
 
 - The shader is expanded by `vkserve.devices.vulkan.glsl_extension` (types, helpers,
   option/device macros after `#version`; see that module for the dialect).
@@ -13,7 +17,8 @@
   GL_KHR_shader_subgroup* (or GL_EXT_shader_subgroup*, cooperative-matrix)
   extension, else Vulkan 1.0 / SPIR-V 1.0. No SPIR-V optimisation (drivers
   optimise anyway); set VKSERVE_VALIDATE_SPIRV=1 to run spirv-val on the output.
-- Errors: `UnsupportedPrecision` before any work if the device lacks the mode;
+- Errors: `UnsupportedPrecision` before any work if the device lacks the mode or an
+  option bit's feature;
   `ShaderCompileError` with the shader's own line number and source line.
 - Thread-safe: each call creates and deletes its own glslang objects; cffi
   releases the GIL, so compiles in several threads run in parallel.
@@ -28,6 +33,7 @@ from collections.abc import Mapping
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind, Precision
 from vkserve.devices.vulkan import glslang_api as g
 from vkserve.devices.vulkan.glsl_extension import ExpandedShader, expand
+from vkserve.devices.vulkan.shader_options import ShaderOptions
 
 SPIRV_MAGIC = 0x07230203
 
@@ -54,7 +60,7 @@ class ShaderCompileError(Exception):
 
 
 class UnsupportedPrecision(ValueError):
-    """The device cannot run the requested precision mode."""
+    """The device cannot run the requested precision mode or option bits."""
 
 
 def _missing_feature(caps: DeviceCaps, precision: Precision) -> str:
@@ -79,11 +85,23 @@ def check_precision(caps: DeviceCaps, precision: Precision) -> Precision:
     return p
 
 
-def expand_glsl(source: str, *, caps: DeviceCaps, precision: Precision,
+def check_options(caps: DeviceCaps, options: ShaderOptions | Precision) -> ShaderOptions:
+    """The options as ShaderOptions, or UnsupportedPrecision naming device and missing features."""
+    if not isinstance(options, ShaderOptions):
+        options = ShaderOptions.for_precision(check_precision(caps, options))
+    problems = options.problems(caps)
+    if problems:
+        raise UnsupportedPrecision(
+            f"device {caps.index} {caps.name!r} does not support shader options "
+            f"{options.label}: {'; '.join(problems)}")
+    return options
+
+
+def expand_glsl(source: str, *, caps: DeviceCaps, precision: ShaderOptions | Precision,
                 defines: Mapping[str, int | str] | None = None) -> str:
     """The expanded source glslang would compile (for debugging and tests)."""
-    p = check_precision(caps, precision)
-    return expand(source, caps=caps, precision=p, defines=defines).text
+    options = check_options(caps, precision)
+    return expand(source, caps=caps, options=options, defines=defines).text
 
 
 def _error_from_log(log: str, source: str, name: str, expanded: ExpandedShader) -> ShaderCompileError:
@@ -176,9 +194,10 @@ def compile_expanded(expanded: ExpandedShader, *, source: str, name: str = "<sha
     return spirv
 
 
-def compile_glsl(source: str, *, caps: DeviceCaps, precision: Precision,
+def compile_glsl(source: str, *, caps: DeviceCaps, precision: ShaderOptions | Precision,
                  defines: Mapping[str, int | str] | None = None, name: str = "<shader>") -> bytes:
-    """Compile an extended-GLSL compute shader for `caps` in `precision`; SPIR-V words as bytes."""
-    p = check_precision(caps, precision)
-    expanded = expand(source, caps=caps, precision=p, defines=defines)
+    """Compile an extended-GLSL compute shader for `caps` in `precision` (a mode or option
+    bits); SPIR-V words as bytes."""
+    options = check_options(caps, precision)
+    expanded = expand(source, caps=caps, options=options, defines=defines)
     return compile_expanded(expanded, source=source, name=name)

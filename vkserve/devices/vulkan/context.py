@@ -47,9 +47,19 @@ _DEVICE_FEATURE_STRUCTS = (
     ("VkPhysicalDeviceShaderFloat16Int8Features",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES",
      "VK_KHR_shader_float16_int8", ("shaderFloat16", "shaderInt8")),
+    # cooperative-matrix shaders use the Vulkan memory model (GL_KHR_memory_scope_semantics)
+    ("VkPhysicalDeviceVulkanMemoryModelFeatures",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES", "VK_KHR_vulkan_memory_model",
+     ("vulkanMemoryModel",)),
+    ("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", "VK_KHR_cooperative_matrix",
+     ("cooperativeMatrix",)),
 )
 _OPTIONAL_EXTENSIONS = ("VK_EXT_memory_budget", "VK_KHR_16bit_storage", "VK_KHR_8bit_storage",
-                        "VK_KHR_shader_float16_int8", "VK_KHR_storage_buffer_storage_class")
+                        "VK_KHR_shader_float16_int8", "VK_KHR_storage_buffer_storage_class",
+                        "VK_KHR_vulkan_memory_model",
+                        "VK_KHR_shader_non_semantic_info")  # debug printf (VKSERVE_VALIDATION)
+_NEVER_CORE = ("VK_EXT_memory_budget", "VK_KHR_cooperative_matrix")  # enabled on Vulkan 1.2+ too
 
 
 class Buffer:
@@ -167,14 +177,20 @@ class VulkanContext:
     def _create_device(self) -> None:
         vk, ffi, caps = self.vk, self.vk.ffi, self.caps
         api12 = caps.api_version >= vk.VK_MAKE_VERSION(1, 2, 0)
+        api13 = caps.api_version >= vk.VK_MAKE_VERSION(1, 3, 0)
         extensions = [e for e in _OPTIONAL_EXTENSIONS if e in caps.extensions and
-                      (e == "VK_EXT_memory_budget" or not api12)]
+                      (e in _NEVER_CORE or not api12
+                       or (e == "VK_KHR_shader_non_semantic_info" and not api13))]
+        if caps.cooperative_matrix_shapes:  # read_caps found the extension and its features usable
+            extensions.append("VK_KHR_cooperative_matrix")
         chain = ffi.NULL
         keep = []
         for ctype, stype, ext, fields in _DEVICE_FEATURE_STRUCTS:
             if not (api12 or ext in caps.extensions):
                 continue
             values = {f: 1 for f in fields if caps.features.get(f)}
+            if ext == "VK_KHR_cooperative_matrix" and not caps.cooperative_matrix_shapes:
+                continue
             if not values:
                 continue
             s = ffi.new(ctype + "*", {"sType": getattr(vk, stype), "pNext": chain, **values})

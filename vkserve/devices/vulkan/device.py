@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vkserve.cache.pipeline_cache import PipelineCache, PipelineRequest
+from vkserve.cache.pipeline_cache import PipelineCache, PipelineRequest, SpirvModule
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.vulkan.compiler import check_precision
+from vkserve.devices.vulkan.compiler import check_options
 from vkserve.devices.vulkan.context import VulkanContext
 from vkserve.devices.vulkan.engine.pool import MemoryPool
 from vkserve.devices.vulkan.pipeline import ComputePipeline, SpecValue
-from vkserve.devices.vulkan.pipeline_backend import OPTION_BITS, VulkanPipelineBackend
+from vkserve.devices.vulkan.pipeline_backend import VulkanPipelineBackend
+from vkserve.devices.vulkan.shader_options import ShaderOptions
 from vkserve.devices.vulkan.shader_registry import builtin_shader
 
 
@@ -20,20 +21,33 @@ class VulkanDevice:
         self.caps = caps
         self.ctx = VulkanContext(caps)
         try:
-            self.pipelines = PipelineCache(VulkanPipelineBackend(self.ctx), cache_dir)
+            backend = VulkanPipelineBackend(self.ctx)
+            self.pipelines = PipelineCache(backend, cache_dir)
+            if backend.driver_cache_bypass is not None:  # the backend logged it
+                self.pipelines.count_error("driver_bypass")
         except BaseException:
             self.ctx.destroy()
             raise
         # Weights, arenas and staging buffers of the Plans on this device (engine.plan).
         self.pool = MemoryPool(self.ctx, pool_budget_bytes)
 
-    def pipeline(self, shader_id: str, precision: Precision,
+    def pipeline(self, shader_id: str, precision: Precision | ShaderOptions,
                  local_size: tuple[int, int, int] = (64, 1, 1),
                  spec_constants: tuple[SpecValue, ...] = ()) -> ComputePipeline:
-        """A built-in shader's pipeline from the cache (built on first use)."""
-        check_precision(self.caps, precision)
-        request = PipelineRequest(builtin_shader(shader_id), OPTION_BITS[Precision(precision)],
+        """A built-in shader's pipeline from the cache (built on first use), in a precision
+        mode or any combination of option bits the device supports."""
+        options = check_options(self.caps, precision).replace(
+            debug_printf=self.ctx.instance.validation)
+        request = PipelineRequest(builtin_shader(shader_id), options.bits,
                                   local_size, tuple(spec_constants))
+        return self.pipelines.pipeline(request)  # type: ignore[return-value]
+
+    def spirv_pipeline(self, name: str, code: bytes,
+                       local_size: tuple[int, int, int] = (64, 1, 1),
+                       spec_constants: tuple[SpecValue, ...] = ()) -> ComputePipeline:
+        """A raw SPIR-V module's pipeline from the cache, keyed by the module's hash (created
+        through the driver cache on first use; the SPIR-V itself is not stored)."""
+        request = PipelineRequest(SpirvModule(name, code), 0, local_size, tuple(spec_constants))
         return self.pipelines.pipeline(request)  # type: ignore[return-value]
 
     def close(self, save: bool = True) -> None:

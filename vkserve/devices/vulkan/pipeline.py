@@ -1,7 +1,8 @@
 """A compute pipeline and its layout objects, built from SPIR-V.
 
-Bindings are storage buffers 0..n-1; specialization constants 0..k-1 come from
-the caller and 233/234/235 carry the local size (the compiler injects
+Bindings 0..n-1 are storage buffers unless `descriptor_kinds` names a binding's kind
+(the dialect's samplers and storage images, from `reflect`); specialization constants
+0..k-1 come from the caller and 233/234/235 carry the local size (the compiler injects
 `local_size_{x,y,z}_id` for them, see devices.vulkan.compiler).
 """
 
@@ -13,10 +14,19 @@ from typing import Any
 
 from vkserve.devices.vulkan.context import VulkanContext, _track
 from vkserve.devices.vulkan.errors import vk_errors
+from vkserve.devices.vulkan.reflect import DescriptorKind
 
 LOCAL_SIZE_IDS = (233, 234, 235)
 
 SpecValue = int | float
+
+DESCRIPTOR_TYPES = {DescriptorKind.STORAGE_BUFFER: "VK_DESCRIPTOR_TYPE_STORAGE_BUFFER",
+                    DescriptorKind.SAMPLED_IMAGE: "VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER",
+                    DescriptorKind.STORAGE_IMAGE: "VK_DESCRIPTOR_TYPE_STORAGE_IMAGE"}
+
+
+def descriptor_type(vk: Any, kind: DescriptorKind) -> int:
+    return int(getattr(vk, DESCRIPTOR_TYPES[kind]))
 
 
 def pack_scalars(values: Sequence[SpecValue]) -> bytes:
@@ -40,10 +50,14 @@ class ComputePipeline:
         spec_constants: Sequence[SpecValue] = (),
         local_size: tuple[int, int, int] = (64, 1, 1),
         vk_pipeline_cache: Any = None,
+        descriptor_kinds: Sequence[DescriptorKind] = (),
     ) -> None:
         vk = ctx.vk
         self.ctx = ctx
         self.binding_count = binding_count
+        self.descriptor_kinds = tuple(
+            descriptor_kinds[i] if i < len(descriptor_kinds) else DescriptorKind.STORAGE_BUFFER
+            for i in range(binding_count))
         self.push_constant_size = push_constant_size
         self.local_size = local_size
         self.shader_module = self.set_layout = self.layout = self.handle = None
@@ -54,9 +68,9 @@ class ComputePipeline:
             _track("VkShaderModule", +1)
             bindings = [
                 vk.VkDescriptorSetLayoutBinding(
-                    binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    binding=i, descriptorType=descriptor_type(vk, kind),
                     descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                for i in range(binding_count)
+                for i, kind in enumerate(self.descriptor_kinds)
             ]
             with vk_errors("vkCreateDescriptorSetLayout"):
                 self.set_layout = vk.vkCreateDescriptorSetLayout(

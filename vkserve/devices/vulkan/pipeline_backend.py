@@ -12,16 +12,16 @@ from vkserve.cache.pipeline_cache import PipelineRequest, ShaderSource
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.context import VulkanContext, _track
+from vkserve.devices.vulkan.driver_quirks import broken_pipeline_cache
 from vkserve.devices.vulkan.errors import check, vk_errors
 from vkserve.devices.vulkan.pipeline import ComputePipeline
 from vkserve.devices.vulkan.reflect import reflect
+from vkserve.devices.vulkan.shader_options import ShaderOptions
 
 log = logging.getLogger(__name__)
 
-# Option bits of the SPIR-V cache key (bit 0 packed, bit 1 storage, bit 2 arithmetic).
-OPTION_BITS = {Precision.FP32: 0b000, Precision.FP16_PACKED: 0b001,
-               Precision.FP16_STORAGE: 0b010, Precision.FP16_ARITHMETIC: 0b110}
-PRECISION_OF_BITS = {bits: p for p, bits in OPTION_BITS.items()}
+# Option bits of the SPIR-V cache key of each mode (ShaderOptions.bits).
+OPTION_BITS = {p: ShaderOptions.for_precision(p).bits for p in Precision}
 
 
 class VulkanPipelineBackend:
@@ -30,21 +30,29 @@ class VulkanPipelineBackend:
         self.identity = DeviceIdentity.from_caps(ctx.caps)
         self.subgroup_size = ctx.caps.subgroup_size
         self.handle: Any = None
+        # Set on a driver whose pipeline cache is known broken: then no VkPipelineCache.
+        self.driver_cache_bypass = broken_pipeline_cache(ctx.caps)
         # The driver cache is internally synchronised for pipeline creation and data reads;
         # the lock only keeps its destruction from racing a read.
         self._lock = threading.Lock()
 
     def compile(self, shader: ShaderSource, option_bits: int) -> bytes:
         return compile_glsl(shader.source, caps=self.ctx.caps,
-                            precision=PRECISION_OF_BITS[option_bits],
+                            precision=ShaderOptions.from_bits(option_bits),
                             name=f"{shader.shader_id}.comp")
 
     def create_pipeline(self, spirv: bytes, request: PipelineRequest) -> ComputePipeline:
         layout = reflect(spirv)
         return ComputePipeline(self.ctx, spirv, layout.binding_count, layout.push_constant_size,
-                               request.spec_constants, request.local_size, self.handle)
+                               request.spec_constants, request.local_size, self.handle,
+                               [layout.kind(i) for i in range(layout.binding_count)])
 
     def open_driver_cache(self, initial_data: bytes) -> None:
+        if self.driver_cache_bypass is not None:
+            log.warning("device %d (%s): not using the driver's pipeline cache: %s "
+                        "(metric vkserve_pipeline_cache_errors_total{op=\"driver_bypass\"})",
+                        self.ctx.caps.index, self.ctx.caps.name, self.driver_cache_bypass.reason)
+            return
         vk = self.ctx.vk
         data = vk.ffi.from_buffer(initial_data) if initial_data else None
         info = vk.VkPipelineCacheCreateInfo(initialDataSize=len(initial_data),
@@ -54,6 +62,8 @@ class VulkanPipelineBackend:
         _track("VkPipelineCache", +1)
 
     def driver_cache_data(self) -> bytes:
+        if self.handle is None:  # bypassed (or closed): nothing to save
+            return b""
         vk = self.ctx.vk
         ffi, lib = vk.ffi, vk.lib
         size = ffi.new("size_t*")

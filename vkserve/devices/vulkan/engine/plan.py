@@ -39,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import importlib
+import itertools
 import logging
 import math
 import os
@@ -65,6 +66,7 @@ from vkserve.models.graph import Graph, Layer, infer_shapes
 from vkserve.models.layers import Shape
 
 if TYPE_CHECKING:
+    from vkserve.devices.progress import ProgressFn
     from vkserve.devices.vulkan.device import VulkanDevice
 
 log = logging.getLogger(__name__)
@@ -203,7 +205,7 @@ class Plan:
                  input_shapes: Mapping[str, Sequence[int]] | None = None,
                  precision: Precision = Precision.FP32,
                  outputs: Sequence[str] | None = None, max_instances: int = 4,
-                 tuned: bool = True) -> None:
+                 tuned: bool = True, progress: ProgressFn | None = None) -> None:
         t0 = time.perf_counter()
         self.use_tuning = tuned  # local sizes from the device's tuning file (engine.tuning)
         load_layer_modules()
@@ -233,7 +235,7 @@ class Plan:
         self._closed = False
         compiles_before = device.pipelines.stats.glsl_compiles
         try:
-            self._compile(graph)
+            self._compile(graph, progress)
             self.pool.add_reclaimer(self.drop_idle)
         except BaseException:
             self._release_weights()
@@ -249,7 +251,7 @@ class Plan:
         return cls is not None and (usable is None or bool(usable(
             self.ctx.caps, layer, [self.blob_shapes[b] for b in layer.inputs])))
 
-    def _compile(self, graph: Graph) -> None:
+    def _compile(self, graph: Graph, progress: ProgressFn | None) -> None:
         layers = graph.layers
         k = _split_tail(layers, self._on_vulkan)
         body, tail_layers = layers[:k], layers[k:]
@@ -271,6 +273,7 @@ class Plan:
                 vl = VULKAN_LAYERS[layer.type](
                     layer, [self.blob_shapes[b] for b in layer.inputs],
                     [self.blob_shapes[b] for b in layer.outputs], self.precision)
+                vl.specialize(self.ctx.caps)
             except UnsupportedError as e:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
@@ -296,7 +299,7 @@ class Plan:
         self.readback_names = needed
         self._lay_out(vlayers, needed)
         self._upload_weights(vlayers)
-        self._resolve(vlayers)
+        self._resolve(vlayers, progress)
 
     def _padded_bytes(self, shape: Shape) -> int:
         """Blobs take whole vec4s so that vec4 shaders never touch a neighbour's bytes."""
@@ -465,8 +468,10 @@ class Plan:
                 offset = align_up(offset + nbytes, STAGING_ALIGN)
         self.staging_bytes = max(offset, STAGING_ALIGN)
 
-    def _resolve(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> None:
-        """Pipelines, bindings, push constants, group counts and barriers of every dispatch."""
+    def _resolve(self, vlayers: list[tuple[Layer, VulkanLayer | None]],
+                 progress: ProgressFn | None) -> None:
+        """Pipelines, bindings, push constants, group counts and barriers of every dispatch;
+        ``progress`` hears of each pipeline built (from the pool's threads)."""
         self._stage()
         todo: list[tuple[int, Layer, Dispatch]] = []
         if self.input_dtype != self.dtype:  # the first dispatches convert the inputs
@@ -494,9 +499,16 @@ class Plan:
         requests = sorted({(d.shader, d.local_size, tuple(d.spec_constants)) for _, _, d in todo},
                           key=repr)
         workers = max(1, min(8, os.cpu_count() or 1, len(requests)))
+        finished = itertools.count(1)
+
+        def build(r: tuple[str, Any, tuple[Any, ...]]) -> ComputePipeline:
+            pipeline = self.device.pipeline(r[0], self.precision, r[1], r[2])
+            if progress is not None:
+                progress(next(finished), len(requests), r[0])
+            return pipeline
+
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-            built = dict(zip(requests, ex.map(
-                lambda r: self.device.pipeline(r[0], self.precision, r[1], r[2]), requests)))
+            built = dict(zip(requests, ex.map(build, requests)))
         self.steps: list[Step] = []
         pending_reads: list[tuple[int, int]] = []
         pending_writes: list[tuple[int, int]] = []

@@ -16,11 +16,12 @@ import concurrent.futures
 import dataclasses
 import os
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from vkserve.devices.progress import ProgressFn
 from vkserve.devices.vulkan.descriptors import DescriptorPool
 from vkserve.devices.vulkan.engine.plan import Plan, PlanInstance, Step
 from vkserve.devices.vulkan.engine.profile import DispatchProfiler
@@ -111,7 +112,7 @@ def _measure(plan: Plan, instance: PlanInstance, step: Step, dispatch: Dispatch,
 
 def tune_plan(plan: Plan, inputs: Mapping[str, np.ndarray], table: TuningTable,
               mode: str = "normal", runs: int = 5, warmup: int = 1, margin: float = 0.03,
-              progress: Callable[[DispatchResult], None] | None = None) -> list[DispatchResult]:
+              progress: ProgressFn | None = None) -> list[DispatchResult]:
     """Tune every distinct tunable dispatch of `plan` and record the winners in `table`.
 
     The plan's inputs are run once first so the buffers hold realistic values. A candidate
@@ -121,7 +122,8 @@ def tune_plan(plan: Plan, inputs: Mapping[str, np.ndarray], table: TuningTable,
 
     The candidate pipelines stay alive in the device's PipelineCache until the device closes,
     and many live pipelines slow every dispatch on some drivers (3.7x on an H100 with 600):
-    tune on a device of its own and close it with save=False (`vkserve tune` does)."""
+    tune on a device of its own and close it with save=False (`vkserve tune` does).
+    ``progress`` hears of each distinct dispatch tuned."""
     if runs < 1 or warmup < 0 or margin < 0:
         raise ValueError("runs >= 1, warmup >= 0 and margin >= 0 required")
     limits = limits_for(plan.device)
@@ -154,13 +156,13 @@ def tune_plan(plan: Plan, inputs: Mapping[str, np.ndarray], table: TuningTable,
                                     len(ks))
             results.append(result)
             if progress is not None:
-                progress(result)
+                progress(len(results), len(groups), step.label)
     return results
 
 
 def summarize(results: Iterable[DispatchResult]) -> dict[str, Any]:
     """Totals weighted by how often each dispatch occurs in the plan."""
     rs = list(results)
-    return {"dispatches_tuned": len(rs), "improved": sum(r.improved for r in rs),
+    return {"dispatches_measured": len(rs), "dispatches_improved": sum(r.improved for r in rs),
             "default_ms": sum(r.default_ms * r.occurrences for r in rs),
             "best_ms": sum(r.best_ms * r.occurrences for r in rs)}

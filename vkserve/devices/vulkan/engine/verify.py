@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from vkserve.devices.capabilities import DeviceKind
+from vkserve.devices.names import device_name
+from vkserve.devices.progress import Progress
 from vkserve.devices.reference import VerifyReport, verify_outputs
 from vkserve.devices.vulkan.engine import load_plan
 from vkserve.models.graph import Graph
@@ -19,15 +22,20 @@ from vkserve.models.graph import Graph
 def verify_vulkan(graph: Graph, param_path: str | os.PathLike[str],
                   bin_path: str | os.PathLike[str] | None, inputs: Mapping[str, np.ndarray],
                   device_index: int, precision: str, cache_dir: Path | None = None, *,
-                  reduced: bool = False) -> VerifyReport:
+                  reduced: bool = False, progress: Progress | None = None) -> VerifyReport:
     """Run ``graph`` on Vulkan device ``device_index`` and through ncnn; ``reduced``: judge fp16
-    against ncnn's fp16 run too (`verify_outputs`)."""
+    against ncnn's fp16 run too (`verify_outputs`); ``progress`` hears of each stage and of the
+    Plan's pipelines."""
+    name = device_name(DeviceKind.VULKAN, device_index)
 
     def run(names: list[str]) -> tuple[dict[str, np.ndarray], str, str]:
+        if progress is not None:
+            progress.stage(f"building the Vulkan Plan on {name}")
         with load_plan(graph, device_index, precision, {n: a.shape for n, a in inputs.items()},
-                       names, cache_dir) as loaded:
-            return (loaded.plan.run(inputs), f"vulkan:{device_index} ({loaded.device.caps.name})",
-                    loaded.plan.precision.value)
+                       names, cache_dir, progress) as loaded:
+            if progress is not None:
+                progress.stage(f"running the Plan on {name} ({loaded.device.caps.name})")
+            return loaded.plan.run(inputs), name, loaded.plan.precision.value
 
     return verify_outputs(graph, param_path, bin_path, inputs, precision, run, reduced=reduced,
-                          vulkan_device=device_index)
+                          vulkan_device=device_index, progress=progress)

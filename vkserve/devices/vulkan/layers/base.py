@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from vkserve.devices.capabilities import Precision
+from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.models.graph import Layer
 from vkserve.models.layers import Shape
 
@@ -50,6 +50,10 @@ class VulkanLayer:
         self.in_shapes = list(in_shapes)
         self.out_shapes = list(out_shapes)
         self.precision = precision
+
+    def specialize(self, caps: DeviceCaps) -> None:
+        """Choices that depend on the device (not only on shapes and precision), made once by
+        the Plan before it asks for weights and dispatches; most layers have none."""
 
     def weights(self) -> dict[str, np.ndarray]:
         """float32 arrays to upload once (the executor converts to the storage type)."""

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vkserve.devices.capabilities import Precision
+from vkserve.devices.capabilities import DeviceCaps, Precision
+from vkserve.devices.vulkan.coopmat import coopmat_requested, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
 from vkserve.models.graph import Layer
@@ -97,6 +98,20 @@ def choose_gemm_tile(m: int, n: int, k: int, groups: int) -> GemmTile | None:
     return min(fits, key=lambda t: (t.cost(m, n, k, groups), t.ks), default=None)
 
 
+COOP_TILES = tuple((fm, fn) for fm in (1, 2, 4) for fn in (1, 2))  # conv_coopmat's FM x FN
+COOP_BK = 32  # conv_coopmat's rows of K per step
+
+
+def choose_coop_tile(m: int, n: int, k: int, groups: int) -> tuple[int, int]:
+    """conv_coopmat's (FM, FN): a BM = 32 FM by BN = 64 FN tile per 256-invocation work group.
+    The smallest whose grid fits: on an H100 the 32 x 64 tile beat 64 x 128 and 128 x 128 on
+    every layer of vgg16 and mobilenet_v2 (benchmarks/vulkan_vs_torch.py --coop-tile), the
+    kernel being bound by how many work groups hide each other's load latency, not by the
+    products (`k` does not change the choice)."""
+    fits = [t for t in COOP_TILES if _ceil(n, 64 * t[1]) <= MAX_GROUPS and _ceil(m, 32 * t[0]) <= MAX_GROUPS]
+    return min(fits, key=lambda t: t[0] * t[1])
+
+
 @register("Convolution", "ConvolutionDepthWise")
 class VulkanConvolution(VulkanLayer):
     """Picks the shader (``kind``) and lays the weights out for it once, at construction."""
@@ -119,23 +134,38 @@ class VulkanConvolution(VulkanLayer):
             if self.groups == 1 or self.ocg >= 8:
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
-        weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
-        bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
-                else np.zeros(oc, np.float32))
-        self._weights = self._layout(weight, bias, maxk)
+        self.coop_tile: tuple[int, int] | None = None
+
+    def specialize(self, caps: DeviceCaps) -> None:
+        """On tensor-core devices in the fp16 modes, with VKSERVE_COOPMAT=1 (vulkan.coopmat),
+        the conv_gemm layers big enough to fill 16 x 16 x 16 products run as conv_coopmat."""
+        k = self.icg * self.params.kernel_h * self.params.kernel_w
+        if (self.kind == "conv_gemm" and self.ocg >= 16 and k >= COOP_BK and fp16_coopmat(caps, self.precision)
+                and coopmat_requested()):
+            self.kind = "conv_coopmat"
+            self.coop_tile = choose_coop_tile(self.ocg, self.outh * self.outw, k, self.groups)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        p = self.params
+        weight = np.asarray(self.layer.weights[0], dtype=np.float32).ravel()
+        bias = (np.asarray(self.layer.weights[1], dtype=np.float32).ravel() if p.bias_term
+                else np.zeros(self.out_shapes[0][0], np.float32))
+        return self._layout(weight, bias, p.kernel_h * p.kernel_w)
 
     def _layout(self, weight: np.ndarray, bias: np.ndarray, maxk: int) -> dict[str, np.ndarray]:
         if self.kind == "convdw":
             return {"weight": weight, "bias": bias}
         g, icg, ocg = self.groups, self.icg, self.ocg
+        if self.kind == "conv_coopmat":
+            kpad, mpad = self._padded_km()
+            a = np.zeros((g, mpad, kpad), np.float32)
+            a[:, :ocg, :icg * maxk] = weight.reshape(g, ocg, icg * maxk)
+            return {"weight": a.ravel(), "bias": bias}
         if self.kind == "conv_gemm":
-            assert self.tile is not None
             k = icg * maxk
-            kpad = _ceil(k, self.tile.bk * self.tile.ks) * self.tile.bk * self.tile.ks
-            mpad = _ceil(ocg, self.tile.bm) * self.tile.bm
+            kpad, mpad = self._padded_km()
             a = np.zeros((g, kpad, mpad), np.float32)
             a[:, :k, :ocg] = weight.reshape(g, ocg, k).transpose(0, 2, 1)
-            self.kpad, self.mpad = kpad, mpad
             return {"weight": a.ravel(), "bias": bias}
         tiles = _tiles(ocg)
         wt = np.zeros((g, tiles * 4, icg, maxk), np.float32)
@@ -146,23 +176,37 @@ class VulkanConvolution(VulkanLayer):
         bt[:, :ocg] = bias.reshape(g, ocg)
         return {"weight": np.ascontiguousarray(wt).ravel(), "bias": bt.ravel()}
 
-    def weights(self) -> dict[str, np.ndarray]:
-        return dict(self._weights)
+    def _padded_km(self) -> tuple[int, int]:
+        """The GEMM kinds' weight matrix size per group (K rows, M columns), padded to whole
+        tiles so that the shaders read it without bounds checks."""
+        k = self.icg * self.params.kernel_h * self.params.kernel_w
+        if self.kind == "conv_coopmat":
+            assert self.coop_tile is not None
+            return _ceil(k, COOP_BK) * COOP_BK, _ceil(self.ocg, 32 * self.coop_tile[0]) * 32 * self.coop_tile[0]
+        assert self.tile is not None
+        step = self.tile.bk * self.tile.ks
+        return _ceil(k, step) * step, _ceil(self.ocg, self.tile.bm) * self.tile.bm
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
         c, h, w = self.in_shapes[0]
         oc, outh, outw = self.out_shapes[0]
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias")
-        if self.kind == "conv_gemm":
-            t = self.tile
-            assert t is not None
+        if self.kind in ("conv_gemm", "conv_coopmat"):
+            kpad, mpad = self._padded_km()
             psc = (w, h, outw, outh, self.icg, self.ocg, p.kernel_w, p.kernel_h, p.dilation_w,
                    p.dilation_h, p.stride_w, p.stride_h, self.pad_left, self.pad_top,
-                   float(p.pad_value), self.kpad, self.mpad)
-            gsize = (_ceil(outw * outh, t.bn) * GEMM_THREADS, self.mpad // t.bm, self.groups)
-            return [make_dispatch("conv_gemm", bindings, gsize, psc=psc,
-                                  fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation,
+                   float(p.pad_value), kpad, mpad)
+            if self.kind == "conv_coopmat":
+                assert self.coop_tile is not None
+                fm, fn = self.coop_tile
+                bm, bn, tile_constants = 32 * fm, 64 * fn, (fm, fn)
+            else:
+                t = self.tile
+                assert t is not None
+                bm, bn, tile_constants = t.bm, t.bn, (t.bm, t.bn, t.ks, t.bk)
+            gsize = (_ceil(outw * outh, bn) * GEMM_THREADS, mpad // bm, self.groups)
+            return [make_dispatch(self.kind, bindings, gsize, psc=psc, fixed=tile_constants + self.activation,
                                   local_size=(GEMM_THREADS, 1, 1))]
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,

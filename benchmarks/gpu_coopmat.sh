@@ -1,0 +1,14 @@
+# Issue 17 on the GPU machine: the tensor-core convolutions (conv_coopmat.comp) checked against
+# ncnn layer by layer and model by model, then timed against PyTorch (cuDNN, CUDA graph).
+# Each step has its own time limit; the log is in $OUT/coopmat.log.
+. benchmarks/gpu_env.sh
+exec > >(tee "$OUT/coopmat.log") 2>&1
+python3 -m vkserve devices --json | python3 -c "import json,sys; [print(d.get('name'), 'coopmat shapes:', d.get('cooperative_matrix_shapes')) for d in json.load(sys.stdin)]"
+timeout 120 python3 -m pytest -q -x -p no:cacheprovider benchmarks/gpu_tests/test_coopmat.py -k "offers or 1x1-tails" 2>&1 | tail -15
+timeout 150 python3 -m pytest -q -p no:cacheprovider benchmarks/gpu_tests/test_coopmat.py 2>&1 | tail -15
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/devices/vulkan/test_vulkan_layers_compute.py -k convolution 2>&1 | tail -3
+for m in resnet50 vgg16 squeezenet; do
+  timeout 40 python3 -m vkserve verify tests/data/models/$m.param --device 0 --precision fp16 --cache-dir /tmp/vc --json 2>/dev/null |
+    python3 -c "import json,sys; d=json.load(sys.stdin); print(d['model'], d['precision'], 'ok' if d['ok'] else 'NOT OK', [(o['name'], round(o['cosine'], 6)) for o in d['outputs']])"
+done
+timeout 240 python3 benchmarks/vulkan_vs_torch.py --repeat 50 --json "$OUT/vulkan_vs_torch.json" "$@"

@@ -1,0 +1,68 @@
+"""conv_coopmat.comp (tensor-core convolutions) against ncnn, on a device that has them.
+
+Not part of the CI suite (lavapipe offers no VK_KHR_cooperative_matrix; pytest's testpaths is
+tests/): run on the GPU machine by benchmarks/gpu_coopmat.sh. A device without the extension
+fails here rather than skipping, so a run on the wrong machine cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import vkserve.devices.vulkan.layers.conv as conv_layers
+from tests.conftest import vulkan_caps, vulkan_ctx  # noqa: F401 (fixtures)
+from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spirv_for: a fixture)
+    CONV,
+    check_layer,
+    conv_line,
+    spirv_for,
+    write_param,
+)
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.coopmat import fp16_coopmat
+from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
+from vkserve.models.graph import load_model
+
+FP16 = [Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
+
+
+@pytest.fixture(autouse=True)
+def coopmat_on(monkeypatch):
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
+
+# every CONV case conv_coopmat takes (>= 16 output channels per group, K >= 32), and larger ones
+# with many K steps, several channel and pixel tiles, grouped and strided
+CASES = {
+    **{k: v for k, v in CONV.items() if k in ("gemm-1x1-tails", "gemm-3x3-deep", "gemm-5x3-stride-asym")},
+    "3x3-128-to-96": ("Convolution", (128, 30, 29), 96, "4=1 5=1 9=1", (3, 3), 1),
+    "1x1-512-to-200": ("Convolution", (512, 14, 13), 200, "5=1 9=2 -23310=1,0.1", (1, 1), 1),
+    "7x7-stride2": ("Convolution", (3, 61, 64), 64, "3=2 4=3 5=1 9=1", (7, 7), 1),
+    "grouped-32": ("ConvolutionDepthWise", (64, 17, 15), 64, "4=1 5=1 9=6 -23310=2,0.2,0.5", (3, 3), 2),
+    "dilated-pad-value": ("Convolution", (24, 19, 21), 40, "2=2 4=2 18=0.25 5=1", (3, 3), 1),
+}
+
+
+def test_device_offers_fp16_products(vulkan_caps):  # noqa: F811
+    assert fp16_coopmat(vulkan_caps, Precision.FP16_STORAGE), vulkan_caps.cooperative_matrix_shapes
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+@pytest.mark.parametrize("case", list(CASES))
+def test_coopmat_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision):  # noqa: F811
+    kind, shape, out, params, k, group = CASES[case]
+    line = conv_line(kind, shape[0], out, params, k, group)
+    write_param(tmp_path / "choice.param", {"data": shape}, line)
+    graph = load_model(tmp_path / "choice.param", None, {"data": shape}, seed=7)
+    vl = VULKAN_LAYERS[kind](graph.layers[-1], [shape], [graph.blob_shapes["out"]], precision)
+    vl.specialize(vulkan_ctx.caps)
+    assert [d.shader for d in vl.dispatches()] == ["conv_coopmat"]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, line, {"data": shape}, precision)
+
+
+@pytest.mark.parametrize("tile", conv_layers.COOP_TILES, ids=lambda t: f"fm{t[0]}fn{t[1]}")
+@pytest.mark.parametrize("case", ["gemm-1x1-tails", "3x3-128-to-96", "grouped-32"])
+def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile):  # noqa: F811
+    monkeypatch.setattr(conv_layers, "choose_coop_tile", lambda *shape: tile)
+    kind, shape, out, params, k, group = CASES[case]
+    check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
+                {"data": shape}, Precision.FP16_STORAGE)
