@@ -1,32 +1,36 @@
-"""Sync and trio clients against an in-test fake server built on the sans-I/O layer.
+"""The sync client and the AsyncClient (under asyncio and under trio) against an in-test fake
+server built on the sans-I/O layer.
 
 No daemon is involved: ``FakeServer`` turns received bytes into response bytes, and thin
-drivers run it over a real socketpair (thread) or trio socket stream.
+drivers run it over a real socketpair (thread) or an anyio Unix/TCP listener.
 """
 
 from __future__ import annotations
 
-import functools
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import numpy as np
 import pytest
-import trio
 
 import vkserve.client.connection
 from vkserve.client import (
+    AsyncClient,
     Client,
+    ConnectFailed,
     ConnectionClosed,
     DeadlineExceeded,
     DeviceError,
     NotFound,
     Overloaded,
     RequestCancelled,
+    RetryPolicy,
     ServerError,
-    TrioClient,
     Unauthenticated,
 )
 from vkserve.client.protocol import (
@@ -56,7 +60,8 @@ class FakeServer:
     ``double``: y = 2*x, held until ``hold`` such requests arrived, then all answered in
     descending id order (proves clients match responses by id; threads may send their
     requests in any order, so arrival order is not id order); ``hang``: never answered until
-    cancelled; ``error:CODE``: fails with CODE.
+    cancelled; ``error:CODE``: fails with CODE; ``busy:N``: OVERLOADED to the first N tries
+    (``tries`` records each try's timeout), then y = 2*x.
     """
 
     def __init__(self, hold: int = 1, token: str | None = None) -> None:
@@ -70,6 +75,7 @@ class FakeServer:
         self.token = token
         self.authed = token is None
         self.hung = threading.Event()  # set once a "hang" request arrived
+        self.tries: list[float | None] = []  # the timeout each busy:N try carried
 
     def receive(self, data: bytes) -> bytes:
         self.decoder.feed(data)
@@ -94,6 +100,11 @@ class FakeServer:
                 self.hung_ids.append(req.id)
                 self.hung.set()
                 return []
+            case InferRequest(model=model) if model.startswith("busy:"):
+                self.tries.append(req.timeout)
+                if len(self.tries) <= int(model.removeprefix("busy:")):
+                    return [Response.failure(req.id, ErrorCode.OVERLOADED, "queue full")]
+                return [Response.success(req.id, encode_infer_result({"y": req.inputs["x"] * 2}))]
             case InferRequest(model=model) if model.startswith("error:"):
                 code = ErrorCode(model.removeprefix("error:"))
                 return [Response.failure(req.id, code, f"scripted {model}")]
@@ -308,148 +319,288 @@ def test_sync_connect_tcp_with_token(token: str | None, monkeypatch: pytest.Monk
     thread.join(5)
 
 
-# ============================================================================ trio client
+def test_sync_retries_overloaded_with_backoff(sync_server: tuple[Client, FakeServer]) -> None:
+    c, server = sync_server
+    with pytest.raises(Overloaded):  # retries are opt-in
+        c.infer("busy:1", {"x": np.ones(2)})
+    server.tries.clear()
+    c.retry = RetryPolicy(attempts=3, backoff=0.001, jitter=0)
+    reply = c.infer_detailed("busy:2", {"x": np.ones(2)}, timeout=60)
+    assert reply.attempts == 3 and reply.outputs["y"].tolist() == [2, 2]
+    # every try carried what was left of the call's timeout, never more
+    assert len(server.tries) == 3 and all(t is not None and 0 < t <= 60 for t in server.tries)
+    assert server.tries == sorted(server.tries, reverse=True)
+    server.tries.clear()
+    with pytest.raises(Overloaded):  # out of retries: the last OVERLOADED is raised
+        c.infer("busy:9", {"x": np.ones(2)})
+    assert len(server.tries) == 4
 
 
-async def serve_trio(
-    stream: trio.SocketStream,
-    server: FakeServer,
-    task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve until EOF; cancelling the scope handed to ``task_status`` hangs up on the client."""
+def test_sync_default_timeout_applies_to_every_call(no_grace: None) -> None:
+    server = FakeServer()
+    a, b = socket.socketpair()
+    thread = threading.Thread(target=serve_blocking, args=(b, server), daemon=True)
+    thread.start()
+    with Client(a, timeout=0.05) as c:
+        with pytest.raises(DeadlineExceeded, match=r"no answer from the server within 0\.1 s \(infer\)"):
+            c.infer("hang", {"x": np.zeros(1)})  # 0.05 s and the (shortened) grace
+        assert c.infer("double", {"x": np.ones(1)}, timeout=None)["y"].tolist() == [2]
+        assert server.hanging == {} and server.cancels == server.hung_ids  # cancelled in time
+    thread.join(5)
+
+
+def test_sync_connect_failures_are_client_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConnectFailed, match=r"unix:.*missing\.sock: No such file"):
+        Client.connect(tmp_path / "missing.sock")
+    dead = tmp_path / "dead.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(dead))
+    listener.close()  # the file stays, nobody listens: what a killed daemon leaves
+    with pytest.raises(ConnectFailed, match="refused"):
+        Client.connect(dead)
+    port_holder = socket.create_server(("127.0.0.1", 0))
+    port = port_holder.getsockname()[1]
+    port_holder.close()
+    with pytest.raises(ConnectFailed, match=rf"tcp://127\.0\.0\.1:{port}"):
+        Client.connect(f"127.0.0.1:{port}", token="t")
+
+
+# ============================================================================ async client
+# Each test runs under asyncio and under trio: one implementation (anyio) for both.
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def run(backend: str, main: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(main, backend=backend)
+
+
+async def serve_async(stream: anyio.abc.ByteStream, server: FakeServer) -> None:
+    """Serve until EOF (or until cancelled: the stream is closed, the client sees EOF)."""
     async with stream:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            while data := await stream.receive_some(65536):
-                if out := server.receive(data):
-                    await stream.send_all(out)
+        while True:
+            try:
+                data = await stream.receive(65536)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            if out := server.receive(data):
+                await stream.send(out)
 
 
-async def trio_pair(nursery: trio.Nursery, server: FakeServer) -> tuple[trio.SocketStream, trio.CancelScope]:
-    a, b = trio.socket.socketpair()
-    hang_up = await nursery.start(serve_trio, trio.SocketStream(b), server)
-    return trio.SocketStream(a), hang_up
+@asynccontextmanager
+async def serving(listener: anyio.abc.Listener[anyio.abc.SocketStream],
+                  handle: Callable[[anyio.abc.SocketStream], Awaitable[None]]) -> AsyncIterator[None]:
+    """Accept and ``handle`` connections for the block; then stop accepting and let the
+    handlers end at their clients' EOF (cancelling a receive as data arrives makes anyio's
+    asyncio backend log an InvalidStateError)."""
+    async with anyio.create_task_group() as tasks:
+        accepting = anyio.CancelScope()
+
+        async def accept() -> None:
+            with accepting:
+                await listener.serve(handle, task_group=tasks)
+
+        tasks.start_soon(accept)
+        yield
+        accepting.cancel()
 
 
-async def test_trio_many_tasks_multiplexed_out_of_order(nursery: trio.Nursery) -> None:
+@asynccontextmanager
+async def fake_daemon(path: Path, server: FakeServer) -> AsyncIterator[anyio.CancelScope]:
+    """``server`` behind a Unix listener at ``path``; cancelling the scope it yields hangs up
+    on the (one) connected client."""
+    hang_up = anyio.CancelScope()
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        with hang_up:
+            await serve_async(stream, server)
+
+    async with serving(await anyio.create_unix_listener(path), handle):
+        yield hang_up
+
+
+def test_async_many_tasks_multiplexed_out_of_order(backend: str, tmp_path: Path) -> None:
     server = FakeServer(hold=16)
-    stream, _ = await trio_pair(nursery, server)
     results: dict[int, np.ndarray] = {}
-    async with TrioClient.open(stream) as c:
 
-        async def one(i: int) -> None:
-            results[i] = (await c.infer("double", {"x": np.full((2, 2), i, dtype=np.int32)}))["y"]
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", server), \
+                AsyncClient.connect(tmp_path / "vk.sock") as c:
 
-        async with trio.open_nursery() as inner:
-            for i in range(16):
-                inner.start_soon(one, i)
+            async def one(i: int) -> None:
+                results[i] = (await c.infer("double", {"x": np.full((2, 2), i, dtype=np.int32)}))["y"]
+
+            async with anyio.create_task_group() as tasks:
+                for i in range(16):
+                    tasks.start_soon(one, i)
+
+    run(backend, main)
     assert sorted(results) == list(range(16))
     for i, y in results.items():
         np.testing.assert_array_equal(y, np.full((2, 2), 2 * i, dtype=np.int32))
     assert server.answer_order == sorted(server.answer_order, reverse=True)
 
 
-async def test_trio_large_tensor_and_other_ops(nursery: trio.Nursery) -> None:
-    stream, _ = await trio_pair(nursery, FakeServer())
+def test_async_large_tensor_and_other_ops(backend: str, tmp_path: Path) -> None:
     x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
-    async with TrioClient.open(stream) as c:
-        out = await c.infer("double", {"x": x.T})
-        np.testing.assert_array_equal(out["y"], x.T * 2)
-        assert c._shm is None  # the server refused the region: inline from then on
-        assert await c.models() == [{"name": "double", "state": "ready"}]
-        assert (await c.status())["devices"][0]["name"] == "cpu"
-        assert await c.load_model("m") == {"name": "m", "devices": None}
-        assert await c.unload_model("m") == {"name": "m"}
-        assert await c.ping() >= 0
+
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", FakeServer()), \
+                AsyncClient.connect(tmp_path / "vk.sock") as c:
+            out = await c.infer("double", {"x": x.T})
+            np.testing.assert_array_equal(out["y"], x.T * 2)
+            # the server refused the region (sent with SCM_RIGHTS): inline from then on
+            assert c._shm is not None and c._shm.off is not None and "inline" in c._shm.off
+            assert c._shm.regions == []
+            assert await c.models() == [{"name": "double", "state": "ready"}]
+            assert (await c.status())["devices"][0]["name"] == "cpu"
+            assert await c.load_model("m") == {"name": "m", "devices": None}
+            assert await c.unload_model("m") == {"name": "m"}
+            assert await c.ping() >= 0
+            with pytest.raises(NotFound):
+                await c.load_model("nope")
+
+    run(backend, main)
 
 
 @pytest.mark.parametrize(
     ("code", "cls"), [(ErrorCode.OVERLOADED, Overloaded), (ErrorCode.NOT_FOUND, NotFound)]
 )
-async def test_trio_error_mapping(nursery: trio.Nursery, code: ErrorCode, cls: type) -> None:
-    stream, _ = await trio_pair(nursery, FakeServer())
-    async with TrioClient.open(stream) as c:
-        with pytest.raises(cls) as info:
-            await c.infer(f"error:{code}", {"x": np.zeros(1)})
-        assert info.value.code is code
+def test_async_error_mapping(backend: str, tmp_path: Path, code: ErrorCode, cls: type) -> None:
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", FakeServer()), \
+                AsyncClient.connect(tmp_path / "vk.sock") as c:
+            with pytest.raises(cls) as info:
+                await c.infer(f"error:{code}", {"x": np.zeros(1)})
+            assert info.value.code is code
+
+    run(backend, main)
 
 
-async def test_trio_cancel_sends_cancel_op(nursery: trio.Nursery) -> None:
+def test_async_cancel_sends_cancel_op(backend: str, tmp_path: Path) -> None:
     server = FakeServer()
-    stream, _ = await trio_pair(nursery, server)
-    async with TrioClient.open(stream) as c:
-        with trio.move_on_after(5) as scope:
-            async with trio.open_nursery() as inner:
+
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", server), \
+                AsyncClient.connect(tmp_path / "vk.sock") as c:
+            async with anyio.create_task_group() as inner:
                 inner.start_soon(c.infer, "hang", {"x": np.zeros(1)})
                 while not server.hung.is_set():
-                    await trio.sleep(0.001)
+                    await anyio.sleep(0.001)
                 inner.cancel_scope.cancel()
-        assert not scope.cancelled_caught
-        await c.ping()  # the cancel frame went out before this ping: the server has seen it
-        assert server.cancels == server.hung_ids and len(server.hung_ids) == 1
-        assert server.hanging == {}
-        np.testing.assert_array_equal((await c.infer("double", {"x": np.ones(2)}))["y"], [2, 2])
+            await c.ping()  # the cancel frame went out before this ping: the server has seen it
+            assert server.cancels == server.hung_ids and len(server.hung_ids) == 1
+            assert server.hanging == {}
+            np.testing.assert_array_equal((await c.infer("double", {"x": np.ones(2)}))["y"], [2, 2])
+
+    run(backend, main)
 
 
-async def test_trio_deadline_without_answer_cancels(nursery: trio.Nursery, no_grace: None) -> None:
+def test_async_default_timeout_cancels_unanswered(backend: str, tmp_path: Path, no_grace: None) -> None:
     server = FakeServer()
-    stream, _ = await trio_pair(nursery, server)
-    async with TrioClient.open(stream) as c:
-        with pytest.raises(DeadlineExceeded, match="no answer"):
-            await c.infer("hang", {"x": np.zeros(1)}, timeout=0.05)
-        await c.ping()
-        assert server.cancels == server.hung_ids and len(server.hung_ids) == 1
-        assert server.hanging == {}
+
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", server), \
+                AsyncClient.connect(tmp_path / "vk.sock", timeout=0.05) as c:
+            with pytest.raises(DeadlineExceeded, match=r"no answer from the server within 0\.1 s"):
+                await c.infer("hang", {"x": np.zeros(1)})
+            await c.ping(timeout=None)
+            assert server.cancels == server.hung_ids and len(server.hung_ids) == 1
+            assert server.hanging == {}
+
+    run(backend, main)
 
 
-async def test_trio_connection_loss_fails_waiters(nursery: trio.Nursery) -> None:
+def test_async_retries_overloaded_with_backoff(backend: str, tmp_path: Path) -> None:
+    server = FakeServer()
+
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", server), \
+                AsyncClient.connect(tmp_path / "vk.sock",
+                                    retry=RetryPolicy(attempts=2, backoff=0.001, jitter=0)) as c:
+            reply = await c.infer_detailed("busy:2", {"x": np.ones(2)}, timeout=60)
+            assert reply.attempts == 3 and reply.outputs["y"].tolist() == [2, 2]
+            server.tries.clear()
+            with pytest.raises(Overloaded):
+                await c.infer("busy:5", {"x": np.ones(2)})
+            assert len(server.tries) == 3  # the first try and 2 retries
+            server.tries.clear()
+            # a retry that could not start before the call's timeout is not made
+            c.retry = RetryPolicy(attempts=5, backoff=30, max_backoff=30, jitter=0)
+            with pytest.raises(Overloaded):
+                await c.infer("busy:5", {"x": np.ones(2)}, timeout=10)
+            assert len(server.tries) == 1
+
+    run(backend, main)
+
+
+def test_async_connection_loss_fails_waiters(backend: str, tmp_path: Path) -> None:
     server = FakeServer(hold=100)
-    stream, hang_up = await trio_pair(nursery, server)
     failures: list[BaseException] = []
-    async with TrioClient.open(stream) as c:
 
-        async def one() -> None:
-            try:
-                await c.infer("double", {"x": np.zeros(1)})
-            except ConnectionClosed as exc:
-                failures.append(exc)
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", server) as hang_up, \
+                AsyncClient.connect(tmp_path / "vk.sock") as c:
 
-        async with trio.open_nursery() as inner:
-            for _ in range(3):
-                inner.start_soon(one)
-            while len(server.held) < 3:
-                await trio.sleep(0.001)
-            hang_up.cancel()
-        assert len(failures) == 3
-        with pytest.raises(ConnectionClosed):
-            await c.ping()
+            async def one() -> None:
+                try:
+                    await c.infer("double", {"x": np.zeros(1)})
+                except ConnectionClosed as exc:
+                    failures.append(exc)
 
+            async with anyio.create_task_group() as inner:
+                for _ in range(3):
+                    inner.start_soon(one)
+                while len(server.held) < 3:
+                    await anyio.sleep(0.001)
+                hang_up.cancel()
+            assert len(failures) == 3
+            with pytest.raises(ConnectionClosed):
+                await c.ping()
 
-async def test_trio_connect_unix_and_tcp_token(tmp_path: Path, nursery: trio.Nursery) -> None:
-    path = tmp_path / "vk.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    sock.listen()
-    unix_listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-    nursery.start_soon(trio.serve_listeners, lambda s: serve_trio(s, FakeServer()), [unix_listener])
-    async with TrioClient.connect(str(path)) as c:
-        assert await c.ping() >= 0
-
-    tcp_listeners = await nursery.start(
-        functools.partial(trio.serve_tcp, lambda s: serve_trio(s, FakeServer(token="t")), 0, host="127.0.0.1")
-    )
-    port = tcp_listeners[0].socket.getsockname()[1]
-    async with TrioClient.connect(f"tcp://127.0.0.1:{port}", token="t") as c:
-        assert (await c.infer("double", {"x": np.array([3])}))["y"].tolist() == [6]
-    with pytest.raises(Unauthenticated):
-        async with TrioClient.connect(f"127.0.0.1:{port}", token="x"):
-            pass
+    run(backend, main)
 
 
-async def test_trio_errors_leave_the_context_unwrapped(nursery: trio.Nursery) -> None:
-    stream, _ = await trio_pair(nursery, FakeServer())
-    with pytest.raises(Overloaded):  # not an ExceptionGroup from the client's internal nursery
-        async with TrioClient.open(stream) as c:
-            await c.infer("error:OVERLOADED", {"x": np.zeros(1)})
-    with pytest.raises(ConnectionClosed):
-        await c.ping()
+def test_async_connect_tcp_token_and_failures(backend: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with serving(listener, lambda s: serve_async(s, FakeServer(token="t"))):
+            async with AsyncClient.connect(f"tcp://127.0.0.1:{port}", token="t") as c:
+                assert (await c.infer("double", {"x": np.array([3])}))["y"].tolist() == [6]
+            with pytest.raises(Unauthenticated):
+                async with AsyncClient.connect(f"127.0.0.1:{port}", token="x"):
+                    pass
+        with pytest.raises(ConnectFailed, match=r"unix:.*missing\.sock: No such file"):
+            async with AsyncClient.connect(tmp_path / "missing.sock"):
+                pass
+        dead = tmp_path / "dead.sock"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(dead))
+        sock.close()
+        with pytest.raises(ConnectFailed, match="refused"):
+            async with AsyncClient.connect(dead):
+                pass
+        closed = socket.create_server(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+        closed.close()
+        with pytest.raises(ConnectFailed, match=rf"tcp://127\.0\.0\.1:{closed_port}: Connection refused"):
+            async with AsyncClient.connect(f"127.0.0.1:{closed_port}", token="t"):
+                pass
+
+    run(backend, main)
+
+
+def test_async_errors_leave_the_context_unwrapped(backend: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with fake_daemon(tmp_path / "vk.sock", FakeServer()):
+            with pytest.raises(Overloaded):  # not an ExceptionGroup from the client's task group
+                async with AsyncClient.connect(tmp_path / "vk.sock") as c:
+                    await c.infer("error:OVERLOADED", {"x": np.zeros(1)})
+            with pytest.raises(ConnectionClosed):
+                await c.ping()
+
+    run(backend, main)

@@ -516,7 +516,7 @@ def test_default_socket_path() -> None:
     assert str(default_socket_path({}, 1234)) == "/tmp/vkserve-1234/vkserve.sock"
     cands = client_socket_candidates({"VKSERVE_SOCKET": "/x.sock", "XDG_RUNTIME_DIR": "/r"}, 5)
     assert [str(p) for p in cands] == ["/x.sock", "/r/vkserve/vkserve.sock",
-                                       "/run/vkserve/vkserve.sock", "/run/vkserve.sock"]
+                                       "/run/vkserve/vkserve.sock"]
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ from tests.support.daemon import (
     status,
     wait_status,
 )
-from vkserve.client import BadRequestError, Client, DeadlineExceeded, NotFound, TrioClient, Unauthenticated
+from vkserve.client import AsyncClient, BadRequestError, Client, DeadlineExceeded, NotFound, Unauthenticated
 from vkserve.client.protocol import (
     Response,
     encode_frame,
@@ -99,9 +99,9 @@ def test_sync_client_digits_match_the_cpu_engine(daemon: Daemon) -> None:
             np.testing.assert_allclose(prob, ref, atol=2e-2)
 
 
-async def test_trio_client_many_in_flight(daemon: Daemon) -> None:
+async def test_async_client_many_in_flight(daemon: Daemon) -> None:
     results: dict[int, int] = {}
-    async with TrioClient.connect(f"unix:{daemon.socket}") as c:
+    async with AsyncClient.connect(f"unix:{daemon.socket}") as c:
 
         async def one(i: int) -> None:
             out = await c.infer("digits", {"data": sample(i % 10)}, priority=i % 3)

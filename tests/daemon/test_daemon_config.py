@@ -113,11 +113,33 @@ def test_device_test_hooks_parse() -> None:
 
     assert parse_test_hooks({}) == []
     hooks = parse_test_hooks({"VKSERVE_TEST_DEVICE_DELAY": "cpu=0.3, 0=0.05",
-                              "VKSERVE_TEST_DEVICE_FAULT": "1=2"})
-    assert hooks == [("delay", "cpu", 0.3), ("delay", "0", 0.05), ("fault", "1", 2.0)]
-    for bad in ("gpu=1", "cpu", "0=-1", "0=x"):
+                              "VKSERVE_TEST_DEVICE_FAULT": "1=2, 0=3@500"})
+    assert hooks == [("delay", "cpu", 0.3, 0), ("delay", "0", 0.05, 0), ("fault", "1", 2.0, 0),
+                     ("fault", "0", 3.0, 500)]
+    for bad in ("gpu=1", "cpu", "0=-1", "0=x", "0=1@5"):
         with pytest.raises(ConfigError, match="VKSERVE_TEST_DEVICE_DELAY"):
             parse_test_hooks({"VKSERVE_TEST_DEVICE_DELAY": bad})
+    for bad in ("0=1@x", "0=1@-2"):
+        with pytest.raises(ConfigError, match="NUMBER@RUNS"):
+            parse_test_hooks({"VKSERVE_TEST_DEVICE_FAULT": bad})
+
+
+def test_injected_fault_after_runs() -> None:
+    """``inject_fault(n, after)``: `after` runs pass, the next `n` fail as a lost device, the
+    rest pass."""
+    from vkserve.devices.vulkan.errors import VulkanError
+    from vkserve.scheduler.devices import DeviceHandle
+
+    h = DeviceHandle.cpu()
+    h.inject_fault(2, after=3)
+    outcomes = []
+    for _ in range(7):
+        try:
+            h.apply_hooks()
+            outcomes.append("ok")
+        except VulkanError as e:
+            outcomes.append(e.result)
+    assert outcomes == ["ok"] * 3 + ["VK_ERROR_DEVICE_LOST"] * 2 + ["ok"] * 2
 
 
 @pytest.mark.parametrize("where", ["repo", "root", "elsewhere"])
@@ -137,3 +159,18 @@ def test_example_command_path_is_usable_from_where_the_daemon_started(
     line = _example_command([info], repo, Path("/run/x.sock"), Path("/run/x.sock"))
     shown = "digits/samples/3.npy" if where == "repo" else str(sample)
     assert line == f"vkserve infer digits --input data={shown}"
+
+
+def test_example_command_suggests_a_ready_model() -> None:
+    """A model that failed to load is never suggested; with none ready, `vkserve models` says why."""
+    def info(name: str, state: ModelState) -> ModelInfo:
+        return ModelInfo(name=name, state=state, inputs={"x": [4]}, outputs={}, devices=[],
+                         placements=[], queue_depth=0, in_flight=0, queue_limit=1,
+                         precision="fp32", error="broken" if state is ModelState.FAILED else None)
+
+    sock = Path("/run/x.sock")
+    models = [info("bad", ModelState.FAILED), info("slow", ModelState.LOADING),
+              info("good", ModelState.READY)]
+    assert _example_command(models, None, sock, sock) == "vkserve infer good --random-input"
+    assert _example_command(models[:2], None, sock, sock) == "vkserve infer slow --random-input"
+    assert _example_command(models[:1], None, sock, sock) == "vkserve models"

@@ -45,7 +45,7 @@ from tests.support.daemon import (
     vkserve_cmd,
     wait_status,
 )
-from vkserve.client import Client, TrioClient
+from vkserve.client import AsyncClient, Client
 from vkserve.client.messages import InferReply, decode_infer_result
 from vkserve.client.protocol import Response, encode_frame, encode_tensors
 
@@ -67,8 +67,8 @@ HIGH, LOW = 5, 0
 # ------------------------------------------------------------------------------ load driver
 
 
-class CountingClient(TrioClient):
-    """The trio client, counting every request id it sends and every response id it reads
+class CountingClient(AsyncClient):
+    """The async client, counting every request id it sends and every response id it reads
     (the stock client drops an answer it no longer waits for, so a duplicate would be silent)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -76,9 +76,9 @@ class CountingClient(TrioClient):
         self.sent: list[int] = []
         self.answers: Counter[int] = Counter()
 
-    async def _call(self, request: Any, budget: float = float("inf")) -> Any:
+    async def _call(self, request: Any, *args: Any) -> Any:
         self.sent.append(request.id)
-        return await super()._call(request, budget)
+        return await super()._call(request, *args)
 
     def _dispatch(self, response: Response) -> None:
         self.answers[response.id] += 1
@@ -259,7 +259,7 @@ async def test_load_16_clients_two_models_two_priorities(load_daemon: Daemon) ->
 
     jobs = {job.n: job for jobs in plans for job in jobs}
     by_device = Counter(r.device for r in result.replies.values())
-    assert set(by_device) == {gpu["name"], cpu["name"]}, by_device
+    assert set(by_device) == {gpu["device"], cpu["device"]} == {"vulkan:0", "cpu"}, by_device
     # Under saturation, priority 5 jumps the queue: per model (each has its own device
     # here), its queue time is well below that of priority 0.
     report = {}
@@ -500,7 +500,7 @@ repository = "{repo}"
     # the jobs ran on the CPU (at most the runs that had started there before the fault
     # completed on the Vulkan device), and new work keeps going there
     on = Counter(r.device for r in result.replies.values())
-    assert on[cpu["name"]] >= total - FAULTS and on[gpu["name"]] <= FAULTS - totals["retried"], on
+    assert on[cpu["device"]] >= total - FAULTS and on[gpu["device"]] <= FAULTS - totals["retried"], on
     # the fault came under load: the clients' requests were queued behind the failing runs
     waited = sum(1 for r in result.replies.values() if r.queue_seconds > FAILOVER_DELAY_S / 2)
     assert waited >= FAILOVER_CLIENTS, waited
@@ -509,6 +509,6 @@ repository = "{repo}"
     more = make_jobs(4, 10, models=("digits",), high_share=0.5, seed=2)
     after = await drive(d, more, window=2)
     check_exactly_once_and_correct(more, after)
-    assert {r.device for r in after.replies.values()} == {cpu["name"]}
+    assert {r.device for r in after.replies.values()} == {cpu["device"]}
     assert "is unhealthy" in d.log_text() and "loading on" in d.log_text()
     assert d.stop() == 0, d.log_text()[-3000:]

@@ -4,9 +4,11 @@ scripted scheduler double."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
+import trio
 
 from vkserve.daemon.kserve.http_core import HEADER_LENGTH, HttpRequest, HttpResponse, answer, authorize
 from vkserve.daemon.kserve.service import KServeService
@@ -29,7 +31,9 @@ class FakeBackend:
     def __init__(self) -> None:
         self.infos = [model("digits"), model("broken", ModelState.FAILED, "no weights")]
         self.calls: list[dict[str, np.ndarray]] = []
+        self.scheduling: list[tuple[int | None, float | None]] = []  # (priority, deadline) per call
         self.fail: Exception | None = None
+        self.hang = False  # True: never answer (a scheduler that misses the deadline)
 
     def models(self) -> list[ModelInfo]:
         return list(self.infos)
@@ -38,7 +42,10 @@ class FakeBackend:
                     deadline: float | None = None, outputs: list[str] | None = None) -> InferResult:
         if self.fail is not None:
             raise self.fail
+        if self.hang:
+            await trio.sleep_forever()
         self.calls.append(inputs)
+        self.scheduling.append((priority, deadline))
         x = inputs["data"].astype(np.float32)
         if x.ndim == 4:  # a client batch
             prob = np.stack([np.full(10, item.sum(), np.float32) for item in x])
@@ -214,6 +221,43 @@ async def test_scheduler_errors_keep_their_code(host: FakeHost) -> None:
     host.draining = True
     r = await call(host, "POST", "/v2/models/digits/infer", body)
     assert r.status == 503 and "shutting down" in doc(r)["error"]
+
+
+async def test_triton_priority_and_timeout_become_the_scheduler_priority_and_deadline(host: FakeHost) -> None:
+    tensor = {"name": "data", "datatype": "FP32", "shape": [1, 8, 8], "data": [0] * 64}
+    url = "/v2/models/digits/infer"
+    assert (await call(host, "POST", url, {"inputs": [tensor]})).status == 200
+    assert (await call(host, "POST", url, {"inputs": [tensor], "parameters": {"priority": 0, "timeout": 0}})
+            ).status == 200
+    before = time.time()
+    r = await call(host, "POST", url, {"inputs": [tensor], "parameters": {"priority": 3, "timeout": 250_000}})
+    after = time.time()
+    assert r.status == 200
+    assert host.backend.scheduling[:2] == [(None, None), (None, None)]  # none given: the defaults
+    priority, deadline = host.backend.scheduling[2]
+    assert priority == -3  # level 3 below level 1 and 2: the scheduler runs higher first
+    assert deadline is not None and before + 0.25 <= deadline <= after + 0.25
+
+
+async def test_a_missed_timeout_is_504_even_when_the_scheduler_does_not_answer(host: FakeHost) -> None:
+    host.backend.hang = True
+    tensor = {"name": "data", "datatype": "FP32", "shape": [1, 8, 8], "data": [0] * 64}
+    r = await call(host, "POST", "/v2/models/digits/infer", {"inputs": [tensor], "parameters": {"timeout": 1000}})
+    assert r.status == 504 and "no result within the request's timeout (1000 us)" in doc(r)["error"]
+    assert host.observed == [("digits", "deadline_exceeded")]
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"priority": -1}, "parameter 'priority' must be an integer of 0 or more, got -1"),
+    ({"priority": 2**64}, "parameter 'priority' must be an integer of 0 or more"),
+    ({"timeout": 0.5}, "parameter 'timeout' (microseconds) must be an integer of 0 or more, got 0.5"),
+    ({"timeout": None}, "parameter 'timeout' (microseconds) must be an integer of 0 or more, got None"),
+])
+async def test_bad_priority_or_timeout_is_400_naming_it(host: FakeHost, parameters: dict, message: str) -> None:
+    tensor = {"name": "data", "datatype": "FP32", "shape": [1, 8, 8], "data": [0] * 64}
+    r = await call(host, "POST", "/v2/models/digits/infer", {"inputs": [tensor], "parameters": parameters})
+    assert r.status == 400 and message in doc(r)["error"], doc(r)
+    assert host.backend.calls == []
 
 
 def test_authorize() -> None:

@@ -99,7 +99,7 @@ def test_metrics_after_traffic(ops: tuple[Daemon, Path]) -> None:
         r.send(b"\x00\x00\x00\x01\xc1")
         assert r.recv().error.code == "BAD_REQUEST"
     s = scrape(d)
-    vk = "vulkan0"
+    vk = "vulkan:0"
     assert sample(s, "vkserve_requests_total", model="digits", device=vk, outcome="ok") == n
     assert sample(s, "vkserve_requests_total", model="digits", device="none",
                   outcome="bad_request") == 1
@@ -109,15 +109,15 @@ def test_metrics_after_traffic(ops: tuple[Daemon, Path]) -> None:
     assert not any(dict(labels).get("model") == "nope" for _, labels in s)
     assert not any(name.endswith("_created") for name, _ in s)
     assert sample(s, "vkserve_model_ready", model="digits") == 1
-    assert sample(s, "vkserve_queue_seconds_count", model="digits") == n
-    assert sample(s, "vkserve_execution_seconds_count", model="digits") == n
-    assert sample(s, "vkserve_request_seconds_count", model="digits") == n + 1
-    assert sample(s, "vkserve_request_seconds_bucket", model="digits", le="+Inf") == n + 1
+    assert sample(s, "vkserve_queue_duration_seconds_count", model="digits") == n
+    assert sample(s, "vkserve_execution_duration_seconds_count", model="digits") == n
+    assert sample(s, "vkserve_request_duration_seconds_count", model="digits") == n + 1
+    assert sample(s, "vkserve_request_duration_seconds_bucket", model="digits", le="+Inf") == n + 1
     # millisecond buckets: the smallest is a quarter millisecond
-    assert ("vkserve_request_seconds_bucket", (("le", "0.00025"), ("model", "digits"))) in s
+    assert ("vkserve_request_duration_seconds_bucket", (("le", "0.00025"), ("model", "digits"))) in s
     assert sample(s, "vkserve_rejected_requests_total", reason="bad_request") >= 1
-    assert sample(s, "vkserve_queue_depth", model="digits") == 0
-    assert sample(s, "vkserve_in_flight", device=vk) == 0
+    assert sample(s, "vkserve_queued_requests", model="digits") == 0
+    assert sample(s, "vkserve_in_flight_requests", device=vk) == 0
     assert sample(s, "vkserve_device_healthy", device=vk) == 1
     assert sample(s, "vkserve_device_healthy", device="cpu") == 1
     assert sample(s, "vkserve_device_memory_in_use_bytes", device=vk) > 0
@@ -127,9 +127,9 @@ def test_metrics_after_traffic(ops: tuple[Daemon, Path]) -> None:
     assert sample(s, "vkserve_pipeline_cache_misses_total", device=vk, tier="spirv") > 0
     assert sample(s, "vkserve_pipeline_compile_seconds_total", device=vk) > 0
     # a fresh cache dir: digits compiled GLSL (cold); the CPU compiles nothing (warm)
-    assert sample(s, "vkserve_model_load_seconds_count", model="digits", device=vk,
+    assert sample(s, "vkserve_model_load_duration_seconds_count", model="digits", device=vk,
                   cache="cold") == 1
-    assert sample(s, "vkserve_model_load_seconds_count", model="tiny", device="cpu",
+    assert sample(s, "vkserve_model_load_duration_seconds_count", model="tiny", device="cpu",
                   cache="warm") == 1
     assert scrape(d)[("vkserve_requests_total", (("device", vk), ("model", "digits"),
                                                  ("outcome", "ok")))] == n  # scrapes are reads
@@ -141,27 +141,28 @@ def test_bench_against_a_live_daemon(ops: tuple[Daemon, Path]) -> None:
     p = subprocess.run(
         vkserve_cmd("bench", "tiny", "--socket", str(d.socket), "--concurrency", "1,2",
                     "--window", "0.25", "--max-windows", "2", "--stable-windows", "2",
-                    "--json", f"{out}.json", "--csv", f"{out}.csv", "--plot", f"{out}.png"),
+                    "--csv", f"{out}.csv", "--plot", f"{out}.png"),
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     table = p.stdout.strip().splitlines()
     assert table[0].split()[:2] == ["load", "req/s"] and len(table) == 3
     assert "concurrency 1" in table[1] and "concurrency 2" in table[2]
-    results = json.loads(Path(f"{out}.json").read_text())
-    assert results["model"] == "tiny" and [r["level"] for r in results["results"]] == [1, 2]
-    assert all(r["requests"] > 0 and r["throughput"] > 0 and r["server_run_ms"] > 0
-               for r in results["results"])
     rows = list(csv.DictReader(Path(f"{out}.csv").read_text().splitlines()))
     assert [float(r["level"]) for r in rows] == [1.0, 2.0] and float(rows[0]["p99_ms"]) > 0
+    assert all(int(r["requests"]) > 0 and float(r["throughput"]) > 0 and float(r["server_run_ms"]) > 0
+               for r in rows)
     assert Path(f"{out}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # client batches of 3, tensors inline: 3 inferences per request, run as one batch
+    # client batches of 3, tensors inline: 3 inferences per request, run as one batch; --json
+    # prints the results on stdout, nothing else
     p = subprocess.run(
         vkserve_cmd("bench", "tiny", "--socket", str(d.socket), "--concurrency", "2", "--batch", "3",
                     "--inline", "--window", "0.25", "--max-windows", "2", "--stable-windows", "2",
-                    "--json", f"{out}-batch.json"),
+                    "--json"),
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    (level,) = json.loads(Path(f"{out}-batch.json").read_text())["results"]
+    results = json.loads(p.stdout)
+    assert results["model"] == "tiny" and "window" not in p.stderr
+    (level,) = results["results"]
     assert level["items_per_s"] == pytest.approx(3 * level["throughput"], rel=1e-3)
     assert level["server_batch"] >= 3 and not level["errors"]
 
@@ -206,7 +207,7 @@ cache_dir = ""
     assert status == 503 and "solo (failed" in body and "slowpoke" not in body, body
     s = scrape(d)
     assert sample(s, "vkserve_device_healthy", device="cpu") == 0
-    assert sample(s, "vkserve_device_healthy", device="vulkan0") == 1
+    assert sample(s, "vkserve_device_healthy", device="vulkan:0") == 1
     assert "vkserve_device_memory_budget_bytes" not in {k[0] for k in s
                                                         if ("device", "cpu") in k[1]}
     assert d.stop() == 0
@@ -295,9 +296,9 @@ cache_dir = "{cache}"
     # the next start finds every SPIR-V module there: a warm load
     d = launch_daemon(tmp_path, config, name="again")
     s = scrape(d)
-    assert sample(s, "vkserve_model_load_seconds_count", model="digits", device="vulkan0",
+    assert sample(s, "vkserve_model_load_duration_seconds_count", model="digits", device="vulkan:0",
                   cache="warm") == 1
-    assert sample(s, "vkserve_pipeline_cache_misses_total", device="vulkan0",
+    assert sample(s, "vkserve_pipeline_cache_misses_total", device="vulkan:0",
                   tier="spirv") == 0
     assert d.stop(signal.SIGINT) == 0
 
@@ -399,7 +400,7 @@ use_vulkan = false
     watchdog = next(i for i, m in enumerate(messages) if i > status and m == "WATCHDOG=1")
     stopping = messages.index("STOPPING=1")
     assert ready < status < watchdog < stopping, messages
-    assert "tiny (ready)" in messages[status] and "CPU" in messages[status], messages[status]
+    assert "tiny (ready)" in messages[status] and "devices: cpu" in messages[status], messages[status]
     assert "STATUS=loading models" in messages[:ready]
 
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from tests.support.daemon import Daemon, Launch
-from vkserve.client import Client, TrioClient
+from vkserve.client import AsyncClient, Client
 from vkserve.client.errors import BadRequestError
 from vkserve.client.framing import FrameDecoder, encode_frame
 from vkserve.client.messages import ShmRegisterRequest, parse_response
@@ -79,9 +79,9 @@ def test_large_tensors_go_through_shared_memory_with_the_inline_answer(daemon: D
         del data, out  # views of the mapping: the client unmaps it at close
 
 
-def test_the_trio_client_uses_shared_memory_too(daemon: Daemon) -> None:
+def test_the_async_client_uses_shared_memory_too(daemon: Daemon) -> None:
     async def main() -> np.ndarray:
-        async with TrioClient.connect(daemon.socket) as client:
+        async with AsyncClient.connect(daemon.socket) as client:
             reply = await client.infer_detailed("fcn", {"data": x(5)})
             assert client._shm is not None and len(client._shm.regions) == 1
             # the reply's timing fields: the execution's split of run_seconds

@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from tests.support.daemon import ROOT, Launch, make_repository, vkserve_cmd
-from vkserve.client import Client, TrioClient, UnsafeSocketFolder
+from vkserve.client import AsyncClient, Client, UnsafeSocketFolder
 from vkserve.client.paths import socket_folder_problem
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
@@ -225,7 +225,7 @@ def test_clients_refuse_a_socket_in_another_users_folder(tmp_path: Path, imposto
     assert str(path) in str(err.value) and f"owner uid {ATTACKER}" in str(err.value)
 
     async def trio_connect() -> None:
-        async with TrioClient.connect(str(path)):
+        async with AsyncClient.connect(str(path)):
             pass  # pragma: no cover
 
     with pytest.raises(UnsafeSocketFolder):

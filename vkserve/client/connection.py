@@ -1,6 +1,6 @@
 """Sans-I/O client side of a connection (in the manner of h11): ids, request frames, responses.
 
-The sync and trio clients own the socket and only move bytes; this object does the rest.
+The sync and async clients own the socket and only move bytes; this object does the rest.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import itertools
 import time
 from collections.abc import Mapping
 
-import numpy as np
 import numpy.typing as npt
 
 from .framing import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, FrameError, encode_frame
+from .images import as_input
 from .messages import InferRequest, Request, Response, parse_response
 
 __all__ = ["DEADLINE_GRACE", "ClientConnection", "answer_wait_budget"]
@@ -53,16 +53,18 @@ class ClientConnection:
     def infer_request(self, model: str, inputs: Mapping[str, npt.ArrayLike], *,
                       priority: int, deadline: float | None, timeout: float | None,
                       outputs: list[str] | None) -> InferRequest:
-        """An infer request with a fresh id (the same for the sync and the trio client)."""
+        """An infer request with a fresh id (the same for the sync and the async client)."""
         return InferRequest(self.next_id(), model,
-                            {name: np.asarray(value) for name, value in inputs.items()},
+                            {name: as_input(value) for name, value in inputs.items()},
                             priority=priority, deadline=deadline, timeout=timeout,
                             outputs=outputs)
 
     def encode(self, request: Request) -> bytes:
+        """The frame that sends ``request``."""
         return encode_frame(request.to_message(), self.max_frame_size)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes read from the socket, in order."""
         self._decoder.feed(data)
 
     def receive_eof(self) -> None:
@@ -71,5 +73,6 @@ class ClientConnection:
             raise FrameError(f"connection closed with {self._decoder.buffered} bytes of an unfinished frame")
 
     def next_response(self) -> Response | None:
+        """The next whole response received, or None until more bytes arrive."""
         msg = self._decoder.next_message()
         return None if msg is None else parse_response(msg)

@@ -6,13 +6,16 @@ callers can write ``except Overloaded:`` and still read ``exc.code`` / ``exc.mes
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from .messages import ErrorCode, ErrorInfo
 
 __all__ = [
     "BadRequestError",
+    "CallTimeout",
     "ClientError",
+    "ConnectFailed",
     "ConnectionClosed",
     "DeadlineExceeded",
     "DeviceError",
@@ -29,6 +32,29 @@ __all__ = [
 
 class ClientError(Exception):
     """Base of every error the clients raise (besides local argument errors)."""
+
+
+class ConnectFailed(ClientError):
+    """No connection could be made: no socket at the path, nothing listening (refused), or no
+    answer to the connect within the timeout. ``address`` is where the client tried."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        self.address = address
+        self.reason = reason
+        super().__init__(f"cannot connect to {address}: {reason}")
+
+    @classmethod
+    def from_os_error(cls, address: str, exc: OSError) -> ConnectFailed:
+        """The failure a connect's OSError (no such file, refused, timed out, ...) means; an
+        error that wraps the attempts' own (anyio's TCP connect) names theirs."""
+        cause = exc.__cause__
+        causes = cause.exceptions if isinstance(cause, BaseExceptionGroup) else (cause,)
+        reasons = [_reason(c) for c in causes if isinstance(c, OSError)]
+        return cls(address, "; ".join(dict.fromkeys(reasons)) if reasons else _reason(exc))
+
+
+def _reason(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
 
 
 class ConnectionClosed(ClientError):
@@ -60,9 +86,15 @@ class Overloaded(ServerError):
 
 
 class DeadlineExceeded(ServerError):
-    """Raised for the server's ``DEADLINE_EXCEEDED``, and locally when no answer came in time."""
+    """Raised for the server's ``DEADLINE_EXCEEDED``, and locally when no answer came within the
+    call's timeout (the daemon stopped or hung: the message then says so)."""
 
     default_code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class CallTimeout(DeadlineExceeded):
+    """No answer came within the call's timeout: raised by the client itself (the daemon is
+    stopped, hung or slow), which withdrew the request with a ``cancel``."""
 
 
 class RequestCancelled(ServerError):

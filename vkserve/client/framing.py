@@ -139,6 +139,7 @@ class FrameDecoder:
         return HEADER_SIZE + _HEADER.unpack_from(self._buf)[0]
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes (FrameTooLarge as soon as an oversized header is in)."""
         if self._fatal is not None:
             raise self._fatal
         self._buf += data
@@ -159,9 +160,11 @@ class FrameDecoder:
             self.frames += 1
 
     def __iter__(self) -> FrameDecoder:
+        """Iterate over the complete messages buffered so far."""
         return self
 
     def __next__(self) -> dict[str, Any]:
+        """The next complete message (StopIteration when more bytes are needed)."""
         msg = self.next_message()
         if msg is None:
             raise StopIteration

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import trio
 
+from vkserve.client.async_client import AsyncClient
 from vkserve.client.errors import ServerError
-from vkserve.client.trio_client import TrioClient
 
 
 @dataclasses.dataclass
@@ -38,14 +38,17 @@ class Window:
 
     @property
     def throughput(self) -> float:
+        """Requests answered per second in this window."""
         return len(self.samples) / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def p50(self) -> float:
+        """Median client-side latency (seconds) in this window."""
         return percentile([s.latency for s in self.samples], 50)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values``; NaN when there are none."""
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
@@ -85,6 +88,7 @@ class LevelResult:
     @classmethod
     def from_windows(cls, mode: str, level: float, windows: Sequence[Window],
                      was_stable: bool, batch: int = 1) -> LevelResult:
+        """A level's figures from the windows it is judged on."""
         samples = [s for w in windows for s in w.samples]
         latencies = [s.latency for s in samples]
         errors: dict[str, int] = {}
@@ -128,7 +132,7 @@ Progress = Callable[[str, float, int, Window], None]
 async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
                         concurrency: int | None = None, rate: float | None = None,
                         progress: Progress | None = None) -> LevelResult:
-    """Drive one load level until stable; `connect()` returns a TrioClient async context."""
+    """Drive one load level until stable; `connect()` returns an AsyncClient async context."""
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency or rate")
     mode, level = ("concurrency", float(concurrency)) if concurrency else ("rate", float(rate))
@@ -139,7 +143,7 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
     if settings.batch > 1:
         inputs = {n: np.stack([a] * settings.batch) for n, a in inputs.items()}
 
-    async def one(client: TrioClient) -> None:
+    async def one(client: AsyncClient) -> None:
         t0 = trio.current_time()
         try:
             reply = await client.infer_detailed(settings.model, inputs, timeout=settings.timeout)
@@ -184,6 +188,7 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
 async def sweep(connect: Callable[[], Any], settings: BenchSettings, *,
                 concurrencies: Sequence[int] = (), rates: Sequence[float] = (),
                 progress: Progress | None = None) -> list[LevelResult]:
+    """Every concurrency level, then every rate level, one after the other."""
     results = []
     for c in concurrencies:
         results.append(await measure_level(connect, settings, concurrency=c, progress=progress))

@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .framing import ProtocolError
+from .meaning import Meaning, MeaningError, meanings_from_wire
 from .tensors import ShmResolver, TensorError, decode_tensors, encode_tensor, encode_tensors, shm_tensor
 
 __all__ = [
@@ -181,8 +182,9 @@ def _opt_str_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
     return list(value)
 
 
-#: A device name on the wire: an index in ASCII digits (``"0"``, ``"12"``) or ``"cpu"``.
-_DEVICE_NAME = re.compile(r"[0-9]{1,6}|cpu")
+#: A device name on the wire (vkserve.devices.names): ``"cpu"``, ``"vulkan:N"`` or a Vulkan
+#: index ``"N"`` (1 to 6 ASCII digits).
+_DEVICE_NAME = re.compile(r"(vulkan:)?[0-9]{1,6}|cpu")
 
 
 def _shown(value: str, limit: int = 32) -> str:
@@ -196,8 +198,8 @@ def _opt_device_list(msg: Mapping[str, Any], key: str) -> list[str] | None:
     names = _opt_str_list(msg, key)
     for i, name in enumerate(names or ()):
         if not _DEVICE_NAME.fullmatch(name):
-            raise SchemaError(key, f"item {i}: {_shown(name)} is not a device index (1 to 6 ASCII "
-                                   "digits) or 'cpu'")
+            raise SchemaError(key, f"item {i}: {_shown(name)} is not a device name ('cpu', "
+                                   "'vulkan:N' or N, 1 to 6 ASCII digits)")
     return names
 
 
@@ -213,6 +215,7 @@ class ShmSlot:
     size: int
 
     def to_message(self) -> dict[str, Any]:
+        """The slot as its wire map."""
         return {"region": self.region, "offset": self.offset, "size": self.size}
 
 
@@ -247,6 +250,7 @@ class InferRequest:
         return min(candidates) if candidates else None
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         msg = _header(self.id, self.op)
         msg["model"] = self.model
         placed = self.placed or {}
@@ -275,6 +279,7 @@ class ShmRegisterRequest:
     op: ClassVar[Op] = Op.SHM_REGISTER
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return {**_header(self.id, self.op), "name": self.name, "size": self.size}
 
 
@@ -285,6 +290,7 @@ class ShmUnregisterRequest:
     op: ClassVar[Op] = Op.SHM_UNREGISTER
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return {**_header(self.id, self.op), "name": self.name}
 
 
@@ -299,6 +305,7 @@ class LoadModelRequest:
     op: ClassVar[Op] = Op.LOAD_MODEL
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         msg = _header(self.id, self.op)
         msg["name"] = self.name
         if self.devices is not None:
@@ -313,6 +320,7 @@ class UnloadModelRequest:
     op: ClassVar[Op] = Op.UNLOAD_MODEL
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return {**_header(self.id, self.op), "name": self.name}
 
 
@@ -322,6 +330,7 @@ class ListModelsRequest:
     op: ClassVar[Op] = Op.LIST_MODELS
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return _header(self.id, self.op)
 
 
@@ -331,6 +340,7 @@ class StatusRequest:
     op: ClassVar[Op] = Op.STATUS
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return _header(self.id, self.op)
 
 
@@ -340,6 +350,7 @@ class PingRequest:
     op: ClassVar[Op] = Op.PING
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return _header(self.id, self.op)
 
 
@@ -353,6 +364,7 @@ class CancelRequest:
     op: ClassVar[Op] = Op.CANCEL
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return {**_header(self.id, self.op), "target": self.target}
 
 
@@ -365,6 +377,7 @@ class AuthRequest:
     op: ClassVar[Op] = Op.AUTH
 
     def to_message(self) -> dict[str, Any]:
+        """The request as the map a frame carries."""
         return {**_header(self.id, self.op), "token": self.token}
 
 
@@ -490,9 +503,11 @@ class Response:
 
     @classmethod
     def failure(cls, request_id: int, code: ErrorCode, message: str) -> Response:
+        """An error answer to ``request_id``."""
         return cls(request_id, False, error=ErrorInfo(code, message))
 
     def to_message(self) -> dict[str, Any]:
+        """The response as the map a frame carries."""
         msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": self.id, "ok": self.ok}
         if self.ok:
             msg["result"] = self.result
@@ -556,6 +571,10 @@ class InferReply:
     copy_in_seconds: float | None = None
     device_seconds: float | None = None
     copy_out_seconds: float | None = None
+    #: tries the client made (1, or more when a RetryPolicy retried OVERLOADED answers)
+    attempts: int = 1
+    #: the model's [postprocess]: classes, boxes or a mask, one per item (vkserve.client.meaning)
+    meanings: tuple[Meaning, ...] = ()
 
 
 def decode_infer_reply(result: Any, shm: ShmResolver | None = None) -> InferReply:
@@ -569,10 +588,14 @@ def decode_infer_reply(result: Any, shm: ShmResolver | None = None) -> InferRepl
 
     device = result.get("device")
     batch = result.get("batch_size")
+    try:
+        meanings = meanings_from_wire(result.get("postprocess"))
+    except MeaningError as exc:
+        raise BadResponse("result.postprocess", str(exc)) from None
     return InferReply(outputs, device if isinstance(device, str) else None,
                       number("queue_seconds"), number("run_seconds"),
                       batch if type(batch) is int else None, number("copy_in_seconds"),
-                      number("device_seconds"), number("copy_out_seconds"))
+                      number("device_seconds"), number("copy_out_seconds"), meanings=meanings)
 
 
 def decode_infer_result(result: Any, shm: ShmResolver | None = None) -> dict[str, np.ndarray]:

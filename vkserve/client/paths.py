@@ -32,20 +32,25 @@ __all__ = [
 ]
 
 SOCKET_NAME = "vkserve.sock"
+#: The service's socket (RuntimeDirectory=vkserve), where deploy/vkserve.socket listens too.
 SYSTEM_SOCKET_PATH = Path("/run/vkserve") / SOCKET_NAME
-#: Where deploy/vkserve.socket has systemd listen (socket activation).
-ACTIVATION_SOCKET_PATH = Path("/run/vkserve.sock")
 
 
 @dataclass(frozen=True, slots=True)
 class UnixAddress:
     path: str
 
+    def __str__(self) -> str:
+        return f"unix:{self.path}"
+
 
 @dataclass(frozen=True, slots=True)
 class TcpAddress:
     host: str
     port: int
+
+    def __str__(self) -> str:
+        return f"tcp://[{self.host}]:{self.port}" if ":" in self.host else f"tcp://{self.host}:{self.port}"
 
 
 Address = UnixAddress | TcpAddress
@@ -72,13 +77,13 @@ def default_socket_path(env: Mapping[str, str] | None = None, euid: int | None =
 
 
 def client_socket_candidates(env: Mapping[str, str] | None = None, euid: int | None = None) -> list[Path]:
-    """Paths a client tries, in order: ``$VKSERVE_SOCKET``, this user's default, the system one,
-    the socket-activation one."""
+    """Paths a client tries, in order: ``$VKSERVE_SOCKET``, this user's default, the system one
+    (also the socket-activation one)."""
     env = os.environ if env is None else env
     out: list[Path] = []
     if env.get("VKSERVE_SOCKET"):
         out.append(Path(env["VKSERVE_SOCKET"]))
-    for path in (default_socket_path(env, euid), SYSTEM_SOCKET_PATH, ACTIVATION_SOCKET_PATH):
+    for path in (default_socket_path(env, euid), SYSTEM_SOCKET_PATH):
         if path not in out:
             out.append(path)
     return out

@@ -5,7 +5,8 @@ with the daemon once each (the descriptor travels with the ``shm_register`` fram
 whose inputs reach ``THRESHOLD`` bytes takes a free region large enough (registering a new one
 when none is), writes its inputs into it, sends references instead of bytes, and leaves the rest
 of the region for the outputs; the outputs are copied out of the region before it is freed for
-the next request. Both clients use this transparently; TCP connections send tensors inline.
+the next request. Both clients use this transparently (the sequence of requests is
+``vkserve.client.calls.infer_steps``); TCP connections send tensors inline.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ THRESHOLD = 64 * 1024
 ALIGN = 64
 #: Room for outputs in a new region: its inputs' size again, at least this much.
 MIN_OUTPUT_ROOM = 1 << 20
+#: Regions one connection may have registered at once: the daemon refuses more, and a client
+#: with more requests in flight sends the others' tensors inline.
+MAX_REGIONS = 16
 _names = itertools.count(1)
 
 
@@ -51,6 +55,7 @@ class ClientRegion:
             raise
 
     def close(self) -> None:
+        """Unmap the region and close its descriptor."""
         self.map.close()
         os.close(self.fd)
 
@@ -84,20 +89,31 @@ class SharedInputs:
 
 class SharedMemory:
     """The regions of one connection: taken by one request at a time, reused, grown by
-    registering a larger one. Thread-safe (the sync client's callers share it)."""
+    registering a larger one. Thread-safe (the sync client's callers share it).
+
+    ``off`` says why shared memory was turned off for the connection (the daemon refused a
+    region); tensors then go inline."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: list[ClientRegion] = []
         self.regions: list[ClientRegion] = []
+        self.off: str | None = None
 
-    @staticmethod
-    def wanted(arrays: Mapping[str, npt.NDArray[np.generic]]) -> bool:
-        return sum(a.nbytes for a in arrays.values()) >= THRESHOLD
+    def wanted(self, arrays: Mapping[str, npt.NDArray[np.generic]]) -> bool:
+        """Whether ``arrays`` go through shared memory: large enough, and it is not off."""
+        return self.off is None and sum(a.nbytes for a in arrays.values()) >= THRESHOLD
 
-    def take(self, arrays: Mapping[str, np.ndarray]) -> tuple[ClientRegion, bool]:
+    def refused(self, region: ClientRegion, reason: str) -> None:
+        """The daemon refused to register ``region``: drop it and turn shared memory off."""
+        self.drop(region)
+        self.off = reason
+
+    def take(self, arrays: Mapping[str, np.ndarray]) -> tuple[ClientRegion, bool] | None:
         """A free region that holds ``arrays`` with as much room again for outputs, and whether
-        it is new (the caller registers it, then ``put``s it back after the request)."""
+        it is new (the caller registers it, then ``put``s it back after the request); None when
+        every region the daemon allows (`MAX_REGIONS`) is busy or too small: that request goes
+        inline."""
         need = sum(-(-a.nbytes // ALIGN) * ALIGN for a in arrays.values())
         with self._lock:
             fits = [r for r in self._free if r.size >= need + min(need, MIN_OUTPUT_ROOM)]
@@ -105,13 +121,14 @@ class SharedMemory:
                 region = min(fits, key=lambda r: r.size)
                 self._free.remove(region)
                 return region, False
-        size = 1 << max(need + max(need, MIN_OUTPUT_ROOM), 1).bit_length()
-        region = ClientRegion(size)
-        with self._lock:
+            if len(self.regions) >= MAX_REGIONS:
+                return None
+            region = ClientRegion(1 << max(need + max(need, MIN_OUTPUT_ROOM), 1).bit_length())
             self.regions.append(region)
         return region, True
 
     def put(self, region: ClientRegion) -> None:
+        """A region's request is done: free for the next one."""
         with self._lock:
             self._free.append(region)
 
@@ -123,6 +140,7 @@ class SharedMemory:
         region.close()
 
     def close(self) -> None:
+        """Unmap and close every region (the connection is gone)."""
         with self._lock:
             regions, self.regions, self._free = self.regions, [], []
         for region in regions:

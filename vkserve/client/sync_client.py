@@ -4,7 +4,6 @@ call it at once; a reader thread routes each response to its caller by request i
 from __future__ import annotations
 
 import array
-import logging
 import os
 import socket
 import threading
@@ -17,32 +16,30 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .connection import ClientConnection, answer_wait_budget
-from .errors import ClientError, ConnectionClosed, DeadlineExceeded, ServerError, error_from_info
+from .calls import Call, InferCall, Pause, Post, Step, infer_steps, run_steps
+from .connection import ClientConnection
+from .errors import CallTimeout, ClientError, ConnectFailed, ConnectionClosed, error_from_info
 from .framing import DEFAULT_MAX_FRAME_SIZE, ProtocolError
 from .messages import (
     CONNECTION_ERROR_ID,
     AuthRequest,
     CancelRequest,
-    InferRequest,
+    InferReply,
     ListModelsRequest,
     LoadModelRequest,
     PingRequest,
     Request,
     Response,
-    ShmRegisterRequest,
-    ShmUnregisterRequest,
     StatusRequest,
     UnloadModelRequest,
-    decode_infer_result,
 )
 from .paths import Address, TcpAddress, UnixAddress, check_socket_folder, resolve_address
-from .shm import ClientRegion, SharedInputs, SharedMemory
+from .policy import DEFAULT, DEFAULT_TIMEOUT, RetryPolicy, Timeout, resolve_timeout
+from .shm import SharedMemory
 
 __all__ = ["Client", "open_socket"]
 
 _RECV_SIZE = 256 * 1024
-log = logging.getLogger(__name__)
 
 
 def open_socket(address: Address, timeout: float | None) -> socket.socket:
@@ -68,14 +65,23 @@ class Client:
     """Synchronous vkserve client over one socket.
 
     Use :meth:`connect`, or wrap an already connected stream socket with ``Client(sock)``.
-    Server errors raise :class:`~client.errors.ServerError` subclasses; a lost connection raises
-    :class:`~client.errors.ConnectionClosed` in every caller waiting on it.
+    Every call waits at most ``timeout`` seconds (the client's, or the call's own ``timeout``;
+    ``None``: no limit), then raises :class:`~vkserve.client.errors.CallTimeout` (a
+    DeadlineExceeded). Server errors raise :class:`~vkserve.client.errors.ServerError`
+    subclasses; a lost connection raises :class:`~vkserve.client.errors.ConnectionClosed` in
+    every caller waiting on it.
+    With ``retry``, an infer answered OVERLOADED is tried again (see
+    :class:`~vkserve.client.policy.RetryPolicy`).
     """
 
-    def __init__(self, sock: socket.socket, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, sock: socket.socket, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 retry: RetryPolicy | None = None, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 shared_memory: bool = True) -> None:
         self._sock = sock
+        self.timeout = resolve_timeout(timeout, None)
+        self.retry = retry
         #: large tensors go through shared memory on Unix sockets (vkserve.client.shm)
-        self._shm = SharedMemory() if sock.family == socket.AF_UNIX else None
+        self._shm = SharedMemory() if sock.family == socket.AF_UNIX and shared_memory else None
         self._conn = ClientConnection(max_frame_size)
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -90,18 +96,30 @@ class Client:
         address: str | os.PathLike[str] | Address | None = None,
         *,
         token: str | None = None,
-        connect_timeout: float | None = 10.0,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        shared_memory: bool = True,
     ) -> Client:
         """Connect to a socket path, ``host:port`` or ``tcp://host:port`` (default: the local
-        daemon's socket). On TCP, ``token`` (default ``$VKSERVE_TOKEN``) authenticates first."""
+        daemon's socket). On TCP, ``token`` (default ``$VKSERVE_TOKEN``) authenticates first.
+
+        ``timeout`` bounds the connect and is every call's default wait; ``retry`` retries
+        infers answered OVERLOADED; ``shared_memory=False`` keeps large tensors inline on a
+        Unix socket too. Raises :class:`~vkserve.client.errors.ConnectFailed` when no daemon
+        can be reached there."""
         addr = resolve_address(address)
         if token is None and isinstance(addr, TcpAddress):
             token = os.environ.get("VKSERVE_TOKEN")
-        client = cls(open_socket(addr, connect_timeout), max_frame_size=max_frame_size)
+        try:
+            sock = open_socket(addr, timeout)
+        except OSError as exc:
+            raise ConnectFailed.from_os_error(str(addr), exc) from exc
+        client = cls(sock, timeout=timeout, retry=retry, max_frame_size=max_frame_size,
+                     shared_memory=shared_memory)
         if token is not None:
             try:
-                client._call(AuthRequest(client._conn.next_id(), token))
+                client._call(AuthRequest(client._conn.next_id(), token), timeout)
             except BaseException:
                 client.close()
                 raise
@@ -116,76 +134,74 @@ class Client:
         *,
         priority: int = 0,
         deadline: float | None = None,
-        timeout: float | None = None,
+        timeout: Timeout = DEFAULT,
         outputs: list[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run ``model``; returns output name → read-only array.
 
-        ``deadline`` is absolute ``time.time()``; ``timeout`` is seconds. Without an answer by
-        then (plus :data:`vkserve.client.connection.DEADLINE_GRACE`) the request is cancelled and
-        DeadlineExceeded is raised.
+        ``deadline`` is absolute ``time.time()``; ``timeout`` is seconds (default: the
+        client's), sent to the daemon too, which drops a request it cannot answer in time.
+        Without an answer by then (plus :data:`vkserve.client.connection.DEADLINE_GRACE`) the
+        request is cancelled and DeadlineExceeded is raised.
         """
-        request = self._conn.infer_request(model, inputs, priority=priority, deadline=deadline,
-                                           timeout=timeout, outputs=outputs)
-        wait = answer_wait_budget(deadline, timeout)
-        region = self._shared_region(request)
-        if region is None:
-            return decode_infer_result(self._call(request, wait))
-        shared = SharedInputs(region, request.inputs)
-        try:
-            outputs = decode_infer_result(self._call(shared.request(request), wait), shared)
-        except BaseException:
-            self._drop_region(region)  # the daemon may still write into it
-            raise
-        assert self._shm is not None
-        self._shm.put(region)
-        return outputs
+        return self.infer_detailed(model, inputs, priority=priority, deadline=deadline,
+                                   timeout=timeout, outputs=outputs).outputs
 
-    def _shared_region(self, request: InferRequest) -> ClientRegion | None:
-        """A registered region for the request's inputs when they are large enough and the
-        connection is a Unix socket; None to send them inline (also when the daemon refuses
-        a region: shared memory is then off for this connection, with a log line)."""
-        if self._shm is None or not SharedMemory.wanted(request.inputs):
-            return None
-        region, new = self._shm.take(request.inputs)
-        if new:
-            try:
-                self._call(ShmRegisterRequest(self._conn.next_id(), region.name, region.size),
-                           fds=(region.fd,))
-            except ServerError as exc:
-                log.warning("shared memory off for this connection, tensors go inline: %s", exc)
-                self._shm.drop(region)
-                self._shm = None
-                return None
-        return region
+    def infer_detailed(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        *,
+        priority: int = 0,
+        deadline: float | None = None,
+        timeout: Timeout = DEFAULT,
+        outputs: list[str] | None = None,
+    ) -> InferReply:
+        """Like :meth:`infer`, with the daemon's device, queue/run timings and batch size, and
+        the tries this client made (``attempts``)."""
+        call = InferCall(model, inputs, priority, deadline, resolve_timeout(timeout, self.timeout), outputs)
+        return run_steps(infer_steps(self._conn, self._shm, call, self.retry), self._perform)
 
-    def _drop_region(self, region: ClientRegion) -> None:
-        assert self._shm is not None
-        self._shm.drop(region)
-        try:  # best effort, answer ignored: the daemon frees it with the connection anyway
-            self._send(self._conn.encode(ShmUnregisterRequest(self._conn.next_id(), region.name)))
-        except (ClientError, OSError):
-            return
+    def _perform(self, step: Step) -> Any:
+        match step:
+            case Call(request, wait, fds):
+                return self._call(request, wait, fds)
+            case Post(request):
+                try:  # best effort, answer ignored
+                    self._send(self._conn.encode(request))
+                except (ClientError, OSError):
+                    return None
+            case Pause(seconds):
+                time.sleep(seconds)
+        return None
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self, *, timeout: Timeout = DEFAULT) -> list[dict[str, Any]]:
         """The daemon's models (name, inputs with shapes, devices, state, ...)."""
-        result = self._call(ListModelsRequest(self._conn.next_id()))
+        result = self._call(ListModelsRequest(self._conn.next_id()), self._wait(timeout))
         return list(result.get("models", [])) if isinstance(result, dict) else []
 
-    def load_model(self, name: str, *, devices: list[str] | None = None) -> dict[str, Any]:
-        return self._call(LoadModelRequest(self._conn.next_id(), name, devices))
+    def load_model(self, name: str, *, devices: list[str] | None = None,
+                   timeout: Timeout = DEFAULT) -> dict[str, Any]:
+        """Load model ``name`` from the daemon's repository (on ``devices``: ``"cpu"`` or
+        device indices as strings; default: its config); returns the model's entry."""
+        return self._call(LoadModelRequest(self._conn.next_id(), name, devices), self._wait(timeout))
 
-    def unload_model(self, name: str) -> dict[str, Any]:
-        return self._call(UnloadModelRequest(self._conn.next_id(), name))
+    def unload_model(self, name: str, *, timeout: Timeout = DEFAULT) -> dict[str, Any]:
+        """Unload model ``name`` (requests in flight finish first)."""
+        return self._call(UnloadModelRequest(self._conn.next_id(), name), self._wait(timeout))
 
-    def status(self) -> dict[str, Any]:
-        return self._call(StatusRequest(self._conn.next_id()))
+    def status(self, *, timeout: Timeout = DEFAULT) -> dict[str, Any]:
+        """The daemon's devices with health, queue depths, jobs in flight and models."""
+        return self._call(StatusRequest(self._conn.next_id()), self._wait(timeout))
 
-    def ping(self) -> float:
+    def ping(self, *, timeout: Timeout = DEFAULT) -> float:
         """Round-trip time in seconds."""
         start = time.perf_counter()
-        self._call(PingRequest(self._conn.next_id()))
+        self._call(PingRequest(self._conn.next_id()), self._wait(timeout))
         return time.perf_counter() - start
+
+    def _wait(self, timeout: Timeout) -> float | None:
+        return resolve_timeout(timeout, self.timeout)
 
     def close(self) -> None:
         """Close the connection; requests still in flight raise ConnectionClosed."""
@@ -197,11 +213,13 @@ class Client:
             self._shm.close()
 
     def __enter__(self) -> Client:
+        """The client itself; the block's end closes it."""
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """Close the connection (see :meth:`close`)."""
         self.close()
 
     # ------------------------------------------------------------------ internals
@@ -219,7 +237,8 @@ class Client:
         except TimeoutError:
             if self._forget(request.id):
                 self._cancel(request.id)
-                raise DeadlineExceeded("no answer from the server by the request's deadline") from None
+                raise CallTimeout(f"no answer from the server within {wait:.3g} s "
+                                       f"({request.op.value})") from None
             return future.result()  # the answer arrived just as the wait ran out
         except BaseException:
             # Interrupted (e.g. KeyboardInterrupt): withdraw the request server-side too.

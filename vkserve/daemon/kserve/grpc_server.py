@@ -1,7 +1,8 @@
 """KServe v2 over gRPC: ``inference.GRPCInferenceService`` on grpcio's thread-pool server.
 
 ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer (tensors in
-``raw_input_contents`` or typed ``contents``; outputs always in ``raw_output_contents``). The
+``raw_input_contents`` or typed ``contents``; outputs always in ``raw_output_contents``;
+Triton's ``priority`` and ``timeout`` request parameters). The
 messages are ``proto/inference_pb2`` (our package name, the protocol's field numbers); the
 service is registered under the protocol's name with a generic handler, so no generated
 ``_pb2_grpc`` module is needed.
@@ -33,12 +34,15 @@ from vkserve.client.protocol import ErrorCode
 from vkserve.daemon.config import ServerConfig
 from vkserve.daemon.kserve.proto import inference_pb2 as pb
 from vkserve.daemon.kserve.service import (
+    PRIORITY,
+    TIMEOUT,
     InferCall,
     KServeError,
     KServeService,
     decode_flat,
     decode_raw,
     numpy_dtype,
+    request_parameter,
 )
 from vkserve.daemon.limits import AuthThrottle, address_key
 
@@ -115,12 +119,30 @@ def _infer_call(request: pb.ModelInferRequest) -> InferCall:
             values = list(tensor.contents.fp32_contents)
         elif tensor.datatype == "FP64":
             values = list(tensor.contents.fp64_contents)
+        elif tensor.datatype == "UINT8":
+            values = list(tensor.contents.uint_contents)
         else:
             raise KServeError(ErrorCode.BAD_REQUEST, f"input '{name}': {tensor.datatype} data "
                               "travels in raw_input_contents (it has no typed contents field)")
         inputs[name] = decode_flat(name, tensor.datatype, shape, values)
     outputs = tuple(o.name for o in request.outputs) or None
-    return InferCall(request.model_name, request.model_version, request.id, inputs, outputs)
+    priority, timeout = (_int_parameter(request, n) for n in (PRIORITY, TIMEOUT))
+    return InferCall(request.model_name, request.model_version, request.id, inputs, outputs,
+                     priority, timeout)
+
+
+def _int_parameter(request: pb.ModelInferRequest, name: str) -> int:
+    """An integer request parameter (``uint64_param`` or ``int64_param``, as Triton's clients
+    send them), 0 when absent; BAD_REQUEST naming it otherwise."""
+    if name not in request.parameters:
+        return 0
+    parameter = request.parameters[name]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("uint64_param", "int64_param"):
+        raise KServeError(ErrorCode.BAD_REQUEST, f"infer request: parameter '{name}' must be an "
+                          f"int64_param or uint64_param, got {kind or 'no value'}")
+    return request_parameter(name, parameter.uint64_param if kind == "uint64_param"
+                             else parameter.int64_param)
 
 
 class GrpcFrontend:

@@ -15,6 +15,7 @@ Infer bodies are JSON, or JSON followed by binary tensors (the binary-data exten
 length in ``Inference-Header-Content-Length``, each binary input's length in its
 ``binary_data_size`` parameter, in input order). Outputs are binary when the request says so
 (``binary_data`` on the output, or ``binary_data_output`` on the request), else JSON lists.
+The request's ``parameters`` may carry Triton's ``priority`` and ``timeout`` (microseconds).
 Errors are ``{"error": "..."}`` with 400 (bad request), 401 (token), 404 (unknown model or
 path), 405, 503 (not ready, overloaded, shutting down), 504 (deadline) or 500.
 """
@@ -31,6 +32,8 @@ import numpy as np
 
 from vkserve.client.protocol import ErrorCode
 from vkserve.daemon.kserve.service import (
+    PRIORITY,
+    TIMEOUT,
     InferCall,
     InferReply,
     KServeError,
@@ -39,6 +42,7 @@ from vkserve.daemon.kserve.service import (
     TensorMetadata,
     decode_flat,
     decode_raw,
+    request_parameter,
 )
 
 __all__ = ["HEADER_LENGTH", "HttpRequest", "HttpResponse", "OutputForm", "answer", "authorize",
@@ -266,12 +270,13 @@ def parse_infer(request: HttpRequest, model: str, version: str) -> tuple[InferCa
     if offset != len(binary):
         raise KServeError(ErrorCode.BAD_REQUEST, f"infer request: {len(binary) - offset} bytes of "
                           "binary data that no input's binary_data_size claims")
-    default = _parameters(body.get("parameters"), "infer request").get("binary_data_output", False)
-    outputs, form = _requested_outputs(body.get("outputs"), default is True)
+    parameters = _parameters(body.get("parameters"), "infer request")
+    outputs, form = _requested_outputs(body.get("outputs"), parameters.get("binary_data_output") is True)
     rid = body.get("id", "")
     if not isinstance(rid, str):
         raise KServeError(ErrorCode.BAD_REQUEST, "infer request: 'id' must be a string")
-    return InferCall(model, version, rid, inputs, outputs), form
+    priority, timeout = (request_parameter(n, parameters.get(n, 0)) for n in (PRIORITY, TIMEOUT))
+    return InferCall(model, version, rid, inputs, outputs, priority, timeout), form
 
 
 @dataclasses.dataclass(frozen=True)

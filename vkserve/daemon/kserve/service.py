@@ -11,6 +11,12 @@ checks (datatypes, tensor sizes, model names, readiness) are made once, in :clas
   that dimension as Triton does (a leading ``-1``) when the model batches (``max_batch_size`` > 1
   and every input of known rank); inputs without it are still accepted as one item.
 - Versions: a model has one version, ``"1"``; another version is ``NOT_FOUND``.
+- Request parameters (Triton's): ``priority`` is a level, 1 the highest, 0 or none the default;
+  level ``p`` runs at the scheduler's priority ``-p`` (higher runs first), a request without one
+  at ``scheduler.default_priority`` (so ``default_priority = -N`` makes ``N`` the default level,
+  as Triton's ``default_priority_level``). ``timeout`` is in microseconds from when the request
+  arrived (0 or none: no timeout) and becomes the scheduler's deadline; a request that misses it
+  is ``DEADLINE_EXCEEDED`` (HTTP 504, gRPC DEADLINE_EXCEEDED), never a late answer.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import trio
 
 from vkserve.client.protocol import ErrorCode
 from vkserve.daemon.backend import Backend
+from vkserve.daemon.connection import DEADLINE_GRACE
 from vkserve.scheduler import InferResult, ModelInfo, ModelState, SchedulerError
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "TensorMetadata",
     "decode_flat",
     "decode_raw",
+    "request_parameter",
 ]
 
 PLATFORM = "vkserve"
@@ -55,8 +63,12 @@ DATATYPES: dict[str, np.dtype] = {
     "FP32": np.dtype("<f4"),
     "FP16": np.dtype("<f2"),
     "FP64": np.dtype("<f8"),
+    "UINT8": np.dtype("u1"),  # images, for a model with [preprocess] (vkserve.processing)
 }
 OUTPUT_DATATYPE = "FP32"
+#: The infer request parameters that :class:`InferCall` carries (Triton's names).
+PRIORITY, TIMEOUT = "priority", "timeout"
+_UINT64_MAX = 2**64 - 1
 
 
 class KServeError(Exception):
@@ -110,6 +122,12 @@ class InferCall:
     id: str
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, ...] | None  # None: every output
+    priority: int = 0  # Triton's level: 1 the highest, 0 the default
+    timeout_us: int = 0  # microseconds from arrival; 0: none
+
+    def scheduler_priority(self) -> int | None:
+        """The scheduler's priority (higher first) of the level; None: the default."""
+        return -self.priority if self.priority else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +166,7 @@ def numpy_dtype(tensor: str, datatype: str) -> np.dtype:
     if dtype is None:
         raise KServeError(ErrorCode.BAD_REQUEST,
                           f"input '{tensor}': datatype {datatype!r} is not supported (send FP32; "
-                          f"FP16 and FP64 are converted)")
+                          f"FP16 and FP64 are converted; UINT8 images for a model with [preprocess])")
     return dtype
 
 
@@ -177,14 +195,25 @@ def decode_flat(tensor: str, datatype: str, shape: object, data: object) -> np.n
     dims = _check_shape(tensor, shape)
     try:
         array = np.asarray(data, dtype=dtype)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise KServeError(ErrorCode.BAD_REQUEST,
-                          f"input '{tensor}': data must be a list of numbers") from None
+                          f"input '{tensor}': data must be a list of numbers "
+                          f"(in {datatype}'s range)") from None
     if array.size != math.prod(dims):
         raise KServeError(ErrorCode.BAD_REQUEST,
                           f"input '{tensor}': {array.size} values for shape {list(dims)} "
                           f"({math.prod(dims)} expected)")
     return array.reshape(dims)
+
+
+def request_parameter(name: str, value: object) -> int:
+    """The ``priority`` or ``timeout`` parameter of an infer request as an integer of 0 or
+    more, else BAD_REQUEST naming it."""
+    if type(value) is not int or not 0 <= value <= _UINT64_MAX:
+        unit = " (microseconds)" if name == TIMEOUT else ""
+        raise KServeError(ErrorCode.BAD_REQUEST, f"infer request: parameter '{name}'{unit} must be "
+                          f"an integer of 0 or more, got {value!r}")
+    return value
 
 
 def _state(info: ModelInfo) -> tuple[str, str]:
@@ -263,16 +292,23 @@ class KServeService:
         if self.host.draining:
             raise KServeError(ErrorCode.UNAVAILABLE, "the daemon is shutting down")
         started = time.time()
+        deadline = started + call.timeout_us / 1e6 if call.timeout_us else None
+        # past the deadline (and a grace for the scheduler's own answer) the call ends here
+        late = trio.current_time() + call.timeout_us / 1e6 + DEADLINE_GRACE if call.timeout_us else math.inf
         result: InferResult | None = None
         outcome = ErrorCode.CANCELLED.value.lower()  # unless it ends otherwise
         scope = trio.CancelScope()
         self.calls.add(scope)
         try:
-            with scope:
+            with scope, trio.move_on_at(late) as timer:
                 result = await self.host.backend.infer(
-                    call.model, call.inputs,
+                    call.model, call.inputs, priority=call.scheduler_priority(), deadline=deadline,
                     outputs=None if call.outputs is None else list(call.outputs))
                 outcome = "ok"
+            if timer.cancelled_caught:
+                outcome = ErrorCode.DEADLINE_EXCEEDED.value.lower()
+                raise KServeError(ErrorCode.DEADLINE_EXCEEDED, f"model '{call.model}': no result "
+                                  f"within the request's timeout ({call.timeout_us} us)")
             if scope.cancelled_caught:
                 outcome = ErrorCode.UNAVAILABLE.value.lower()
         except SchedulerError as exc:
