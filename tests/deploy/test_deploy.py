@@ -66,3 +66,18 @@ def test_unit_has_the_required_settings():
 
 def test_install_script_parses():
     subprocess.run(["bash", "-n", str(DEPLOY / "install.sh")], check=True)
+
+
+def test_socket_unit_listens_where_the_service_binds():
+    """Socket activation and a plain start serve the same path: the service's default socket,
+    $RUNTIME_DIRECTORY/vkserve.sock, which the clients try."""
+    from vkserve.client.paths import SOCKET_NAME, client_socket_candidates, default_socket_path
+
+    service = (DEPLOY / "vkserve.service").read_text().splitlines()
+    runtime = next(line.split("=", 1)[1] for line in service if line.startswith("RuntimeDirectory="))
+    assert "RuntimeDirectoryPreserve=yes" in service  # else stopping it removes the socket's folder
+    listen = [line.split("=", 1)[1] for line in (DEPLOY / "vkserve.socket").read_text().splitlines()
+              if line.startswith("ListenStream=/")]
+    bound = default_socket_path({"RUNTIME_DIRECTORY": f"/run/{runtime}"}, euid=999)
+    assert listen == [str(bound)] == [f"/run/{runtime}/{SOCKET_NAME}"]
+    assert bound in client_socket_candidates({}, euid=0)

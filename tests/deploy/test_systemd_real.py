@@ -386,10 +386,10 @@ def test_unit_serves_on_vulkan_under_real_systemd(booted_systemd: Namespace) -> 
                   f"{[d['name'] for d in status['devices']]}\n{ns.diagnostics()}")
     gpu = gpus[0]
     assert gpu["healthy"] and "digits" in gpu["models"] and gpu["completed"] >= 1, gpu
-    assert gpu["name"] in status_text, (gpu["name"], status_text)
+    assert gpu["device"] == f"vulkan:{gpu['index']}" and gpu["device"] in status_text, (gpu, status_text)
     assert all(d["completed"] == 0 for d in status["devices"] if d["kind"] == "cpu"), status
     metrics = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    label = f"vulkan{gpu['index']}"
+    label = gpu["device"]
     assert _metric(metrics, "vkserve_requests_total", device=label, model="digits",
                    outcome="ok") == 1.0, metrics
     assert _metric(metrics, "vkserve_device_healthy", device=label) == 1.0, metrics

@@ -14,7 +14,7 @@ from vkserve.devices.vulkan.context import LIVE_OBJECTS, MemoryKind, VulkanConte
 from vkserve.devices.vulkan.errors import VulkanError
 
 REQUIRED_KEYS = {
-    "index": int, "kind": str, "name": str, "type": str, "vendor_id": int, "device_id": int,
+    "device": str, "kind": str, "name": str, "type": str, "vendor_id": int, "device_id": int,
     "driver_version": int, "api_version": str, "pipeline_cache_uuid": str, "fp16_storage": bool,
     "fp16_arithmetic": bool, "subgroup_size": int, "heaps": list,
 }
@@ -29,7 +29,8 @@ def test_devices_json_schema():
     out = run_cli("devices", "--json")
     assert out.returncode == 0, out.stderr
     devices = json.loads(out.stdout)
-    assert [d["index"] for d in devices] == list(range(len(devices)))
+    # one name per device: vulkan:N in the loader's order, then cpu
+    assert [d["device"] for d in devices] == [f"vulkan:{k}" for k in range(len(devices) - 1)] + ["cpu"]
     for d in devices:
         for key, typ in REQUIRED_KEYS.items():
             assert isinstance(d[key], typ), (key, d[key])
@@ -48,11 +49,10 @@ def test_devices_table_lists_every_device():
     out = run_cli("devices")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:3] == ["#", "kind", "name"]
-    rows = [line for line in lines[1:] if line[:1].isdigit()]
-    assert len(rows) == len(devices)
-    for row, d in zip(rows, devices):
-        assert row.split()[:2] == [str(d["index"]), d["kind"]] and d["name"] in row
+    assert lines[0].split()[:3] == ["device", "kind", "name"]
+    rows = lines[1:1 + len(devices)]
+    for row, d in zip(rows, devices, strict=True):
+        assert row.split()[:2] == [d["device"], d["kind"]] and d["name"] in row
 
 
 @pytest.mark.parametrize("env", [

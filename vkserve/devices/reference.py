@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from vkserve.devices.progress import Progress
 from vkserve.models.graph import Graph
 from vkserve.models.weights import write_bin
 
@@ -427,6 +428,7 @@ def verify_outputs(
     *,
     reduced: bool,
     vulkan_device: int = 0,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Compare ``run(names) -> (outputs, device, precision)``, an engine's run of ``graph`` on
     ``inputs`` (the names of `tensors_to_compare`), with ncnn's fp32 under
@@ -435,14 +437,22 @@ def verify_outputs(
     for the thousands of single-layer checks, which go without), so the fp32 reference runs
     in one too: an ncnn crash (deeplabv3_mbv3, see tests/devices/test_pnnx_models.py) becomes
     an NcnnError. ``bin_path`` None writes the graph's own weights to a temporary .bin so both
-    sides see identical numbers."""
+    sides see identical numbers. ``progress`` hears of each stage."""
+
+    def stage(text: str) -> None:
+        if progress is not None:
+            progress.stage(text)
+
     names, det_outputs = tensors_to_compare(graph)
     ours, device, precision = run(names)
     with tempfile.TemporaryDirectory(prefix="vkserve-verify-") as tmp:
         if bin_path is None:
             bin_path = os.path.join(tmp, "model.bin")
             write_bin(graph.layers, bin_path)
+        stage("running the ncnn fp32 reference")
         ref = (run_ncnn_isolated if reduced else run_ncnn)(param_path, bin_path, inputs, names)
+        if reduced and REDUCED_REFERENCE.get(tolerance):
+            stage(f"running ncnn's own {tolerance} path for the bars")
         found = run_reduced_reference(tolerance, param_path, bin_path, inputs, names,
                                       vulkan_device) if reduced else None
     label, reduced_out = found if found is not None else (None, {})

@@ -1,14 +1,14 @@
-"""Shared by the client commands (infer, models, status, ping): address options and errors."""
+"""Shared by the client commands (infer, models, status, ping, bench): address options and how a
+failure is reported."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from vkserve.cli.output import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, fail, wants_json
 from vkserve.client import Client, ClientError, ServerError
 from vkserve.client.paths import UnsafeSocketFolder
 
@@ -32,35 +32,23 @@ def connect(args: argparse.Namespace) -> Client:
     return Client.connect(f"unix:{args.socket}" if args.socket else None)
 
 
-#: Exit statuses of the client commands (README, "The command line").
-EXIT_FAILED = 1  # the daemon answered an error, or refused to be reached (an unsafe socket folder)
-EXIT_USAGE = 2  # the command line or its inputs are wrong
-EXIT_UNREACHABLE = 3  # no daemon answers at the address (no socket, refused, connection lost)
-
-
 def run_client_command(name: str, args: argparse.Namespace, body: Callable[[Client], int]) -> int:
-    """Connect, run ``body``, report a failure as one line on stderr (and, with ``--json``,
-    as ``{"error": {"code", "message"}}`` on stdout) with its exit status."""
+    """Connect, run ``body``, report a failure (`vkserve.cli.output.fail`) with its exit
+    status: 1 the daemon answered an error, 2 usage, 3 no daemon at the address."""
+    as_json = wants_json(args)
     try:
         with connect(args) as client:
             return body(client)
     except ServerError as exc:
-        return _fail(name, args, EXIT_FAILED, str(exc.code), exc.message)
+        return fail(name, as_json, EXIT_FAILED, str(exc.code), exc.message)
     except UnsafeSocketFolder as exc:
-        return _fail(name, args, EXIT_FAILED, "UNSAFE_SOCKET_FOLDER", str(exc))
+        return fail(name, as_json, EXIT_FAILED, "UNSAFE_SOCKET_FOLDER", str(exc))
     except (ClientError, OSError) as exc:
         where = args.tcp or args.socket or "the default socket"
-        return _fail(name, args, EXIT_UNREACHABLE, "UNREACHABLE",
-                     f"cannot talk to the daemon at {where}: {exc}")
+        return fail(name, as_json, EXIT_UNREACHABLE, "UNREACHABLE",
+                    f"cannot talk to the daemon at {where}: {exc}")
     except ValueError as exc:
-        return _fail(name, args, EXIT_USAGE, "USAGE", str(exc))
-
-
-def _fail(name: str, args: argparse.Namespace, status: int, code: str, message: str) -> int:
-    print(f"vkserve {name}: {code}: {message}", file=sys.stderr)
-    if vars(args).get("json") is True:  # the commands whose --json prints to stdout
-        print(json.dumps({"error": {"code": code, "message": message}, "exit_status": status}))
-    return status
+        return fail(name, as_json, EXIT_USAGE, "USAGE", str(exc))
 
 
 def print_tree(obj: Any, indent: int = 0) -> None:

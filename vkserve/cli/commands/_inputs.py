@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+#: What --random-input draws, in every command that has it (run, infer, bench; verify,
+#: profile and tune fill the inputs not given the same way): one range, the one
+#: `vkserve.devices.reference.random_inputs` draws from.
+RANDOM_INPUT_HELP = "seeded uniform [-1, 1) float32 data for the inputs not given with --input"
+
 
 class UsageError(ValueError):
     """Bad command-line input (reported as one line, exit status 2)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import json
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import trio
@@ -14,7 +14,8 @@ import trio
 from vkserve.cli.commands._client import add_address_arguments, run_client_command
 from vkserve.cli.commands._inputs import UsageError, load_inputs
 from vkserve.cli.commands.infer import random_inputs
-from vkserve.client import Client, TrioClient
+from vkserve.cli.output import print_json
+from vkserve.client import AsyncClient, Client
 from vkserve.client.loadgen import BenchSettings, LevelResult, Window, sweep
 
 NAME = "bench"
@@ -54,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stable-windows", type=int, default=3,
                         help="windows that must agree within --tolerance (default 3)")
     parser.add_argument("--tolerance", type=float, default=0.1)
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as one JSON object on stdout (no table, no "
+                             "progress lines)")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="write the results as CSV")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="latency vs throughput plot (needs matplotlib: pip install "
@@ -134,19 +137,20 @@ def main(args: argparse.Namespace) -> int:
         address = (f"tcp://{args.tcp}" if args.tcp and not args.tcp.startswith("tcp://")
                    else args.tcp) or (f"unix:{args.socket}" if args.socket else None)
 
-        def connect() -> TrioClient:
-            return TrioClient.connect(address, token=args.token, shared_memory=not args.inline)
+        def connect() -> AbstractAsyncContextManager[AsyncClient]:
+            return AsyncClient.connect(address, token=args.token, shared_memory=not args.inline)
 
         concurrencies = args.concurrency or ([] if args.rate else [1, 4, 16])
         results = trio.run(lambda: sweep(connect, settings, concurrencies=concurrencies,
-                                         rates=args.rate or [], progress=_progress))
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-        print(format_table(results))
+                                         rates=args.rate or [],
+                                         progress=None if args.json else _progress))
         if args.json:
-            args.json.write_text(json.dumps({"model": args.model,
-                                             "results": [dataclasses.asdict(r) for r in results]},
-                                            indent=2))
+            print_json({"model": args.model, "results": [dataclasses.asdict(r) for r in results]},
+                       indent=2)
+        else:
+            if sys.stderr.isatty():
+                print(file=sys.stderr)
+            print(format_table(results))
         if args.csv:
             write_csv(args.csv, results)
         if args.plot:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from vkserve.cli.output import print_json
 from vkserve.devices.capabilities import DeviceCaps
 from vkserve.devices.discovery import discover_devices
+from vkserve.devices.names import device_name
 
 NAME = "devices"
 HELP = "list the Vulkan GPUs and the CPU with their capabilities"
@@ -24,7 +25,7 @@ def _row(d: DeviceCaps) -> dict[str, str]:
     yes = lambda b: "yes" if b else "no"  # noqa: E731
     local = [h for h in d.heaps if h.device_local] or list(d.heaps)
     return {
-        "#": str(d.index),
+        "device": device_name(d.kind, d.index),
         "kind": d.kind.value,
         "name": d.name,
         "type": d.type,
@@ -52,12 +53,15 @@ def format_table(devices: list[DeviceCaps]) -> str:
 def main(args: argparse.Namespace) -> int:
     devices = discover_devices()
     if args.json:
-        print(json.dumps([d.summary() for d in devices], indent=2))
+        # "device" replaces discovery's "index" (the CPU's would be the number after the GPUs')
+        print_json([{"device": device_name(d.kind, d.index),
+                     **{k: v for k, v in d.summary().items() if k != "index"}} for d in devices],
+                   indent=2)
     else:
         print(format_table(devices))
         for d in devices:
             if d.kind.value == "vulkan":
-                print(f"device {d.index}: pipelineCacheUUID {d.pipeline_cache_uuid.hex()}, "
+                print(f"{device_name(d.kind, d.index)}: pipelineCacheUUID {d.pipeline_cache_uuid.hex()}, "
                       f"driver version {d.driver_version:#x}, cooperative matrix "
                       f"{'yes' if d.cooperative_matrix else 'no'}")
     return 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from vkserve.cli.commands._client import add_address_arguments, print_tree, run_client_command
 from vkserve.cli.commands.infer import model_input_shapes
+from vkserve.cli.output import print_json
 from vkserve.client import Client
 
 NAME = "models"
@@ -19,12 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_address_arguments(parser)
 
 
-def _fmt_devices(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{k} ({v})" if not isinstance(v, (dict, list)) else str(k) for k, v in value.items())
-    if isinstance(value, list):
-        return ", ".join(str(v.get("name", v)) if isinstance(v, dict) else str(v) for v in value)
-    return "-" if value is None else str(value)
+def _fmt_devices(value: Any, names: dict[int, str]) -> str:
+    """The daemon's device numbers as device names (cpu, vulkan:N)."""
+    if not isinstance(value, list) or not value:
+        return "-"
+    return ", ".join(names.get(v, str(v)) if isinstance(v, int) else str(v) for v in value)
+
+
+def _loading(model: dict[str, Any]) -> list[str]:
+    """What the model's loading placements are building (``progress``), if they say."""
+    return [str(p["progress"]) for p in model.get("placements") or []
+            if isinstance(p, dict) and p.get("progress")]
 
 
 def _fmt_shape(shape: list[int] | None) -> str:
@@ -43,7 +48,8 @@ def _built_shapes(model: dict[str, Any]) -> str:
     return "; ".join(shapes) or "-"
 
 
-def format_models(models: list[dict[str, Any]]) -> str:
+def format_models(models: list[dict[str, Any]], names: dict[int, str]) -> str:
+    """The table of ``vkserve models``; ``names``: the daemon's device numbers -> names."""
     if not models:
         return "no models"
     rows = [("name", "state", "inputs", "shapes built", "devices")]
@@ -53,7 +59,10 @@ def format_models(models: list[dict[str, Any]]) -> str:
         state = str(m.get("state", "-"))
         if m.get("error"):
             state += f" ({m['error']})"
-        rows.append((str(m.get("name", "?")), state, inputs, _built_shapes(m), _fmt_devices(m.get("devices"))))
+        elif _loading(m):
+            state += f" ({'; '.join(_loading(m))})"
+        rows.append((str(m.get("name", "?")), state, inputs, _built_shapes(m),
+                     _fmt_devices(m.get("devices"), names)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
@@ -64,9 +73,10 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Client) -> int:
         models = client.models()
         if args.json:
-            print(json.dumps(models, indent=2, default=str))
+            print_json(models, indent=2)
         else:
-            print(format_models(models))
+            devices = client.status().get("devices") or []
+            print(format_models(models, {d["index"]: d["device"] for d in devices}))
             if args.verbose:
                 print_tree(models)
         return 0

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 from collections import defaultdict
 
 from vkserve.cli.commands._inputs import UsageError
 from vkserve.cli.commands.run import add_common_arguments, prepare
+from vkserve.cli.output import CommandFailed, print_json
+from vkserve.cli.progress import Progress
 from vkserve.devices.vulkan.engine import DeviceNotFound, load_plan
 from vkserve.devices.vulkan.engine.plan import PlanError
 from vkserve.devices.vulkan.engine.profile import profile_plan
@@ -20,37 +20,37 @@ HELP = "per-dispatch GPU time of a model on a Vulkan device"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, cpu=False)
     parser.add_argument("--runs", type=int, default=20, help="timed replays (median; default 20)")
     parser.add_argument("--top", type=int, default=15, help="slowest dispatches to list")
     parser.set_defaults(random_input=True)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.device == "cpu":
-        print("vkserve profile: give a Vulkan device with --device N", file=sys.stderr)
-        return 2
-    try:
-        _, graph, inputs = prepare(args)
-        loaded = load_plan(graph, int(args.device), args.precision or "fp32",
-                           {n: a.shape for n, a in inputs.items()}, cache_dir=args.cache_dir)
-    except (UsageError, ModelFormatError, PlanError, DeviceNotFound, ValueError) as e:
-        print(f"vkserve profile: {e}", file=sys.stderr)
-        return 2
-    with loaded:
-        steps, total = profile_plan(loaded.plan, inputs, runs=args.runs)
+    with Progress(NAME, quiet=args.json) as progress:
+        try:
+            _, graph, inputs = prepare(args)
+            progress.stage(f"building the Vulkan Plan on {args.device}")
+            loaded = load_plan(graph, args.device.index, args.precision or "fp32",
+                               {n: a.shape for n, a in inputs.items()}, cache_dir=args.cache_dir,
+                               progress=progress)
+        except (UsageError, ModelFormatError, PlanError, DeviceNotFound, ValueError) as e:
+            raise CommandFailed.usage(str(e)) from None
+        with loaded:
+            progress.stage(f"timing {args.runs} replays of {len(loaded.plan.steps)} dispatches")
+            steps, total = profile_plan(loaded.plan, inputs, runs=args.runs)
     by_shader: dict[str, list[float]] = defaultdict(list)
     for s in steps:
         by_shader[s.shader].append(s.ms)
     shaders = sorted(((k, sum(v), len(v)) for k, v in by_shader.items()), key=lambda t: -t[1])
     if args.json:
-        print(json.dumps({"model": args.model, **loaded.info(), "gpu_ms": round(total, 4),
-                          "steps": [dataclasses.asdict(s) for s in steps],
-                          "by_shader": [{"shader": k, "ms": round(ms, 4), "dispatches": n}
-                                        for k, ms, n in shaders]}))
+        print_json({"model": args.model, **loaded.info(), "gpu_ms": round(total, 4),
+                    "steps": [dataclasses.asdict(s) for s in steps],
+                    "by_shader": [{"shader": k, "ms": round(ms, 4), "dispatches": n}
+                                  for k, ms, n in shaders]})
         return 0
-    print(f"{args.model} on {loaded.device.caps.name}, {loaded.plan.precision.value}: "
-          f"{total:.3f} ms of GPU time in {len(steps)} dispatches "
+    print(f"{args.model} on {args.device} ({loaded.device.caps.name}), "
+          f"{loaded.plan.precision.value}: {total:.3f} ms of GPU time in {len(steps)} dispatches "
           f"({loaded.plan.barrier_count} barriers), median of {args.runs}")
     print("\nby shader:")
     for shader, ms, n in shaders:

@@ -1,16 +1,15 @@
 """`vkserve run`: run a model outside the daemon and report outputs, latency and memory.
 
-MODEL is a model folder (``model.param`` + optional ``model.bin``) or a ``.param`` file (with
+MODEL is a model folder (``model.param`` + optional ``model.bin``, or pnnx's ``NAME.ncnn.param``
++ ``NAME.ncnn.bin``) or a ``.param`` file (with
 an optional ``.bin`` of the same stem). Without a ``.bin`` the weights are seeded random ones.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from vkserve.cli.commands._inputs import UsageError, load_inputs
+from vkserve.cli.commands._device import device_arg, vulkan_device_arg
+from vkserve.cli.commands._inputs import RANDOM_INPUT_HELP, UsageError, load_inputs
+from vkserve.cli.output import CommandFailed, print_json
+from vkserve.cli.progress import Progress
 from vkserve.devices.cpu.executor import Plan, PlanError
+from vkserve.devices.names import parse_device
 from vkserve.devices.reference import random_inputs
 from vkserve.devices.vulkan.engine import DeviceNotFound, load_plan
 from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from vkserve.models.errors import ModelFormatError
+from vkserve.models.files import model_files
 from vkserve.models.graph import Graph, load_model, read_param
 
 NAME = "run"
@@ -37,10 +41,11 @@ class ModelFiles:
 
 
 def resolve_model(path: str) -> ModelFiles:
-    """A folder holding model.param (+ model.bin), or a .param (+ a .bin beside it)."""
+    """A folder holding model.param (+ model.bin) or pnnx's NAME.ncnn.param (+ NAME.ncnn.bin),
+    or a .param (+ a .bin beside it)."""
     if os.path.isdir(path):
-        param = os.path.join(path, "model.param")
-        weights = os.path.join(path, "model.bin")
+        found = model_files(Path(path))
+        param, weights = str(found.param), str(found.weights)
     elif path.endswith(".param"):
         param = path
         weights = path[: -len(".param")] + ".bin"
@@ -52,13 +57,9 @@ def resolve_model(path: str) -> ModelFiles:
 
 
 def check_device(args: argparse.Namespace) -> None:
-    """--device is cpu or a Vulkan device index; --precision applies to Vulkan devices only."""
-    if args.device == "cpu":
-        if args.precision is not None:
-            raise UsageError("--precision applies to Vulkan devices; the CPU engine runs bf16")
-        return
-    if not args.device.isdigit():
-        raise UsageError(f"--device {args.device}: expected cpu or a Vulkan device index N")
+    """--precision applies to Vulkan devices only."""
+    if args.device.is_cpu and args.precision is not None:
+        raise UsageError("--precision applies to Vulkan devices; the CPU engine runs bf16")
 
 
 def _name_value(text: str, what: str) -> tuple[str, str]:
@@ -103,9 +104,16 @@ def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.n
     return files, graph, {**arrays, **generated}
 
 
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, *, cpu: bool = True) -> None:
+    """The flags of run, verify, profile and tune; ``cpu`` False: a Vulkan device only."""
     parser.add_argument("model", metavar="MODEL", help="model folder or .param file")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or a GPU index N")
+    if cpu:
+        parser.add_argument("--device", type=device_arg, default=parse_device("cpu"),
+                            metavar="DEVICE", help="cpu (default), vulkan:N or N (vulkan:N)")
+    else:
+        parser.add_argument("--device", type=vulkan_device_arg, default=parse_device("vulkan:0"),
+                            metavar="DEVICE", help="a Vulkan device: vulkan:N or N (default "
+                                                   "vulkan:0); not the CPU")
     parser.add_argument("--precision", choices=("fp32", "fp16"), default=None,
                         help="Vulkan devices: fp32 (default) or fp16 (fp16 arithmetic where the "
                              "device has it, else fp16 storage)")
@@ -122,42 +130,47 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
-    parser.add_argument("--random-input", action="store_true",
-                        help="seeded uniform [-1, 1) data for inputs not given with --input")
+    parser.add_argument("--random-input", action="store_true", help=RANDOM_INPUT_HELP)
     parser.add_argument("--repeat", type=int, default=10, metavar="K",
                         help="timed runs after the first (median reported; default 10)")
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        files, graph, inputs = prepare(args)
-        t0 = time.perf_counter()
-        shapes = {n: a.shape for n, a in inputs.items()}
-        if args.device == "cpu":
-            plan: Any = Plan(graph, shapes)
-            engine = {"device": "cpu", "precision": "bf16"}
-            loaded = None
-        else:
-            loaded = load_plan(graph, int(args.device), args.precision or "fp32", shapes,
-                               cache_dir=args.cache_dir)
-            plan = loaded.plan
-            engine = loaded.info()
-        compile_s = time.perf_counter() - t0
-    except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound) as e:
-        print(f"vkserve run: {e}", file=sys.stderr)
-        return 2
-    try:
-        return _run(args, files, plan, inputs, engine, compile_s)
-    finally:
-        if loaded is not None:
-            loaded.close()
+    with Progress(NAME, quiet=args.json) as progress:
+        try:
+            files, graph, inputs = prepare(args)
+            t0 = time.perf_counter()
+            shapes = {n: a.shape for n, a in inputs.items()}
+            if args.device.is_cpu:
+                plan: Any = Plan(graph, shapes)
+                engine = {"device": str(args.device), "precision": "bf16"}
+                loaded = None
+            else:
+                progress.stage(f"building the Vulkan Plan on {args.device}")
+                loaded = load_plan(graph, args.device.index, args.precision or "fp32", shapes,
+                                   cache_dir=args.cache_dir, progress=progress)
+                plan = loaded.plan
+                engine = loaded.info()
+            compile_s = time.perf_counter() - t0
+        except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound) as e:
+            raise CommandFailed.usage(str(e)) from None
+        try:
+            result = _measure(args, files, plan, inputs, engine, compile_s, progress)
+        finally:
+            if loaded is not None:
+                loaded.close()
+    return _report(args, result)
 
 
-def _run(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[str, np.ndarray],
-         engine: dict[str, Any], compile_s: float) -> int:
+def _measure(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[str, np.ndarray],
+             engine: dict[str, Any], compile_s: float, progress: Progress) -> dict[str, Any]:
+    # numba compiles the CPU kernels at their first call unless its cache has them (`vkserve
+    # cache warm` does it ahead): the first run is what may take long
+    progress.stage(f"first run on {args.device}")
     t0 = time.perf_counter()
     outputs = plan.run(inputs)
     first_s = time.perf_counter() - t0
+    progress.stage(f"{max(args.repeat, 0)} timed runs")
     times = []
     for _ in range(max(args.repeat, 0)):
         t0 = time.perf_counter()
@@ -177,8 +190,12 @@ def _run(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[st
         "arena_bytes": plan.arena_bytes,
         "naive_bytes": plan.naive_bytes,
     }
+    return result
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
         return 0
     print(f"model    {result['model']}  (weights: {result['weights']})")
     if "load_seconds" in result:
@@ -187,7 +204,8 @@ def _run(args: argparse.Namespace, files: ModelFiles, plan: Any, inputs: dict[st
     for o in result["outputs"]:
         print(f"output   {o['name']}  shape {tuple(o['shape'])}")
     print(f"latency  first {result['first_ms']:.2f} ms, median {result['median_ms']:.2f} ms "
-          f"over {len(times)} runs (compile {result['compile_ms']:.1f} ms)")
-    print(f"memory   arena {plan.arena_bytes / 2**20:.2f} MiB vs {plan.naive_bytes / 2**20:.2f} MiB "
-          f"for all blobs ({plan.naive_bytes / max(plan.arena_bytes, 1):.1f}x)")
+          f"over {result['runs']} runs (compile {result['compile_ms']:.1f} ms)")
+    arena, naive = result["arena_bytes"], result["naive_bytes"]
+    print(f"memory   arena {arena / 2**20:.2f} MiB vs {naive / 2**20:.2f} MiB "
+          f"for all blobs ({naive / max(arena, 1):.1f}x)")
     return 0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from vkserve.cli.commands._client import add_address_arguments, print_tree, run_client_command
+from vkserve.cli.output import print_json
 from vkserve.client import Client
 
 NAME = "status"
@@ -46,14 +46,14 @@ def format_status(status: dict[str, Any]) -> str:
                      f"({problem.get('reason', '?')}): {problem.get('detail', '')}")
     devices = status.get("devices")
     if isinstance(devices, list) and devices:
-        rows = [["#", "device", "kind", "healthy", "queued", "running", "runs", "models"]]
+        rows = [["device", "name", "kind", "healthy", "queued", "running", "runs", "models"]]
         for d in devices:
             if not isinstance(d, dict):
                 continue
             healthy = _yes(d.get("healthy"))
             if d.get("fault"):
                 healthy += f" ({d['fault']})"
-            rows.append([str(d.get("index", "?")), str(d.get("name", "?")), str(d.get("kind", "?")),
+            rows.append([str(d.get("device", "?")), str(d.get("name", "?")), str(d.get("kind", "?")),
                          healthy, str(d.get("queue_depth", 0)), str(d.get("in_flight", 0)),
                          str(d.get("runs", 0)), ", ".join(map(str, d.get("models", []))) or "-"])
         lines.append("devices")
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     def body(client: Client) -> int:
         status = client.status()
         if args.json:
-            print(json.dumps(status, indent=2, default=str))
+            print_json(status, indent=2)
             return 0
         text = format_status(status)
         if text:

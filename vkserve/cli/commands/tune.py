@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
-import sys
 from typing import Any
 
 import numpy as np
@@ -24,9 +22,10 @@ from vkserve.cache.cache_file import DeviceIdentity
 from vkserve.cache.persist import default_cache_dir
 from vkserve.cli.commands._inputs import UsageError
 from vkserve.cli.commands.run import add_common_arguments, prepare
-from vkserve.devices.capabilities import DeviceKind
-from vkserve.devices.discovery import discover_devices
-from vkserve.devices.vulkan.engine import DeviceNotFound
+from vkserve.cli.output import CommandFailed, print_json
+from vkserve.cli.progress import Progress
+from vkserve.devices.capabilities import DeviceCaps, Precision
+from vkserve.devices.vulkan.engine import DeviceNotFound, find_vulkan_device
 from vkserve.devices.vulkan.engine.plan import Plan, PlanError, engine_precision
 from vkserve.devices.vulkan.engine.profile import profile_plan
 from vkserve.devices.vulkan.engine.tuner import DispatchResult, summarize, tune_plan
@@ -38,13 +37,14 @@ from vkserve.devices.vulkan.engine.tuning import (
     tunable,
 )
 from vkserve.models.errors import ModelFormatError
+from vkserve.models.graph import Graph
 
 NAME = "tune"
 HELP = "tune work-group sizes of a model's dispatches on a Vulkan device; save the tuning file"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    add_common_arguments(parser, cpu=False)
     parser.add_argument("--mode", choices=("normal", "rapid"), default="normal",
                         help="candidate list: normal (CLTuner's NORMAL within the device "
                              "limits; default) or rapid (powers of two up to 256 invocations)")
@@ -76,25 +76,22 @@ def _compare(base: Plan, tuned: Plan, inputs: dict[str, np.ndarray],
 
 
 def main(args: argparse.Namespace) -> int:
-    from vkserve.devices.vulkan.device import VulkanDevice  # noqa: PLC0415 (Vulkan stays optional)
-
-    if args.device == "cpu":
-        print("vkserve tune: give a Vulkan device with --device N", file=sys.stderr)
-        return 2
     if args.runs < 1 or args.margin < 0 or args.profile_runs < 1:
-        print("vkserve tune: --runs and --profile-runs >= 1, --margin >= 0", file=sys.stderr)
-        return 2
+        raise CommandFailed.usage("--runs and --profile-runs >= 1, --margin >= 0")
     try:
         _, graph, inputs = prepare(args)
-        gpus = [d for d in discover_devices() if d.kind is DeviceKind.VULKAN]
-        caps = next((d for d in gpus if d.index == int(args.device)), None)
-        if caps is None:
-            raise DeviceNotFound(f"no Vulkan device {args.device} (Vulkan devices: "
-                                 f"{[d.index for d in gpus] or 'none'})")
+        caps = find_vulkan_device(args.device.index)
         mode = engine_precision(caps, args.precision or "fp32")
     except (UsageError, ModelFormatError, PlanError, DeviceNotFound, ValueError) as e:
-        print(f"vkserve tune: {e}", file=sys.stderr)
-        return 2
+        raise CommandFailed.usage(str(e)) from None
+    with Progress(NAME, quiet=args.json) as progress:
+        return _tune(args, graph, inputs, caps, mode, progress)
+
+
+def _tune(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.ndarray], caps: DeviceCaps,
+          mode: Precision, progress: Progress) -> int:
+    from vkserve.devices.vulkan.device import VulkanDevice  # noqa: PLC0415 (Vulkan stays optional)
+
     shapes = {n: a.shape for n, a in inputs.items()}
     cache_dir = args.cache_dir or default_cache_dir()
     # Tuning builds hundreds of candidate pipelines, which stay alive in the device's
@@ -103,20 +100,22 @@ def main(args: argparse.Namespace) -> int:
     # candidates stay out of the cache file too), and the comparison a fresh one.
     tuner = VulkanDevice(caps, cache_dir)
     try:
+        progress.stage(f"building the Vulkan Plan on {args.device}")
         try:
-            base = Plan(tuner, graph, shapes, mode, tuned=False)
+            base = Plan(tuner, graph, shapes, mode, tuned=False, progress=progress)
         except PlanError as e:
-            print(f"vkserve tune: {e}", file=sys.stderr)
-            return 2
+            raise CommandFailed.usage(str(e)) from None
         with base:
             fixed = sum(1 for s in base.steps if s.dispatch is not None and not tunable(s.dispatch))
             table = table_for(tuner) or TuningTable(DeviceIdentity.from_caps(caps))
+            progress.stage(f"timing candidate work-group sizes ({args.mode} mode)")
             results = tune_plan(base, inputs, table, mode=args.mode, runs=args.runs,
-                                margin=args.margin)
+                                margin=args.margin, progress=progress)
         path = device_tuning_path(tuner)
     finally:
         tuner.close(save=False)
     saved = bool(path) and not args.no_save and table.save(path)  # type: ignore[arg-type]
+    progress.stage("comparing the default and the tuned Plan (outputs, GPU time)")
     device = VulkanDevice(caps, cache_dir)
     try:
         set_table(device, table)  # also when not saved (--no-save, another writer)
@@ -131,20 +130,24 @@ def main(args: argparse.Namespace) -> int:
     diff = max((float(np.max(np.abs(got[k] - expected[k]))) if expected[k].size else 0.0
                 for k in expected), default=0.0)
     totals = summarize(results)
+    progress.done(f"{totals['dispatches_measured']} distinct dispatches measured, "
+                  f"{totals['dispatches_improved']} improved")
     if args.json:
-        print(json.dumps({"model": args.model, "device": f"vulkan:{caps.index}",
-                          "device_name": caps.name, "driver_version": caps.driver_version,
-                          "precision": mode.value, "mode": args.mode,
-                          "tuning_file": str(path) if path else None, "saved": saved,
-                          "before_ms": round(before, 5), "after_ms": round(after, 5),
-                          "tuned_dispatches": tuned_count, "max_abs_diff": diff,
-                          "fixed_local_size_dispatches": fixed,
-                          **{k: round(v, 5) if isinstance(v, float) else v
-                             for k, v in totals.items()},
-                          "dispatches": [_row(r) for r in results]}))
+        # dispatches_measured/_improved count distinct dispatches (tuner.summarize);
+        # dispatches_using_tuned_size/_with_fixed_local_size count the Plan's dispatches
+        print_json({"model": args.model, "device": str(args.device),
+                    "device_name": caps.name, "driver_version": caps.driver_version,
+                    "precision": mode.value, "mode": args.mode,
+                    "tuning_file": str(path) if path else None, "saved": saved,
+                    "before_ms": round(before, 5), "after_ms": round(after, 5),
+                    "dispatches_using_tuned_size": tuned_count, "max_abs_diff": diff,
+                    "dispatches_with_fixed_local_size": fixed,
+                    **{k: round(v, 5) if isinstance(v, float) else v for k, v in totals.items()},
+                    "dispatches": [_row(r) for r in results]})
         return 0
-    print(f"{args.model} on {caps.name}, {mode.value}, {args.mode} mode: "
-          f"{len(results)} distinct dispatches tuned, {totals['improved']} improved, "
+    print(f"{args.model} on {args.device} ({caps.name}), {mode.value}, {args.mode} mode: "
+          f"{totals['dispatches_measured']} distinct dispatches measured, "
+          f"{totals['dispatches_improved']} improved, "
           f"{fixed} dispatches keep the local size their shader fixes")
     for r in results:
         mark = "*" if r.improved else " "

@@ -5,11 +5,11 @@ deviate (tolerances and the rule in ``vkserve.devices.reference``)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from vkserve.cli.commands._inputs import UsageError
 from vkserve.cli.commands.run import add_common_arguments, prepare
+from vkserve.cli.output import CommandFailed, print_json
+from vkserve.cli.progress import Progress
 from vkserve.devices.cpu.executor import PlanError
 from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.devices.reference import NcnnError
@@ -39,16 +39,20 @@ def main(args: argparse.Namespace) -> int:
     args.random_input = True
     try:
         files, graph, inputs = prepare(args)
-        if args.device == "cpu":
-            report = verify_cpu(graph, files.param, files.bin, inputs, seed=args.seed, reduced=True)
-        else:
-            report = verify_vulkan(graph, files.param, files.bin, inputs, int(args.device),
-                                   args.precision or "fp32", args.cache_dir, reduced=True)
+        with Progress(NAME, quiet=args.json) as progress:
+            if args.device.is_cpu:
+                report = verify_cpu(graph, files.param, files.bin, inputs, seed=args.seed,
+                                    reduced=True, progress=progress)
+            else:
+                report = verify_vulkan(graph, files.param, files.bin, inputs, args.device.index,
+                                       args.precision or "fp32", args.cache_dir, reduced=True,
+                                       progress=progress)
+            progress.done(f"compared {len(report.outputs)} output(s): "
+                          f"{'ok' if report.ok else 'MISMATCH'}")
     except (UsageError, ModelFormatError, PlanError, VulkanPlanError, DeviceNotFound, NcnnError) as e:
-        print(f"vkserve verify: {e}", file=sys.stderr)
-        return 2
+        raise CommandFailed.usage(str(e)) from None
     if args.json:
-        print(json.dumps(report.to_json()))
+        print_json(report.to_json())
     else:
         print(f"{report.model}: device {report.device}, precision {report.precision}")
         print(f"reference {report.reference}; reduced-precision reference "

@@ -200,6 +200,14 @@ def run_vkserve_cpu(out_dir: Path, images: np.ndarray) -> np.ndarray:
     return np.stack([plan.run({"data": img})["prob"].reshape(-1) for img in images])
 
 
+def save_png(path: Path, img: np.ndarray) -> None:
+    """The sample as the 8-bit grey image ``config.toml``'s [preprocess] reads back (pixel =
+    value * 255 / 16; norm = 16 / 255 undoes it to within half a level)."""
+    from PIL import Image  # Pillow: a test extra, and `vkserve[images]`
+
+    Image.fromarray(np.round(img[0] * (255 / 16)).astype(np.uint8)).save(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=40)
@@ -233,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         i = next(j for j, t in enumerate(test) if labels[t] == k and pred_test[j] == k)
         img = images[test[i]]
         np.save(samples / f"{k}.npy", img)
+        save_png(samples / f"{k}.png", img)
         expected[str(k)] = {
             "label": k,
             "dataset_index": int(test[i]),

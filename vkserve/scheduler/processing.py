@@ -1,0 +1,63 @@
+"""Where the scheduler applies a model's ``[preprocess]`` and ``[postprocess]``
+(``vkserve.processing``): before a request's tensors are validated and after its result is in.
+Image work runs in a worker thread, never on the event loop (a top-k over a score vector is
+cheap and runs inline). A ProcessingError is the request's BAD_REQUEST."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import trio
+
+from vkserve.client.meaning import MeaningKind
+from vkserve.processing.errors import ProcessingError
+from vkserve.processing.postprocess import explain
+from vkserve.processing.preprocess import Geometry, prepare_inputs, wants_preprocessing
+from vkserve.scheduler.errors import BadInput
+from vkserve.scheduler.jobs import InferResult, client_batch
+from vkserve.scheduler.registry import ModelSpec
+
+__all__ = ["explain_result", "prepare_request"]
+
+Geometries = tuple[Geometry, ...]
+
+
+async def prepare_request(spec: ModelSpec, inputs: dict[str, np.ndarray]
+                          ) -> tuple[dict[str, np.ndarray], Geometries | None]:
+    """The request's inputs with an image (uint8) for the preprocessed input converted, and
+    each image's geometry; ``(inputs, None)`` when there is nothing to convert."""
+    pre = spec.preprocess
+    if pre is None or not wants_preprocessing(inputs.get(pre.input)):
+        return inputs, None
+    try:
+        return await trio.to_thread.run_sync(prepare_inputs, pre, inputs, spec.name)
+    except ProcessingError as exc:
+        raise BadInput(str(exc)) from None
+
+
+async def explain_result(spec: ModelSpec, result: InferResult, inputs: dict[str, np.ndarray],
+                         geometries: Geometries | None) -> InferResult:
+    """``result`` with its meanings (``spec.postprocess``); ``inputs`` are the tensors that
+    ran. A float tensor sent for a preprocessed input maps boxes to its own pixels."""
+    post = spec.postprocess
+    if post is None or post.output not in result.outputs:
+        return result
+    items = client_batch(spec.name, spec.inputs, inputs, spec.max_batch_size)
+    count = 1 if items is None else len(items)
+    per_item: tuple[Geometry | None, ...] = (None,) * count
+    if geometries is not None:
+        per_item = geometries
+    elif spec.preprocess is not None:
+        h, w = inputs[spec.preprocess.input].shape[-2:]
+        per_item = (Geometry.identity(h, w),) * count
+    work = functools.partial(explain, post, result.outputs, per_item, items is not None, spec.name)
+    try:
+        if post.kind is MeaningKind.SEGMENTATION:
+            meanings = await trio.to_thread.run_sync(work)
+        else:
+            meanings = work()
+    except ProcessingError as exc:
+        raise BadInput(str(exc)) from None
+    return dataclasses.replace(result, meanings=meanings)
