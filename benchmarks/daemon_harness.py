@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vkserve.client import Client  # noqa: E402
+from vkserve.client.errors import ClientError  # noqa: E402
 
 
 def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, str] | None = None,
@@ -33,11 +34,11 @@ def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, 
     while time.monotonic() < deadline and proc.poll() is None:
         if sock.exists():
             try:
-                with Client.connect(f"unix:{sock}") as c:
+                with Client.connect(f"unix:{sock}", timeout=5) as c:
                     models = c.models()
                     if models and all(m.get("state") == "ready" for m in models):
                         return proc, sock
-            except OSError:
+            except (OSError, ClientError):  # not listening yet, or busy starting: ask again
                 pass
         time.sleep(0.2)
     proc.kill()

@@ -1,13 +1,18 @@
 """Per-request overhead of the daemon and its throughput at concurrency 1/4/16.
 
-    python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--requests N] [--json OUT]
+    python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--requests N]
+        [--concurrency 1,4,16] [--scheduler "cpu_instances = 1"] [--json OUT]
 
 Starts `vkserve serve` on a temporary Unix socket with the digits example (a tiny model) on
 the chosen devices, then:
 - one sync client, N sequential requests: round-trip p50/p99, the daemon's own run time
   for the same requests (`run_seconds` in each reply) and the same model run in-process
   (the engine the daemon uses, no daemon); overhead = round trip - in-process run time;
-- `vkserve bench`'s load generator at concurrency 1, 4 and 16 (throughput, p50/p99).
+- the daemon's CPU seconds per request over those N requests (its process's user + system
+  time, every thread: a figure other load on the machine changes little);
+- the per-stage split the replies carry (median queue, copy-in, device, copy-out seconds);
+- `vkserve bench`'s load generator at each concurrency (throughput, p50/p99), with the
+  daemon's CPU per request over the whole sweep.
 """
 
 from __future__ import annotations
@@ -30,8 +35,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
-from vkserve.client import Client, TrioClient  # noqa: E402
+from vkserve.client import AsyncClient, Client, InferReply  # noqa: E402
 from vkserve.client.loadgen import BenchSettings, sweep  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -69,39 +80,52 @@ def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
     return statistics.median(times) * 1e3, engine
 
 
+def served(sock: Path) -> int:
+    """Requests the daemon has answered so far (its status)."""
+    with Client.connect(f"unix:{sock}") as c:
+        return int(c.status()["server"]["requests_done"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="cpu", choices=["cpu", "gpu", "all"])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--window", type=float, default=2.0)
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--scheduler", default="", help="extra [scheduler] lines for the daemon")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     x = np.load(ROOT / "vkserve/examples/digits/samples/3.npy").astype(np.float32)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as d:
-        proc, sock = start_daemon(Path(d), digits_repository(Path(d), args.devices))
+        proc, sock = start_daemon(Path(d), digits_repository(Path(d), args.devices),
+                                  scheduler=args.scheduler)
         try:
-            rtt, server_run = [], []
+            rtt: list[float] = []
             with Client.connect(f"unix:{sock}") as c:
                 for _ in range(50):
                     c.infer("digits", {"data": x})
+                cpu_before = cpu_seconds(proc.pid)
                 for _ in range(args.requests):
                     t0 = time.perf_counter()
                     c.infer("digits", {"data": x})
                     rtt.append(time.perf_counter() - t0)
+                sequential_cpu = (cpu_seconds(proc.pid) - cpu_before) / args.requests
 
-            async def replies() -> list[float]:
-                async with TrioClient.connect(f"unix:{sock}") as tc:
-                    out = []
-                    for _ in range(200):
-                        r = await tc.infer_detailed("digits", {"data": x})
-                        out.append(r.run_seconds or 0.0)
-                    return out
+            async def replies() -> list[InferReply]:
+                async with AsyncClient.connect(f"unix:{sock}") as tc:
+                    return [await tc.infer_detailed("digits", {"data": x}) for _ in range(200)]
 
-            server_run = trio.run(replies)
+            answers = trio.run(replies)
+            stages = {name: round(statistics.median(getattr(r, name) or 0.0 for r in answers) * 1e3, 4)
+                      for name in ("queue_seconds", "copy_in_seconds", "device_seconds",
+                                   "copy_out_seconds", "run_seconds")}
             settings = BenchSettings("digits", {"data": x}, window_seconds=args.window,
                                      max_windows=8)
-            levels = trio.run(lambda: sweep(lambda: TrioClient.connect(f"unix:{sock}"),
-                                            settings, concurrencies=[1, 4, 16]))
+            served_before, cpu_before = served(sock), cpu_seconds(proc.pid)
+            levels = trio.run(lambda: sweep(lambda: AsyncClient.connect(f"unix:{sock}"),
+                                            settings, concurrencies=concurrencies))
+            sweep_cpu = (cpu_seconds(proc.pid) - cpu_before) / max(1, served(sock) - served_before)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
@@ -110,12 +134,16 @@ def main() -> int:
         "machine": f"{os.uname().machine}, {os.cpu_count()} cores",
         "devices": args.devices, "engine": engine, "requests": args.requests,
         "rtt_p50_ms": round(pct(rtt, 50), 3), "rtt_p99_ms": round(pct(rtt, 99), 3),
-        "server_run_p50_ms": round(pct(server_run, 50), 3),
+        "scheduler": args.scheduler,
+        "server_stages_p50_ms": stages,
+        "daemon_cpu_ms_per_request": {"sequential": round(sequential_cpu * 1e3, 3),
+                                      "sweep": round(sweep_cpu * 1e3, 3)},
         "in_process_p50_ms": round(local_ms, 3),
         "overhead_p50_ms": round(pct(rtt, 50) - local_ms, 3),
         "overhead_p99_ms": round(pct(rtt, 99) - local_ms, 3),
         "throughput": [{"concurrency": int(r.level), "req_per_s": r.throughput,
-                        "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "stable": r.stable}
+                        "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "server_batch": r.server_batch,
+                        "stable": r.stable}
                        for r in levels],
     }
     print(json.dumps(result, indent=2))

@@ -87,6 +87,12 @@ data = [3, 8, 8]
     assert graph.blob_shapes["prob"] == (10,) and graph.layers[3].weights[0].size == 2560
 
 
+def test_devices_by_name(tmp_path: Path) -> None:
+    """The devices list takes the names used everywhere else (vkserve.devices.names) too."""
+    model(tmp_path, "m", config='devices = ["vulkan:1", "CPU", 0, "2"]\n')
+    assert ModelRepository(tmp_path).scan()["m"].devices == (1, "cpu", 0, 2)
+
+
 def test_input_tables_with_shapes_and_bounds(tmp_path: Path) -> None:
     model(tmp_path, "m", param=OPEN.replace("InnerProduct fc 1 1 r prob 0=10 1=1 2=2560", "Noop n 1 1 r prob"),
           config="""
@@ -122,6 +128,8 @@ def test_a_shapeless_input_without_config_loads(tmp_path: Path) -> None:
     ("precision = 'fp8'\n", TINY, True, "bad/config.toml: key 'precision'"),
     ("devices = 'gpus'\n", TINY, True, "bad/config.toml: key 'devices'"),
     ("devices = [-1]\n", TINY, True, "bad/config.toml: key 'devices'"),
+    ("devices = ['gpu0']\n", TINY, True, "bad/config.toml: key 'devices'"),
+    ("devices = [true]\n", TINY, True, "bad/config.toml: key 'devices'"),
     ("cpu_fallback = 1\n", TINY, True, "bad/config.toml: key 'cpu_fallback'"),
     ("inputs = 3\n", TINY, True, "bad/config.toml: key 'inputs'"),
     ("[inputs]\ndata = [3, 0, 8]\n", TINY, True, "bad/config.toml: key 'inputs.data'"),

@@ -13,8 +13,9 @@ Per connection (DESIGN §8):
   (``limits.AuthThrottle``); only then does it count in ``max_connections``;
 - a nursery owns one task per request, so many requests are in flight at once; a ``cancel`` op
   cancels the target's task, which then answers ``CANCELLED``;
-- a send lock keeps frames whole on the stream; a peer that stops reading is dropped after
-  ``send_timeout``;
+- frames to send queue in an outbox, written in order by one task at a time, which sends
+  every frame queued meanwhile in one write (the answers of a batch: one syscall), so frames
+  stay whole on the stream; a peer that stops reading is dropped after ``send_timeout``;
 - when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs;
 - before authentication only an ``auth`` request is decoded; anything else is answered
   ``UNAUTHENTICATED`` by its id, fields unread, and the connection closes;
@@ -43,6 +44,7 @@ from typing import Any, Protocol
 import trio
 
 from vkserve.client.framing import HEADER_SIZE
+from vkserve.client.meaning import meanings_to_wire
 from vkserve.client.protocol import (
     CONNECTION_ERROR_ID,
     MAX_REQUEST_ID,
@@ -67,10 +69,12 @@ from vkserve.client.protocol import (
     encode_infer_result,
     parse_request,
 )
+from vkserve.client.shm import MAX_REGIONS
 from vkserve.daemon.backend import Backend, Wire, to_wire
 from vkserve.daemon.config import Config
 from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog
 from vkserve.daemon.shm import RegionError, Regions
+from vkserve.devices.names import DeviceNameError, parse_device
 from vkserve.scheduler import InferResult, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -79,7 +83,7 @@ __all__ = ["Connection", "Host", "PREAUTH_MAX_FRAME_SIZE", "RequestFailed"]
 
 RECV_SIZE = 256 * 1024
 #: Shared memory per Unix-socket connection (vkserve.daemon.shm): regions, and their bytes.
-SHM_MAX_REGIONS = 16
+SHM_MAX_REGIONS = MAX_REGIONS  # the client keeps to it (vkserve.client.shm)
 SHM_MAX_BYTES = 1 << 30
 #: File descriptors a connection may have sent ahead of the shm_register requests that take
 #: them; more are closed on arrival (and those requests then fail).
@@ -159,7 +163,12 @@ class Connection:
         self.decoder = FrameDecoder(
             min(PREAUTH_MAX_FRAME_SIZE, self.cfg.max_frame_size) if needs_auth else self.cfg.max_frame_size
         )
-        self.send_lock = trio.StrictFIFOLock()
+        #: frames waiting to be written, in order; a task writing them holds ``_writing``
+        self._outbox: list[bytes] = []
+        self._writing = False
+        self._queued = 0  # frames ever queued
+        self._written = 0  # of those, frames written
+        self._wrote = trio.Event()  # set (and replaced) after every write
         #: request id -> the cancel scope of its task (requests in flight on this connection)
         self.tasks: dict[int, trio.CancelScope] = {}
         self.infer_in_flight = 0
@@ -586,8 +595,8 @@ class Connection:
             assert response is not None
             frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
         # No longer in flight from here: with no checkpoint in between, the answer takes its
-        # place in the send lock's FIFO, behind any refusal of a duplicate of its id (sent
-        # while the id was in flight) and ahead of the drain's goodbye.
+        # place in the outbox, behind any refusal of a duplicate of its id (sent while the id
+        # was in flight) and ahead of the drain's goodbye.
         self.tasks.pop(request.id, None)
         await self._send_frame(frame)
 
@@ -609,17 +618,21 @@ class Connection:
         raise RequestFailed(ErrorCode.BAD_REQUEST, f"op {request.op!r} is not served")
 
     def _device_indices(self, names: list[str]) -> list[int]:
-        """Wire device names (``"0"``, ``"1"``, ``"cpu"``) as the scheduler's device indices."""
+        """Wire device names (``cpu``, ``vulkan:N``, ``N``: devices.names) as the scheduler's
+        device indices (a Vulkan device's is its Vulkan index)."""
         cpu = [d.index for d in self.server.backend.status().devices if d.kind == "cpu"]
         out: list[int] = []
-        for name in names:
-            if name.isascii() and name.isdigit() and len(name) <= 6:  # as parse_request checks
-                out.append(int(name))
-            elif name == "cpu" and cpu:
+        for text in names:
+            try:
+                name = parse_device(text)
+            except DeviceNameError as exc:
+                raise RequestFailed(ErrorCode.BAD_REQUEST, f"field 'devices': {exc}") from None
+            if not name.is_cpu:
+                out.append(name.index)
+            elif cpu:
                 out.append(cpu[0])
             else:
-                raise RequestFailed(ErrorCode.BAD_REQUEST,
-                                    f"field 'devices': {name!r} is not a device index or 'cpu'")
+                raise RequestFailed(ErrorCode.BAD_REQUEST, "field 'devices': the daemon has no CPU device")
         return out
 
     async def _infer(self, request: InferRequest, received_at: float) -> dict[str, Wire]:
@@ -645,9 +658,11 @@ class Connection:
         if result.stages is not None:  # the execution's split (a batch's: all its jobs')
             stages = {"copy_in_seconds": result.stages.copy_in, "device_seconds": result.stages.run,
                       "copy_out_seconds": result.stages.copy_out}
+        # the model's [postprocess], one entry per item (vkserve.client.meaning)
+        meanings = {"postprocess": meanings_to_wire(result.meanings)} if result.meanings else {}
         return encode_infer_result(result.outputs, placed=placed, device=result.device,
                                    queue_seconds=result.queue_seconds, run_seconds=result.run_seconds,
-                                   batch_size=result.batch_size, **stages)
+                                   batch_size=result.batch_size, **stages, **meanings)
 
     # ------------------------------------------------------------------ writing
 
@@ -658,27 +673,51 @@ class Connection:
         await self._send_response(Response.failure(CONNECTION_ERROR_ID, code, message))
 
     async def _send_frame(self, frame: bytes) -> None:
-        """Write one whole frame, or mark the connection broken and stop its reader."""
+        """Write one whole frame (queued in order; returns once it is written), or mark the
+        connection broken and stop its reader. The frame is queued before the first
+        checkpoint, so frames go out in the order this is called."""
         if self._broken:
             return
-        async with self.send_lock:
-            if self._broken:
-                return
-            # Only the connection's own teardown can cancel a send (answers are sent outside
-            # their request's cancel scope); a frame torn that way marks the stream unusable.
-            completed = False
-            try:
-                with trio.move_on_after(self.cfg.send_timeout) as timer:
-                    await self.stream.send_all(frame)
-                    completed = True
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._mark_broken(f"send failed: {exc!r}")
-                return
-            finally:
-                if not completed and not self._broken:
-                    self._broken = True
-            if timer.cancelled_caught:
-                self._mark_broken(f"client did not read for {self.cfg.send_timeout} s")
+        self._outbox.append(frame)
+        self._queued += 1
+        mine = self._queued
+        while self._written < mine and not self._broken:
+            if self._writing:  # the writing task takes this frame in its next write
+                await self._wrote.wait()
+            else:
+                await self._write_outbox()
+
+    async def _write_outbox(self) -> None:
+        """Write everything queued, one ``send_all`` per round (what queued meanwhile goes in
+        the next round)."""
+        self._writing = True
+        try:
+            while self._outbox and not self._broken:
+                frames, self._outbox = self._outbox, []
+                # Only the connection's own teardown can cancel a send (answers are sent
+                # outside their request's cancel scope); frames torn that way mark the stream
+                # unusable.
+                completed = False
+                try:
+                    with trio.move_on_after(self.cfg.send_timeout) as timer:
+                        await self.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+                        completed = True
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._mark_broken(f"send failed: {exc!r}")
+                    return
+                finally:
+                    if not completed and not self._broken:
+                        self._broken = True
+                if timer.cancelled_caught:
+                    self._mark_broken(f"client did not read for {self.cfg.send_timeout} s")
+                    return
+                self._written += len(frames)
+                self._wrote.set()
+                self._wrote = trio.Event()
+        finally:
+            self._writing = False
+            self._wrote.set()  # waiters look again: written, broken, or one of them writes next
+            self._wrote = trio.Event()
 
     def _mark_broken(self, reason: str) -> None:
         log.info("connection %s: %s; closing it", self.peer, reason)

@@ -50,7 +50,8 @@ from vkserve.daemon.listeners import (
     open_tcp_listeners,
     tcp_listen_address,
 )
-from vkserve.daemon.metrics import DaemonMetrics, LoadRecorder, device_label
+from vkserve.daemon.metrics import DaemonMetrics, LoadRecorder
+from vkserve.devices.cpu import threads as cpu_threads
 from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.devices.discovery import GpuProblem
 from vkserve.scheduler import (
@@ -104,7 +105,7 @@ class Server:
         self.listening: list[str] = []
         self.repository: Path | None = None
         self._all_closed = trio.Event()
-        self.metrics = DaemonMetrics(backend.status)
+        self.metrics = DaemonMetrics(backend.status, backend.models)
         self._loads = LoadRecorder(self.metrics)
         self._device_labels: dict[int, str] = {}
         self.ready_announced = False
@@ -122,9 +123,10 @@ class Server:
     # ------------------------------------------------------------------ metrics and health
 
     def device_labels(self) -> dict[int, str]:
-        """Device index -> metrics label (``vulkan0``, ``cpu``); devices never change."""
+        """Device index -> metrics label, the device's name (``vulkan:0``, ``cpu``); devices
+        never change."""
         if not self._device_labels:
-            self._device_labels = {d.index: device_label(d) for d in self.backend.status().devices}
+            self._device_labels = {d.index: d.device for d in self.backend.status().devices}
         return self._device_labels
 
     def exposition(self) -> bytes:
@@ -148,7 +150,8 @@ class Server:
         else:
             device = self.device_labels().get(result.device_index, str(result.device_index))
             self.metrics.observe_request(model, device, outcome, total=total,
-                                         queue=result.queue_seconds, execution=result.run_seconds)
+                                         queue=result.queue_seconds, execution=result.run_seconds,
+                                         batch_size=result.batch_size)
 
     def readiness(self) -> tuple[bool, str]:
         """``/readyz``: every configured model ready on at least one healthy device.
@@ -194,7 +197,7 @@ class Server:
             models = self.backend.models()
         except Exception as exc:  # advisory text only
             return f"status unavailable: {exc}"
-        devices = ", ".join(f"{d.name}{'' if d.healthy else ' (FAILED)'}"
+        devices = ", ".join(f"{d.device}{'' if d.healthy else ' (FAILED)'}"
                             for d in status.devices) or "none"
         names = ", ".join(f"{m.name} ({m.state})" for m in models) or "none"
         return f"devices: {devices}; models: {names}; requests served: {self.requests_done}"
@@ -325,10 +328,13 @@ class Server:
 def _example_command(
     models: list[ModelInfo], repository: Path | None, socket_path: Path, default_socket: Path
 ) -> str:
-    """``vkserve infer ...`` for the first model, with a sample input when the folder has one."""
-    if not models:
+    """``vkserve infer ...`` for the first ready model (else one still loading), with a sample
+    input when the folder has one; ``vkserve models`` when none can answer (it says why)."""
+    usable = ([m for m in models if m.state is ModelState.READY]
+              or [m for m in models if m.state is ModelState.LOADING])
+    if not usable:
         return "vkserve models"
-    first = models[0]
+    first = usable[0]
     args = f"vkserve infer {first.name}"
     sample = None
     if repository is not None:
@@ -628,6 +634,9 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
     async def build() -> Backend:
         # the CPU kernels are compiled for this machine now (or loaded from their cache), not
         # by the first job that needs them
+        log.info("CPU kernels: compiling them for this machine, or loading them from numba's "
+                 "cache (a first start takes about 15 s)")
+        log.info("%s", cpu_threads.configure(config.cpu.threads))
         kernels = await trio.to_thread.run_sync(compile_kernels)
         log.info("%s", kernels.describe())
         hooks = parse_test_hooks(os.environ)
@@ -642,38 +651,44 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
 #: Test hooks (DESIGN issue 6: faults are injected in the device worker, not by mocking
 #: Vulkan), reached from outside the process: ``VKSERVE_TEST_DEVICE_DELAY="cpu=0.3,0=0.05"``
 #: adds seconds to every run on those devices, ``VKSERVE_TEST_DEVICE_FAULT="0=3"`` makes the
-#: next runs on device 0 fail as a lost device. Devices are indices or ``cpu``.
+#: next runs on device 0 fail as a lost device (``"0=3@500"``: the 3 runs after 500 more runs,
+#: a fault in the middle of a load). Devices are indices or ``cpu``.
 TEST_HOOK_VARS = {"VKSERVE_TEST_DEVICE_DELAY": "delay", "VKSERVE_TEST_DEVICE_FAULT": "fault"}
 
 
-def parse_test_hooks(env: Mapping[str, str]) -> list[tuple[str, str, float]]:
-    """``[(kind, device, value)]`` from the test-hook variables; ConfigError when malformed."""
+def parse_test_hooks(env: Mapping[str, str]) -> list[tuple[str, str, float, int]]:
+    """``[(kind, device, value, after)]`` from the test-hook variables; ConfigError when
+    malformed."""
     hooks = []
     for var, kind in TEST_HOOK_VARS.items():
         for item in filter(None, (p.strip() for p in env.get(var, "").split(","))):
             device, sep, value = item.partition("=")
+            value, at, after = value.partition("@")
             try:
                 number = float(value)
+                runs = int(after) if at else 0
             except ValueError:
-                number = -1.0
-            if not sep or not (device == "cpu" or device.isdigit()) or number < 0:
-                raise ConfigError(f"${var}: {item!r} is not DEVICE=NUMBER (DEVICE an index or cpu)")
-            hooks.append((kind, device, number))
+                number, runs = -1.0, -1
+            if (not sep or not (device == "cpu" or device.isdigit()) or number < 0 or runs < 0
+                    or (at and kind != "fault")):
+                raise ConfigError(f"${var}: {item!r} is not DEVICE=NUMBER (DEVICE an index or cpu"
+                                  f"{'; NUMBER@RUNS to start after RUNS runs' if kind == 'fault' else ''})")
+            hooks.append((kind, device, number, runs))
     return hooks
 
 
-def _hooked_devices(sched_cfg: SchedulerConfig, hooks: list[tuple[str, str, float]]
+def _hooked_devices(sched_cfg: SchedulerConfig, hooks: list[tuple[str, str, float, int]]
                     ) -> tuple[list[DeviceHandle], GpuProblem | None]:
     use_vulkan = sched_cfg.use_vulkan and vulkan_engine_available()
     handles, gpu_problem = discover_handles(use_vulkan=use_vulkan, cache_dir=sched_cfg.cache_dir)
-    for kind, device, value in hooks:
+    for kind, device, value, after in hooks:
         for h in handles:
             if (device == "cpu" and h.is_cpu) or (device.isdigit() and h.index == int(device)):
-                log.warning("TEST HOOK: device %d (%s): %s %g", h.index, h.name, kind, value)
+                log.warning("TEST HOOK: device %d (%s): %s %g after %d runs", h.index, h.name, kind, value, after)
                 if kind == "delay":
                     h.inject_delay(value)
                 else:
-                    h.inject_fault(int(value))
+                    h.inject_fault(int(value), after)
     return handles, gpu_problem
 
 

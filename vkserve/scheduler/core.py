@@ -12,8 +12,12 @@ Shape of the machinery (DESIGN §2/§3, issue 6 part 3):
   one of that device's slots frees (now, or when a running job is expected to end) plus the
   EWMA latency of that model on that device. If that device has a free slot the job starts;
   otherwise the job reserves that slot in the simulation (so later jobs see the device as
-  busier) and keeps waiting. The reservations are the per-device ``queue_depth`` in
-  ``status()``.
+  busier) and keeps waiting. The cost is batch-aware: jobs held for a busy device join the
+  batch they would run in there (same model and input shapes, up to ``max_batch_size``), so a
+  held job adds the batch's growth (measured per batch size, interpolated between sizes), not a
+  whole run; a fast device whose next batch ends soonest takes a burst rather than it spilling
+  to a slow free one, and load beyond one device keeps every device busy. The reservations are
+  the per-device ``queue_depth`` in ``status()``.
 - **Workers**: each device has a nursery (its worker) that owns the tasks of its running jobs;
   each job runs in ``trio.to_thread.run_sync`` under the device's CapacityLimiter, on one of
   the model's Plan instances on that device (one instance per slot; Plans are not re-entrant).
@@ -42,6 +46,7 @@ import numpy as np
 import trio
 
 from vkserve.devices.discovery import GpuProblem
+from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import Graph, Layer, build_graph
@@ -69,6 +74,7 @@ from vkserve.scheduler.errors import (
 )
 from vkserve.scheduler.jobs import InferResult, Job, client_batch, validate_inputs
 from vkserve.scheduler.plans import BuildState, ShapePlans, ShapeSlots
+from vkserve.scheduler.processing import explain_result, prepare_request
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
 from vkserve.scheduler.reports import (
     DeviceStatus,
@@ -109,6 +115,7 @@ class _Placement:
     running: int = 0
     load_seconds: float | None = None
     load_cache: Literal["cold", "warm"] | None = None  # cold: the load compiled GLSL
+    progress: str | None = None  # while loading: what is building (models() shows it)
 
 
 @dataclasses.dataclass(eq=False)
@@ -175,6 +182,16 @@ class _Device:
         return sorted([now] * max(0, self.slots - len(ends)) + ends)
 
 
+@dataclasses.dataclass
+class _HeldBatch:
+    """Placement's view of jobs held for a busy device: they would run there together, as
+    one batch in the slot that frees at ``start``, which the batch keeps until ``end``."""
+
+    start: float
+    size: int
+    end: float
+
+
 def _scan_with_fingerprints(repository: ModelRepository
                             ) -> dict[str, tuple[ModelSpec, tuple[Any, ...]]]:
     """Blocking: every folder's spec and content fingerprint (``ModelRepository.fingerprint``),
@@ -210,10 +227,12 @@ def _run_blocking(handle: DeviceHandle, executor: Executor,
 
 
 def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, instances: int,
-                      warmup: int) -> tuple[list[Executor], list[float], bool]:
+                      warmup: int, progress: ProgressFn | None = None
+                      ) -> tuple[list[Executor], list[float], bool]:
     """Worker thread: compile ``instances`` Plans of ``graph`` (built for one shape key) and
     run each ``warmup`` times; also returns whether GLSL was compiled meanwhile (a cold
     pipeline cache; a load running in parallel on the same device may be counted too).
+    ``progress`` hears of each Vulkan pipeline built.
 
     Warm-up runs go through the device hooks like jobs do, so an injected delay seeds the
     latency estimate and an injected fault fails the load the way a lost device would.
@@ -224,7 +243,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     inputs = {n: rng.standard_normal(graph.blob_shapes[n]).astype(np.float32) for n in spec.inputs}
     compiles = handle.glsl_compiles()
     try:
-        executors = load_executors(handle, graph, spec, instances)
+        executors = load_executors(handle, graph, spec, instances, progress)
         compiled = handle.glsl_compiles() > compiles
         if compiled:
             handle.save_pipeline_cache()  # a crash later still finds this load's pipelines
@@ -275,6 +294,8 @@ class Scheduler:
         self._load_limiter: trio.CapacityLimiter | None = None
         self._changed = trio.Event()
         self._recheck_at = math.inf  # when to re-run placement for jobs held by choice
+        self._recheck_scope: trio.CancelScope | None = None  # its timer (deadline: _recheck_at)
+        self._placement_stale = False  # admission skipped a pass (``_pass_needed``)
         self._stop = trio.Event()
         self._stopped = trio.Event()
         self._totals = JobTotals()
@@ -325,7 +346,7 @@ class Scheduler:
                 if self._state is SchedulerState.STARTING:  # aclose() may have come first
                     self._state = SchedulerState.RUNNING
                 log.info("scheduler running on %d device(s): %s", len(self._devices),
-                         ", ".join(f"{d.index}={d.handle.name}" for d in self._devices.values()))
+                         ", ".join(f"{d.handle.id} ({d.handle.name})" for d in self._devices.values()))
                 task_status.started()
                 nursery.start_soon(self._recheck_placement)
                 nursery.start_soon(self._startup_loads, startup)
@@ -372,14 +393,13 @@ class Scheduler:
     async def _recheck_placement(self) -> None:
         """Re-run placement when jobs wait for a busy device although another one is free:
         if the busy device does not free up when estimated, they may be better off moving.
-        (Every other reason to place jobs is an event that calls ``_dispatch`` itself.)"""
+        (Every other reason to place jobs is an event that calls ``_dispatch`` itself.) A
+        timer only: ``_dispatch`` moves its deadline, nothing else wakes it."""
         while True:
-            changed = self._changed
-            with trio.move_on_at(self._recheck_at):
-                await changed.wait()
-            if trio.current_time() >= self._recheck_at:
-                self._recheck_at = math.inf
-                self._dispatch()
+            with trio.CancelScope(deadline=self._recheck_at) as self._recheck_scope:
+                await trio.sleep_forever()
+            self._recheck_at = math.inf
+            self._dispatch()
 
     async def _startup_loads(self, startup: list[tuple[_Model, list[_Device]]]) -> None:
         try:
@@ -399,7 +419,7 @@ class Scheduler:
             try:
                 device.handle.close()
             except Exception:  # one device failing to close must not leak the others
-                log.exception("closing device %d failed", device.index)
+                log.exception("closing device %s failed", device.handle.id)
 
     @staticmethod
     def _close_executors(placement: _Placement) -> None:
@@ -431,7 +451,23 @@ class Scheduler:
         (or refused together when the queue cannot take them all) so they run batched; the
         outputs are stacked along a new leading dimension, and the first failure cancels the
         other items.
+
+        A model with ``[preprocess]`` also takes images for that input (uint8; converted in a
+        worker thread first); with ``[postprocess]`` the result carries ``meanings``.
         """
+        entry = self._models.get(model)
+        if entry is None or (entry.spec.preprocess is None and entry.spec.postprocess is None):
+            return await self._infer_tensors(model, inputs, priority=priority, deadline=deadline,
+                                             outputs=outputs)
+        spec = entry.spec
+        tensors, geometries = await prepare_request(spec, inputs)
+        result = await self._infer_tensors(model, tensors, priority=priority, deadline=deadline,
+                                           outputs=outputs)
+        return await explain_result(spec, result, tensors, geometries)
+
+    async def _infer_tensors(self, model: str, inputs: dict[str, np.ndarray], *,
+                             priority: int | None, deadline: float | None,
+                             outputs: list[str] | None) -> InferResult:
         self._check_accepting()
         entry = self._models.get(model)
         if entry is None:
@@ -475,7 +511,10 @@ class Scheduler:
             entry.queue.append(job)
         self._totals.submitted += len(jobs)
         self._notify()
-        self._dispatch()
+        if self._pass_needed(entry, jobs[0].key):
+            self._dispatch()
+        else:
+            self._placement_stale = True  # status() runs the pass for its queue depths
         if items is None:
             return await self._wait(jobs[0], entry)
         results: list[InferResult] = []
@@ -596,14 +635,45 @@ class Scheduler:
 
     def _latency(self, entry: _Model, placement: _Placement, batch: int = 1) -> float:
         """Expected run seconds of ``entry`` on the placement's device: its EWMA, else the
-        best one measured elsewhere, else the configured prior; a batch of n its own EWMA, or
-        n times one job's until measured (no gain assumed)."""
+        best one measured elsewhere, else the configured prior. A batch of n: its own EWMA,
+        else interpolated between the measured sizes around n (one job's latency is size 1);
+        past the largest measured size, that size's cost per job (so no gain is assumed
+        while only single jobs were measured)."""
         if batch > 1 and batch in placement.batch_latency:
             return placement.batch_latency[batch]
-        if placement.latency is not None:
-            return placement.latency * batch
-        known = [p.latency for p in entry.placements.values() if p.latency is not None]
-        return (min(known) if known else self.config.default_latency_s) * batch
+        single = placement.latency
+        if single is None:
+            known = [p.latency for p in entry.placements.values() if p.latency is not None]
+            single = min(known) if known else self.config.default_latency_s
+        if batch == 1:
+            return single
+        measured = {1: single, **placement.batch_latency}
+        low = max(n for n in measured if n < batch)
+        high = min((n for n in measured if n > batch), default=None)
+        if high is None:
+            return measured[low] * batch / low
+        step = (measured[high] - measured[low]) / (high - low)
+        return measured[low] + step * (batch - low)
+
+    def _pass_needed(self, entry: _Model, key: ShapeKey) -> bool:
+        """Can a placement pass do anything for a job of ``entry`` with input shapes ``key``
+        just admitted? Not while every healthy device holding the model is ready, has the
+        key's Plans and no slot free: the job then waits, and the pass that follows the next
+        run's end places it (a saturated daemon admits most jobs that way, so admission skips
+        a pass over the whole queue). Anything else (a free slot, Plans to build, a load, no
+        device) needs the pass."""
+        held = False
+        for index, placement in entry.placements.items():
+            device = self._devices.get(index)
+            if device is None or not device.healthy:
+                continue
+            shape = placement.plans.get(key)
+            if (placement.state is not PlacementState.READY or shape is None
+                    or shape.state is not BuildState.READY
+                    or (len(device.running) < device.slots and shape.free)):
+                return True
+            held = True
+        return not held
 
     def _dispatch(self) -> None:
         """One placement pass over every queued job (see the module docstring).
@@ -613,6 +683,7 @@ class Scheduler:
         """
         if self._state not in _WORKING:
             return
+        self._placement_stale = False
         now = trio.current_time()
         queued = sorted(((job, m) for m in self._entries() for job in m.queue),
                         key=lambda jm: Job.sort_key(jm[0]))
@@ -622,6 +693,10 @@ class Scheduler:
             if device.healthy:
                 avail[device.index] = device.slot_free_times(now)
         recheck = math.inf
+        # jobs held for a device, grouped as they would run there: one batch per (device,
+        # model version, input shapes) up to max_batch_size, so a held job costs a busy
+        # device its share of a batch rather than a whole run of its own
+        groups: dict[tuple[int, int, ShapeKey], _HeldBatch] = {}
         for job, entry in queued:
             if job not in entry.queue:  # started as part of a batch earlier in this pass
                 continue
@@ -629,7 +704,8 @@ class Scheduler:
                 self._end(job, error=DeadlineExceeded(
                     f"model '{job.model}': deadline passed while the job was queued"))
                 continue
-            best: tuple[tuple[float, int, int, int], _Device, _Placement, ShapeSlots, float] | None = None
+            best: tuple[tuple[float, int, int, int], _Device, _Placement, ShapeSlots,
+                        _HeldBatch | None] | None = None
             loading = False
             free_elsewhere = False
             for index, placement in entry.placements.items():
@@ -648,18 +724,25 @@ class Scheduler:
                     loading = loading or shape is not None or self._build_shape(
                         entry, placement, device, job.key)
                     continue
-                latency = self._latency(entry, placement)
                 start = avail[index][0]
                 free_elsewhere = free_elsewhere or start <= now
-                key = (start + latency, device.handle.rank, len(device.running), index)
+                group = groups.get((index, id(entry), job.key))
+                # joins the held batch while it has room and nothing is held behind it
+                if (group is not None and group.size < entry.spec.max_batch_size
+                        and group.end in avail[index]):
+                    finish = group.start + self._latency(entry, placement, group.size + 1)
+                else:
+                    group = None
+                    finish = max(start, now) + self._latency(entry, placement)
+                key = (finish, device.handle.rank, len(device.running), index)
                 if best is None or key < best[0]:
-                    best = (key, device, placement, shape, latency)
+                    best = (key, device, placement, shape, group)
             if best is None:
                 if loading or self._ensure_fallback(entry, job.excluded):
                     continue
                 self._end(job, error=self._no_device_error(entry, job))
                 continue
-            _, device, placement, shape, latency = best
+            (finish, *_), device, placement, shape, group = best
             slots = avail[device.index]
             if slots[0] <= now and shape.free:
                 batch, hold_until = self._form_batch(job, entry, placement, device.index, now)
@@ -673,13 +756,18 @@ class Scheduler:
                 slots[0] = now + latency
             else:
                 device.queue_depth += 1
+                if group is None:  # the first of a batch that runs when the slot frees
+                    group = _HeldBatch(max(slots[0], now), 0, slots[0])
+                    groups[(device.index, id(entry), job.key)] = group
                 if free_elsewhere:  # held by choice: look again when the slot should free
-                    recheck = min(recheck, max(slots[0], now + 1e-3))
-                slots[0] = max(slots[0], now) + latency
+                    recheck = min(recheck, max(group.start, now + 1e-3))
+                slots[slots.index(group.end)] = finish  # the batch's slot, now ending later
+                group.size, group.end = group.size + 1, finish
             slots.sort()
         if recheck < self._recheck_at:
             self._recheck_at = recheck
-            self._notify()  # the recheck task picks up the earlier time
+            if self._recheck_scope is not None:
+                self._recheck_scope.deadline = recheck
 
     def _no_device_error(self, entry: _Model, job: Job) -> SchedulerError:
         if job.excluded:
@@ -782,11 +870,11 @@ class Scheduler:
             return False
         if job.expired(trio.current_time()):
             self._end(job, error=DeadlineExceeded(
-                f"model '{job.model}': the run on device {device.index} ended after the deadline"))
+                f"model '{job.model}': the run on {device.handle.id} ended after the deadline"))
             return False
         names = job.outputs if job.outputs is not None else list(outputs)
         return self._end(job, result=InferResult(
-            outputs={n: outputs[n] for n in names}, device=device.handle.name,
+            outputs={n: outputs[n] for n in names}, device=device.handle.id,
             queue_seconds=job.dispatched - job.submitted, run_seconds=run_seconds,
             device_index=device.index, job_id=job.id, attempts=job.attempts,
             batch_size=batch_size, stages=stages))
@@ -794,11 +882,11 @@ class Scheduler:
     def _run_failed(self, batch: list[Job], entry: _Model, device: _Device, exc: Exception) -> None:
         """A run failed: a device fault moves its jobs elsewhere, anything else fails them."""
         if not is_device_fault(exc):
-            log.error("model %s on device %d: run of %d job(s) failed", entry.name, device.index,
+            log.error("model %s on %s: run of %d job(s) failed", entry.name, device.handle.id,
                       len(batch), exc_info=exc)
             for job in batch:
                 self._end(job, error=InternalError(
-                    f"model '{entry.name}' on device {device.index}: {type(exc).__name__}: {exc}"))
+                    f"model '{entry.name}' on {device.handle.id}: {type(exc).__name__}: {exc}"))
             return
         device.faults += 1
         self._mark_unhealthy(device, exc)
@@ -807,7 +895,7 @@ class Scheduler:
 
     def _retry_elsewhere(self, job: Job, entry: _Model, device: _Device, exc: Exception) -> None:
         job.excluded.add(device.index)
-        job.last_fault = f"device {device.index} ({device.handle.name}) failed: {exc}"
+        job.last_fault = f"{device.handle.id} ({device.handle.name}) failed: {exc}"
         if job.done.is_set():
             return
         if job.attempts >= 2:
@@ -815,8 +903,8 @@ class Scheduler:
                 f"model '{entry.name}': {job.last_fault} (already a retry; not retried again)"))
             return
         self._totals.retried += 1
-        log.warning("model %s: job %d moves off device %d (%s)", entry.name, job.id,
-                    device.index, exc)
+        log.warning("model %s: job %d moves off %s (%s)", entry.name, job.id,
+                    device.handle.id, exc)
         # keeps its id, so it sorts ahead of later arrivals; a job of a version replaced by a
         # reload goes to the new one when that takes the same inputs
         successor = self._models.get(entry.name)
@@ -830,8 +918,8 @@ class Scheduler:
         device.healthy = False
         device.fault = f"{type(exc).__name__}: {exc}"
         self._totals.device_faults += 1
-        log.error("device %d (%s) is unhealthy: %s; its jobs move to other devices",
-                  device.index, device.handle.name, exc)
+        log.error("%s (%s) is unhealthy: %s; its jobs move to other devices",
+                  device.handle.id, device.handle.name, exc)
         for entry in self._models.values():
             if device.index in entry.placements and not entry.unloading:
                 self._ensure_fallback(entry, set())
@@ -857,7 +945,7 @@ class Scheduler:
                     and placement is None
                     and entry.spec.allows(device.handle, fallback=True)):
                 log.warning("model %s: loading on %s on demand (no other healthy device has it)",
-                            entry.name, device.handle.name)
+                            entry.name, device.handle.id)
                 entry.placement(device.index)
                 self._nursery.start_soon(self._load, entry, [device])
                 return True
@@ -919,13 +1007,23 @@ class Scheduler:
         started = time.perf_counter()
         timings: list[float] = []
         compiled = False
+        keys = entry.spec.prebuilt
         try:
-            for key in entry.spec.prebuilt:
+            for k, key in enumerate(keys, 1):
+                building = (f"building Plans for {format_key(entry.spec.inputs, key)} "
+                            f"({k} of {len(keys)})")
+                placement.progress = building
+                log.info("model %s on %s: %s", entry.name, device.handle.id, building)
+
+                def built(done: int, total: int, what: str, building: str = building) -> None:
+                    # a worker thread: one str assignment, read by models()
+                    placement.progress = f"{building}: {done} of {total} pipelines"
+
                 placement.plans.building(key, pinned=True)
                 async with self._load_limiter:
                     executors, key_timings, key_compiled = await trio.to_thread.run_sync(
                         _compile_and_warm, device.handle, entry.graph(key), entry.spec,
-                        device.slots, warmup)
+                        device.slots, warmup, built)
                 placement.plans.ready(key, executors, executors_nbytes(executors))
                 timings += key_timings
                 compiled = compiled or key_compiled
@@ -933,17 +1031,19 @@ class Scheduler:
             if is_device_fault(exc):
                 device.faults += 1
                 self._mark_unhealthy(device, exc)
-            log.error("model %s on device %d: load failed: %s", entry.name, device.index, exc)
+            log.error("model %s on %s: load failed: %s", entry.name, device.handle.id, exc)
+            placement.progress = None
             await trio.to_thread.run_sync(self._close_executors, placement)
             self._placement_failed(entry, device, f"{type(exc).__name__}: {exc}")
             return
+        placement.progress = None
         placement.load_seconds = time.perf_counter() - started
         placement.load_cache = "cold" if compiled else "warm"
         if timings:
             placement.latency = statistics.median(timings[1:] if len(timings) > 1 else timings)
         placement.state = PlacementState.READY
         entry.error = None
-        log.info("model %s ready on device %d (%s) in %.2f s", entry.name, device.index,
+        log.info("model %s ready on device %s (%s) in %.2f s", entry.name, device.handle.id,
                  device.handle.name, placement.load_seconds)
         self._notify()
         self._dispatch()
@@ -976,13 +1076,13 @@ class Scheduler:
             if is_device_fault(exc):
                 device.faults += 1
                 self._mark_unhealthy(device, exc)
-            log.error("model %s on device %d: building Plans for %s failed: %s", entry.name,
-                      device.index, shapes, exc)
+            log.error("model %s on %s: building Plans for %s failed: %s", entry.name,
+                      device.handle.id, shapes, exc)
             error: SchedulerError = (
                 BadInput(f"model '{entry.name}': input shapes {shapes}: {exc}")
                 if isinstance(exc, ModelFormatError) else InternalError(
-                    f"model '{entry.name}': building Plans for input shapes {shapes} on device "
-                    f"{device.index} failed: {type(exc).__name__}: {exc}"))
+                    f"model '{entry.name}': building Plans for input shapes {shapes} on "
+                    f"{device.handle.id} failed: {type(exc).__name__}: {exc}"))
             self._shape_failed(entry, key, error)
             self._dispatch()
             return
@@ -991,13 +1091,13 @@ class Scheduler:
                 await trio.to_thread.run_sync(self._close_list, device.index, executors)
             return
         placement.plans.ready(key, executors, executors_nbytes(executors))
-        log.info("model %s on device %d: Plans for %s built in %.2f s%s", entry.name,
-                 device.index, shapes, time.perf_counter() - started,
+        log.info("model %s on %s: Plans for %s built in %.2f s%s", entry.name,
+                 device.handle.id, shapes, time.perf_counter() - started,
                  " (GLSL compiled)" if compiled else "")
         evicted = placement.plans.evict({job.key for job in entry.queue})
         if evicted:
-            log.info("model %s on device %d: evicted the Plans of %s (plan cache bounds)",
-                     entry.name, device.index,
+            log.info("model %s on %s: evicted the Plans of %s (plan cache bounds)",
+                     entry.name, device.handle.id,
                      "; ".join(format_key(entry.spec.inputs, e.key) for e in evicted))
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(
@@ -1326,7 +1426,8 @@ class Scheduler:
                               latency_ms=None if p.latency is None else p.latency * 1e3,
                               load_seconds=p.load_seconds, load_cache=p.load_cache,
                               in_flight=p.running,
-                              shapes=[format_key(entry.spec.inputs, k) for k in p.plans.ready_keys()])
+                              shapes=[format_key(entry.spec.inputs, k) for k in p.plans.ready_keys()],
+                              progress=p.progress)
                 for i, p in sorted(entry.placements.items())
             ],
             queue_depth=sum(len(m.queue) for m in self._versions(entry.name)),
@@ -1375,6 +1476,8 @@ class Scheduler:
         """Devices (health, queue depth, in-flight jobs, models, latency; memory and
         pipeline-cache counters of an opened Vulkan device), per-model queues, job totals
         since start, and discovery's GPU problem if any."""
+        if self._placement_stale:
+            self._dispatch()  # the per-device queue depths of every job admitted so far
         return Status(
             state=self._state,
             ready=self.ready(),

@@ -23,6 +23,7 @@ import trio
 from vkserve.cache.pipeline_cache import CacheStats
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
 from vkserve.devices.discovery import GpuProblem, cpu_caps, discover
+from vkserve.devices.names import device_name
 from vkserve.devices.vulkan.errors import VulkanError
 from vkserve.scheduler.reports import MemoryStats
 
@@ -43,6 +44,7 @@ class DeviceHandle:
         self.cache_dir = cache_dir
         self._lock = threading.Lock()
         self._faults = 0
+        self._fault_after = 0  # runs that pass before the injected faults start
         self._delay_s = 0.0
         self._gate = threading.Event()
         self._gate.set()
@@ -59,7 +61,13 @@ class DeviceHandle:
 
     @property
     def name(self) -> str:
+        """The driver's name of the device."""
         return self.caps.name
+
+    @property
+    def id(self) -> str:
+        """Its name in replies, metrics and logs: ``cpu`` or ``vulkan:N`` (devices.names)."""
+        return device_name(self.caps.kind, self.caps.index)
 
     @property
     def kind(self) -> str:
@@ -77,7 +85,7 @@ class DeviceHandle:
         return 1 if self.caps.is_software else 0
 
     def __repr__(self) -> str:
-        return f"DeviceHandle({self.index}, {self.kind}, {self.name!r})"
+        return f"DeviceHandle({self.index}, {self.id}, {self.name!r})"
 
     # -- Vulkan device (used by the engine adapter, in worker threads) ----------------------
 
@@ -133,10 +141,12 @@ class DeviceHandle:
 
     # -- test hooks ---------------------------------------------------------------------
 
-    def inject_fault(self, n_jobs: int = 1) -> None:
-        """Make the next ``n_jobs`` runs on this device raise a device-lost VulkanError."""
+    def inject_fault(self, n_jobs: int = 1, after: int = 0) -> None:
+        """Make ``n_jobs`` runs on this device raise a device-lost VulkanError: the next ones,
+        or those after ``after`` more runs (a fault in the middle of a load)."""
         with self._lock:
             self._faults += n_jobs
+            self._fault_after = after
 
     def inject_delay(self, seconds: float) -> None:
         """Add ``seconds`` to every run on this device (0 removes it)."""
@@ -162,9 +172,11 @@ class DeviceHandle:
     def apply_hooks(self) -> None:
         """Worker thread, inside the timed run: the injected delay, then an injected fault."""
         with self._lock:
-            fault = self._faults > 0
+            fault = self._faults > 0 and self._fault_after == 0
             if fault:
                 self._faults -= 1
+            elif self._faults:
+                self._fault_after -= 1
             delay = self._delay_s
         if delay:
             time.sleep(delay)

@@ -27,6 +27,7 @@ import trio
 
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
+from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan.errors import VulkanError
 from vkserve.models.graph import Graph
@@ -115,16 +116,17 @@ def vulkan_precision(device: DeviceHandle, name: str) -> Precision:
 
 
 def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
-                   count: int) -> list[Executor]:
+                   count: int, progress: ProgressFn | None = None) -> list[Executor]:
     """Compile ``count`` slots of ``graph`` (built for one set of input shapes) for
-    ``device`` (blocking; worker thread)."""
+    ``device`` (blocking; worker thread); ``progress`` hears of each Vulkan pipeline built."""
     if device.is_cpu:
         return [_CpuExecutor(CpuPlan(graph)) for _ in range(count)]
     plan_class = _vulkan_plan_class()
     if plan_class is None:
         raise RuntimeError(f"device {device.index} ({device.name}): no Vulkan engine available")
     plan = plan_class(device.vulkan_device(), graph,
-                      precision=vulkan_precision(device, spec.precision), max_instances=count)
+                      precision=vulkan_precision(device, spec.precision), max_instances=count,
+                      progress=progress)
     return [_VulkanExecutor(plan) for _ in range(count)]
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import trio
 
+from vkserve.client.meaning import Meaning
 from vkserve.devices.timing import StageTimes
 from vkserve.scheduler.errors import BadInput, SchedulerError
 from vkserve.scheduler.shapes import InputSpec, ShapeKey
@@ -35,6 +36,7 @@ class InferResult:
     attempts: int = 1  # 2 when a device failure moved the job
     batch_size: int = 1  # jobs that ran together in the execution that answered this one
     stages: StageTimes | None = None  # where that execution's time went (all its jobs together)
+    meanings: tuple[Meaning, ...] = ()  # [postprocess]: one per item (vkserve.processing)
 
 
 class Job:
@@ -101,9 +103,6 @@ def validate_inputs(model: str, expected: Mapping[str, InputSpec],
         value = inputs[name]
         if not isinstance(value, np.ndarray):
             raise BadInput(f"input '{name}': expected a numpy array, got {type(value).__name__}")
-        problem = spec.problem(value.shape)
-        if problem is not None:
-            raise BadInput(f"input '{name}': {problem}")
         if value.dtype == np.float32:
             arr = value
         elif value.dtype in (np.float16, np.float64):
@@ -115,7 +114,11 @@ def validate_inputs(model: str, expected: Mapping[str, InputSpec],
                                "(send float32)")
         else:
             raise BadInput(f"input '{name}': dtype {value.dtype} is not supported (send "
-                           "float32; float16 and float64 are converted)")
+                           "float32; float16 and float64 are converted; uint8 images need a "
+                           "[preprocess] table for this input in the model's config.toml)")
+        problem = spec.problem(value.shape)  # after the dtype: an image's shape says little
+        if problem is not None:
+            raise BadInput(f"input '{name}': {problem}")
         arrays[name] = np.ascontiguousarray(arr)
     return arrays
 

@@ -1,11 +1,12 @@
 """The model repository: one folder per model (DESIGN §6, issue 6 part 4).
 
-    <repo>/<name>/model.param    ncnn graph (required)
+    <repo>/<name>/model.param    ncnn graph (required; or one NAME.ncnn.param + .bin as pnnx
+                                 names them, see ``vkserve.models.files``)
     <repo>/<name>/model.bin      weights (required unless config.toml says random_weights)
     <repo>/<name>/config.toml    optional:
 
         precision = "auto"        # auto | fp32 | fp16 | fp16s | fp16sa (Vulkan; the CPU is bf16)
-        devices = "auto"          # auto | all | gpu | cpu | [0, 1, "cpu"]
+        devices = "auto"          # auto | all | gpu | cpu | [0, "vulkan:1", "cpu"]
         cpu_fallback = true       # may be loaded on the CPU on demand when its devices fail
         warmup = 1                # warm-up runs per Plan instance before the model is ready
         queue_limit = 64          # queued jobs before OVERLOADED (default: the scheduler's)
@@ -22,6 +23,8 @@
         shapes = [[3, 320, 320], [3, 640, 640]]
         min = [3, 32, 32]         # a dimension outside min/max is BAD_REQUEST
         max = [3, 1280, 1280]
+        [preprocess]              # images in; [postprocess]: classes, boxes, masks out
+        [postprocess]             # (every key: vkserve.processing.config)
 
 An input whose Input layer declares no shape (pnnx writes none) needs no entry: any shape is
 accepted and built on first use (``vkserve.scheduler.shapes`` has the rules).
@@ -51,9 +54,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from vkserve.devices.names import CPU, DeviceNameError, parse_device
 from vkserve.models.errors import ModelFormatError
+from vkserve.models.files import model_files
 from vkserve.models.graph import Layer, build_graph, read_bin, read_param
 from vkserve.models.randinit import random_weights
+from vkserve.processing.config import Postprocess, Preprocess, parse_postprocess, parse_preprocess
+from vkserve.processing.errors import ProcessingError
 from vkserve.scheduler.errors import BadInput
 from vkserve.scheduler.shapes import InputSpec, ShapeKey, check_bounds
 
@@ -67,7 +74,7 @@ DEVICE_MODES = ("auto", "all", "gpu", "cpu")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CONFIG_KEYS = ("inputs", "precision", "devices", "cpu_fallback", "warmup", "queue_limit",
                "random_weights", "seed", "plan_cache_shapes", "plan_cache_mb", "max_batch_size",
-               "preferred_batch_sizes", "max_queue_delay_ms")
+               "preferred_batch_sizes", "max_queue_delay_ms", "preprocess", "postprocess")
 INPUT_KEYS = ("shapes", "min", "max")
 
 
@@ -106,6 +113,8 @@ class ModelSpec:
     max_batch_size: int = 8
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_ms: float = 0.0
+    preprocess: Preprocess | None = None  # [preprocess]: the model takes images
+    postprocess: Postprocess | None = None  # [postprocess]: replies carry meanings
     error: str | None = None
 
     def load_layers(self) -> list[Layer]:
@@ -223,17 +232,29 @@ def read_model_folder(folder: Path) -> ModelSpec:
             base, error=f"{name}: model folder names must match {NAME_RE.pattern}")
     try:
         settings = _read_config(folder / "config.toml", name)
-        if not param.is_file():
-            raise BadInput(f"{name}/model.param: missing (every model folder needs one)")
+        try:
+            files = model_files(folder)
+        except ModelFormatError as exc:
+            raise BadInput(str(exc)) from None
+        param = files.param
         inputs, prebuilt, outputs = _model_shapes(param, settings["inputs"], name)
-        bin_path: Path | None = folder / "model.bin"
+        where = f"{name}/config.toml"
+        preprocess = postprocess = None
+        if settings["preprocess"] is not None:
+            preprocess = parse_preprocess(where, settings["preprocess"],
+                                          {blob: s.dims() for blob, s in inputs.items()})
+        if settings["postprocess"] is not None:
+            postprocess = parse_postprocess(where, settings["postprocess"], folder, outputs)
+        bin_path: Path | None = files.weights
         if settings.pop("random_weights"):
             bin_path = None
-        elif not bin_path.is_file():
-            raise BadInput(f"{name}/model.bin: missing (or set random_weights = true in "
+        elif not files.weights.is_file():
+            raise BadInput(f"{name}/{files.weights.name}: missing (or set random_weights = true in "
                            f"{name}/config.toml)")
     except BadInput as exc:
         return dataclasses.replace(base, error=exc.message)
+    except ProcessingError as exc:  # [preprocess] / [postprocess]
+        return dataclasses.replace(base, error=str(exc))
     return ModelSpec(
         name=name,
         path=folder,
@@ -253,6 +274,8 @@ def read_model_folder(folder: Path) -> ModelSpec:
         max_batch_size=settings["max_batch_size"],
         preferred_batch_sizes=settings["preferred_batch_sizes"],
         max_queue_delay_ms=settings["max_queue_delay_ms"],
+        preprocess=preprocess,
+        postprocess=postprocess,
     )
 
 
@@ -342,11 +365,11 @@ def _read_config(path: Path, name: str) -> dict[str, Any]:
         if devices not in DEVICE_MODES:
             raise bad("devices", f"one of {', '.join(DEVICE_MODES)} or a list like [0, \"cpu\"]")
         out["devices"] = devices
-    elif isinstance(devices, list) and devices and all(
-            (type(d) is int and d >= 0) or d == "cpu" for d in devices):
-        out["devices"] = tuple(devices)
+    elif isinstance(devices, list) and devices and all(_device_item(d) is not None for d in devices):
+        out["devices"] = tuple(_device_item(d) for d in devices)
     else:
-        raise bad("devices", "auto, all, gpu, cpu or a non-empty list of device indices and \"cpu\"")
+        raise bad("devices", "auto, all, gpu, cpu or a non-empty list of devices: Vulkan indices, "
+                             "\"vulkan:N\" and \"cpu\"")
 
     for key, default in (("cpu_fallback", True), ("random_weights", False)):
         value = raw.get(key, default)
@@ -372,7 +395,23 @@ def _read_config(path: Path, name: str) -> dict[str, Any]:
     if type(delay) not in (int, float) or not 0 <= delay <= 10_000:
         raise bad("max_queue_delay_ms", "milliseconds from 0 to 10000")
     out["max_queue_delay_ms"] = float(delay)
+    out["preprocess"] = raw.get("preprocess")  # validated against the model's inputs later
+    out["postprocess"] = raw.get("postprocess")
     return out
+
+
+def _device_item(item: object) -> int | str | None:
+    """A ``devices`` list entry as the scheduler takes it (an index, or "cpu"): an index, or a
+    device name (``"cpu"``, ``"vulkan:N"``, vkserve.devices.names); None when it is neither."""
+    if type(item) is int:
+        return item if item >= 0 else None
+    if not isinstance(item, str):
+        return None
+    try:
+        name = parse_device(item)
+    except DeviceNameError:
+        return None
+    return CPU if name.is_cpu else name.index
 
 
 def _shape_setting(where: str, value: object) -> Shape:

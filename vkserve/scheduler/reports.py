@@ -14,6 +14,7 @@ from typing import Literal
 
 from vkserve.cache.pipeline_cache import CacheStats
 from vkserve.devices.discovery import GpuProblem
+from vkserve.devices.names import device_name
 
 __all__ = [
     "DeviceStatus",
@@ -68,6 +69,7 @@ class PlacementInfo:
     load_cache: Literal["cold", "warm"] | None  # cold: the load compiled GLSL
     in_flight: int
     shapes: list[str] = dataclasses.field(default_factory=list)  # input shapes with built Plans
+    progress: str | None = None  # while loading: what is building ("building Plans for ... (1 of 2)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,8 @@ class MemoryStats:
 @dataclasses.dataclass(frozen=True)
 class DeviceStatus:
     index: int
-    name: str
+    device: str = dataclasses.field(init=False)  # its name: cpu or vulkan:N (devices.names)
+    name: str  # the driver's name of the device
     kind: str  # "vulkan" or "cpu"
     software: bool
     healthy: bool
@@ -120,6 +123,9 @@ class DeviceStatus:
     faults: int = 0
     memory: MemoryStats | None = None  # None on the CPU and before the Vulkan device opens
     pipeline_cache: CacheStats | None = None  # likewise
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", device_name(self.kind, self.index))
 
 
 @dataclasses.dataclass(frozen=True)
