@@ -28,7 +28,7 @@ def warm(cache_dir: str) -> list[dict]:
     out = subprocess.run([sys.executable, "-m", "vkserve", "cache", "warm", "--cache-dir",
                           cache_dir, "--json"], capture_output=True, text=True, cwd=ROOT,
                          check=True)
-    return json.loads(out.stdout)
+    return [r for r in json.loads(out.stdout) if r["device"] != "cpu"]  # the GPUs' pipelines
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="cold/warm pairs (median reported)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    pairs: dict[int, list[tuple[dict, dict]]] = {}
+    pairs: dict[str, list[tuple[dict, dict]]] = {}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             for cold, hot in zip(warm(d), warm(d)):
@@ -46,14 +46,14 @@ def main() -> int:
         cold_s = statistics.median(c["seconds"] for c, _ in runs)
         warm_s = statistics.median(h["seconds"] for _, h in runs)
         c, h = runs[-1]
-        rows.append({"device": device, "name": c["name"], "pipelines": c["pipelines"],
+        rows.append({"device": device, "name": c["device_name"], "pipelines": c["pipelines"],
                      "cold_seconds": cold_s, "warm_seconds": warm_s,
                      "cold_glsl_compiles": c["glsl_compiles"],
                      "warm_glsl_compiles": h["glsl_compiles"],
                      "driver_blob_bytes": h["driver_blob_bytes"],
                      "warm_over_cold": round(warm_s / cold_s, 3)})
     for r in rows:
-        print(f"device {r['device']} {r['name']}: {r['pipelines']} pipelines; cold "
+        print(f"{r['device']} ({r['name']}): {r['pipelines']} pipelines; cold "
               f"{r['cold_seconds']:.3f} s ({r['cold_glsl_compiles']} GLSL compiles), warm "
               f"{r['warm_seconds']:.3f} s ({r['warm_glsl_compiles']} compiles, driver blob "
               f"{r['driver_blob_bytes']} bytes): warm/cold = {r['warm_over_cold']}")

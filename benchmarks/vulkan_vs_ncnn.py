@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -31,16 +30,7 @@ os.environ.setdefault("__GL_SHADER_DISK_CACHE", "0")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def median_ms(fn, repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+from benchmarks.timing import median_ms  # noqa: E402
 
 
 def ncnn_case(param: Path, bin_path: Path, inputs: dict, outputs: list[str], fp16: bool,

@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 apt_missing=()
-for pkg in libvulkan1 mesa-vulkan-drivers python3-venv systemd; do
+# vulkan-validationlayers (4.5 MB): VKSERVE_VALIDATION=1 and its tests (NCNN_LOGE, debug printf)
+for pkg in libvulkan1 mesa-vulkan-drivers vulkan-validationlayers python3-venv systemd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || apt_missing+=("$pkg")
 done
 if [ ${#apt_missing[@]} -gt 0 ]; then
@@ -24,6 +25,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip >&2
   .venv/bin/python -m pip install -q -e '.[test]' >&2
+  # pnnx for `vkserve import` and its tests: its executable converts ONNX without torch
+  .venv/bin/python -m pip install -q --no-deps pnnx >&2
   echo "$want" >"$stamp"
 fi
 
