@@ -16,16 +16,16 @@ from vkserve.client.errors import ClientError  # noqa: E402
 
 
 def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, str] | None = None,
-                 server: str = "", scheduler: str = "") -> tuple[subprocess.Popen, Path]:
+                 server: str = "", scheduler: str = "", tables: str = "") -> tuple[subprocess.Popen, Path]:
     """Run the daemon on `repo`; return once every model is ready (or fail with its log).
 
     ``env`` is added to the daemon's environment (e.g. the test hooks); ``server`` and
-    ``scheduler`` are extra TOML lines for those tables (``"drain_timeout = 5"``). The log
-    is ``tmp/daemon.log``."""
+    ``scheduler`` are extra TOML lines for those tables (``"drain_timeout = 5"``), ``tables``
+    whole tables more (``[http]`` ...). The log is ``tmp/daemon.log``."""
     sock = tmp / "vkserve.sock"
     config = tmp / "vkserve.toml"
     config.write_text(f'[server]\nsocket = "{sock}"\n{server}\n[models]\nrepository = "{repo}"\n'
-                      f'[scheduler]\n{scheduler}\n[metrics]\nlisten = "off"\n')
+                      f'[scheduler]\n{scheduler}\n[metrics]\nlisten = "off"\n{tables}\n')
     log = tmp / "daemon.log"
     proc = subprocess.Popen([sys.executable, "-m", "vkserve", "serve", "--config",
                              str(config)], cwd=ROOT, stdout=subprocess.DEVNULL,
