@@ -169,6 +169,12 @@ def test_devices_are_named_cpu_and_vulkan_n_everywhere(daemon: Daemon, places: d
     assert "vulkan:0" in table and "\n  cpu " in table, table
     models = vk("models", "--socket", daemon.socket).stdout
     assert "vulkan:0" in models.splitlines()[1], models
+    # models --json names them too, beside the scheduler's indices
+    (digits,) = [m for m in json.loads(vk("models", "--json", "--socket", daemon.socket).stdout)
+                 if m["name"] == "digits"]
+    by_index = {d["index"]: d["device"] for d in status["devices"]}
+    assert digits["device_names"] == [by_index[i] for i in digits["devices"]] and digits["device_names"]
+    assert all(p["name"] == by_index[p["device"]] for p in digits["placements"]), digits
 
 
 def test_random_input_is_one_range(daemon: Daemon) -> None:

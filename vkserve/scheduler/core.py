@@ -1419,15 +1419,16 @@ class Scheduler:
             state=state,
             inputs={n: s.dims() for n, s in entry.spec.inputs.items()},
             outputs={n: list(s) for n, s in entry.spec.outputs.items()},
-            devices=sorted(i for i, p in entry.placements.items()
-                           if p.state is PlacementState.READY and self._healthy(i)),
+            devices=(ready := sorted(i for i, p in entry.placements.items()
+                                     if p.state is PlacementState.READY and self._healthy(i))),
+            device_names=[self._devices[i].handle.id for i in ready],
             placements=[
                 PlacementInfo(device=i, state=p.state, error=p.error, healthy=self._healthy(i),
                               latency_ms=None if p.latency is None else p.latency * 1e3,
                               load_seconds=p.load_seconds, load_cache=p.load_cache,
                               in_flight=p.running,
                               shapes=[format_key(entry.spec.inputs, k) for k in p.plans.ready_keys()],
-                              progress=p.progress)
+                              progress=p.progress, name=self._devices[i].handle.id)
                 for i, p in sorted(entry.placements.items())
             ],
             queue_depth=sum(len(m.queue) for m in self._versions(entry.name)),

@@ -70,6 +70,7 @@ class PlacementInfo:
     in_flight: int
     shapes: list[str] = dataclasses.field(default_factory=list)  # input shapes with built Plans
     progress: str | None = None  # while loading: what is building ("building Plans for ... (1 of 2)")
+    name: str = ""  # the device's name: cpu or vulkan:N (devices.names); `device` is the scheduler's index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,7 @@ class ModelInfo:
     reload_error: str | None = None  # why the last reload failed (None once one succeeds)
     reload_failures: int = 0  # failed reloads of this model since start
     max_batch_size: int = 1  # jobs one execution may run together (config.toml); 1: no batching
+    device_names: list[str] = dataclasses.field(default_factory=list)  # `devices` by name (cpu, vulkan:N)
 
 
 @dataclasses.dataclass(frozen=True)
