@@ -5,9 +5,9 @@
 For each model of ncnn's benchmark set that has a torchvision twin: PyTorch fp16, channels-last,
 batch 1, cuDNN autotuning on, the whole step (input copied host -> device, the network, output
 copied device -> host) captured once in a CUDA graph and replayed; vkserve's fp16 Plan.run
-(copy in, one submit, fence wait, copy out) with its cooperative-matrix convolutions where the
-device offers them (VK_KHR_cooperative_matrix) and, in the same process, without them (VKSERVE_COOPMAT=0, the default),
-so the two kernels are compared under the same clocks. Median of `repeat` runs after a warm-up.
+(copy in, one submit, fence wait, copy out) as it runs by default (cooperative-matrix convolutions
+where the device offers them and vulkan.coopmat's rule takes them) and, in the same process,
+without them (VKSERVE_COOPMAT=0), so the kernels are compared under the same clocks. Median of `repeat` runs after a warm-up.
 The networks are twins (same layer shapes), not the same weights: timing only.
 """
 
@@ -71,13 +71,13 @@ def torch_ms(name: str, shape: tuple[int, ...], repeat: int) -> float:
     return median_ms(step, repeat)
 
 
-def vkserve_ms(graph, inputs: dict, device: int, repeat: int, coopmat: bool) -> tuple[float, int]:
+def vkserve_ms(graph, inputs: dict, device: int, repeat: int, coopmat: str) -> tuple[float, int]:
     """Median ms and the number of conv_coopmat dispatches in the Plan."""
     import tempfile
 
     from vkserve.devices.vulkan.engine import load_plan
 
-    os.environ["VKSERVE_COOPMAT"] = "1" if coopmat else "0"
+    os.environ["VKSERVE_COOPMAT"] = coopmat
     try:
         with tempfile.TemporaryDirectory() as cache_dir:
             loaded = load_plan(graph, device, "fp16", cache_dir=Path(cache_dir))
@@ -126,8 +126,8 @@ def main() -> int:
         inputs = random_inputs({input_name: shape})
         row: dict = {"model": name, "shape": list(shape)}
         for key, fn in (("torch_ms", lambda: torch_ms(name, shape, args.repeat)),
-                        ("vkserve_ms", lambda: vkserve_ms(graph, inputs, args.device, args.repeat, True)),
-                        ("vkserve_nocoop_ms", lambda: vkserve_ms(graph, inputs, args.device, args.repeat, False))):
+                        ("vkserve_ms", lambda: vkserve_ms(graph, inputs, args.device, args.repeat, "auto")),
+                        ("vkserve_nocoop_ms", lambda: vkserve_ms(graph, inputs, args.device, args.repeat, "0"))):
             try:
                 value = fn()
             except Exception as exc:  # report and go on with the other cases

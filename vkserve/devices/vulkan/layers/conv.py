@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.vulkan.coopmat import coopmat_requested, fp16_coopmat
+from vkserve.devices.vulkan.coopmat import coopmat_wanted, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
 from vkserve.models.graph import Layer
@@ -137,11 +137,12 @@ class VulkanConvolution(VulkanLayer):
         self.coop_tile: tuple[int, int] | None = None
 
     def specialize(self, caps: DeviceCaps) -> None:
-        """On tensor-core devices in the fp16 modes, with VKSERVE_COOPMAT=1 (vulkan.coopmat),
-        the conv_gemm layers big enough to fill 16 x 16 x 16 products run as conv_coopmat."""
-        k = self.icg * self.params.kernel_h * self.params.kernel_w
+        """On tensor-core devices in the fp16 modes, the conv_gemm layers big enough to fill
+        16 x 16 x 16 products and measured faster that way (vulkan.coopmat) run as conv_coopmat."""
+        taps = self.params.kernel_h * self.params.kernel_w
+        k = self.icg * taps
         if (self.kind == "conv_gemm" and self.ocg >= 16 and k >= COOP_BK and fp16_coopmat(caps, self.precision)
-                and coopmat_requested()):
+                and coopmat_wanted(taps, self.ocg, self.outh * self.outw, k)):
             self.kind = "conv_coopmat"
             self.coop_tile = choose_coop_tile(self.ocg, self.outh * self.outw, k, self.groups)
 

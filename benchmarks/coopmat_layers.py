@@ -1,0 +1,94 @@
+"""Per convolution: conv_gemm (FMA) against conv_coopmat (cooperative matrices), GPU time side by side.
+
+    python benchmarks/coopmat_layers.py [--models DIR] [--only resnet50 vgg16] [--runs 20] [--json OUT]
+
+For each model, the fp16 Plan is profiled twice in one process (`profile_plan`: per-dispatch GPU
+timestamps, median of `runs` replays), with VKSERVE_COOPMAT=0 and =1, and every convolution that
+took conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels
+per group, N output pixels, K = input channels per group x kernel taps, groups): the data for a
+per-layer choice between the two kernels. Needs a device with VK_KHR_cooperative_matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict[str, tuple[str, float]]:
+    """Layer label -> (shader, GPU ms) of one Plan."""
+    from vkserve.devices.vulkan.engine import load_plan
+    from vkserve.devices.vulkan.engine.profile import profile_plan
+
+    os.environ["VKSERVE_COOPMAT"] = "1" if coopmat else "0"
+    try:
+        with tempfile.TemporaryDirectory() as cache_dir:
+            loaded = load_plan(graph, device, "fp16", cache_dir=Path(cache_dir))
+            try:
+                steps, _ = profile_plan(loaded.plan, inputs, runs=runs)
+            finally:
+                loaded.close()
+    finally:
+        os.environ.pop("VKSERVE_COOPMAT", None)
+    return {s.label.rsplit(" ", 1)[0]: (s.shader, s.ms) for s in steps}
+
+
+def gemm_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
+    """Convolution layer label prefix -> (M, N, K, groups)."""
+    out = {}
+    for layer in graph.layers:
+        if layer.type not in ("Convolution", "ConvolutionDepthWise"):
+            continue
+        c = graph.blob_shapes[layer.inputs[0]][0]
+        oc, oh, ow = graph.blob_shapes[layer.outputs[0]]
+        g = layer.params.group_count()
+        out[f"{layer.name} ({layer.type})"] = (oc // g, oh * ow, c // g * layer.params.kernel_h * layer.params.kernel_w, g)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
+    ap.add_argument("--only", nargs="*", default=["resnet50", "vgg16", "mobilenet_v2"])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    from vkserve.devices.reference import random_inputs
+    from vkserve.models.graph import load_model
+
+    rows = []
+    for name in args.only:
+        graph = load_model(args.models / f"{name}.param", None, None, seed=0)
+        inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+        fma = profiled(graph, inputs, args.device, False, args.runs)
+        coop = profiled(graph, inputs, args.device, True, args.runs)
+        shapes = gemm_shapes(graph)
+        for label, (shader, ms) in coop.items():
+            if shader != "conv_coopmat" or label not in fma:
+                continue
+            m, n, k, g = shapes[label]
+            rows.append({"model": name, "layer": label, "m": m, "n": n, "k": k, "groups": g,
+                         "conv_gemm_ms": round(fma[label][1], 4), "conv_coopmat_ms": round(ms, 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    print("| model | layer | M | N | K | groups | conv_gemm ms | conv_coopmat ms | coopmat / gemm |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["conv_coopmat_ms"] / r["conv_gemm_ms"] if r["conv_gemm_ms"] else float("nan")
+        print(f"| {r['model']} | {r['layer']} | {r['m']} | {r['n']} | {r['k']} | {r['groups']} | "
+              f"{r['conv_gemm_ms']} | {r['conv_coopmat_ms']} | {ratio:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
