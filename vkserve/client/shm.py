@@ -55,9 +55,14 @@ class ClientRegion:
             raise
 
     def close(self) -> None:
-        """Unmap the region and close its descriptor."""
+        """Unmap the region and close its descriptor, once: a request abandoned after its
+        connection closed drops its region again, and a second os.close could close a reused
+        descriptor number that belongs to something else."""
+        if self.fd < 0:
+            return
         self.map.close()
         os.close(self.fd)
+        self.fd = -1
 
 
 class SharedInputs:
