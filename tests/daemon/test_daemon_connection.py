@@ -145,7 +145,8 @@ async def test_backend_failures_become_answers_and_the_connection_goes_on() -> N
         assert r.result["models"] == [{
             "name": "m", "state": "ready", "inputs": {"x": [2]}, "outputs": {"y": [2]}, "devices": [0],
             "placements": [], "queue_depth": 0, "in_flight": 0, "queue_limit": 8, "precision": "auto",
-            "error": None, "reloading": False, "reload_error": None, "reload_failures": 0, "max_batch_size": 1}]
+            "error": None, "reloading": False, "reload_error": None, "reload_failures": 0, "max_batch_size": 1,
+            "device_names": []}]
         await peer.send({"v": 1, "id": 5, "op": "load_model", "name": "m", "devices": ["cpu", "0"]})
         r = await peer.recv()
         assert r is not None and r.result["name"] == "m" and r.result["devices"] == [0, 0]
