@@ -205,6 +205,16 @@ def _histogram(family: Family, buckets: tuple[float, ...], registry: CollectorRe
     return Histogram(family.name, family.help, family.labels, buckets=buckets, registry=registry)
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelChildren:
+    """One model's children of the per-request histograms."""
+
+    total: Histogram
+    queue: Histogram
+    execution: Histogram
+    batch_size: Histogram
+
+
 class DaemonMetrics:
     def __init__(self, status: Callable[[], Status], models: Callable[[], list[ModelInfo]]) -> None:
         # no `_created` series beside every counter and histogram: they double the series and
@@ -223,6 +233,11 @@ class DaemonMetrics:
         self.batch_size = _histogram(BATCH_SIZE, BATCH_BUCKETS, r)
         self.model_load_duration = _histogram(MODEL_LOAD_DURATION, LOAD_BUCKETS, r)
         r.register(_StateCollector(status, models))
+        # the label children each request observes, looked up once per label set (five
+        # ``labels()`` calls per request were a measurable share of the event loop's work);
+        # bounded like the label values themselves (model names: known models + _unknown)
+        self._request_counters: dict[tuple[str, str, str], Counter] = {}
+        self._model_children: dict[str, _ModelChildren] = {}
 
     def observe_request(self, model: str, device: str, outcome: str, *, total: float,
                         queue: float | None = None, execution: float | None = None,
@@ -232,14 +247,23 @@ class DaemonMetrics:
         not have (``not_found``) is labelled UNKNOWN_MODEL."""
         if outcome == "not_found":
             model = UNKNOWN_MODEL
-        self.requests.labels(model, device, outcome).inc()
-        self.request_duration.labels(model).observe(total)
+        counter = self._request_counters.get((model, device, outcome))
+        if counter is None:
+            counter = self._request_counters[(model, device, outcome)] = self.requests.labels(
+                model, device, outcome)
+        counter.inc()
+        per_model = self._model_children.get(model)
+        if per_model is None:
+            per_model = self._model_children[model] = _ModelChildren(
+                self.request_duration.labels(model), self.queue_duration.labels(model),
+                self.execution_duration.labels(model), self.batch_size.labels(model))
+        per_model.total.observe(total)
         if queue is not None:
-            self.queue_duration.labels(model).observe(queue)
+            per_model.queue.observe(queue)
         if execution is not None:
-            self.execution_duration.labels(model).observe(execution)
+            per_model.execution.observe(execution)
         if batch_size is not None:
-            self.batch_size.labels(model).observe(batch_size)
+            per_model.batch_size.observe(batch_size)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

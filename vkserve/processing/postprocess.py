@@ -44,7 +44,8 @@ def top_k(post: Postprocess, scores: np.ndarray, model: str) -> TopK:
     if flat.ndim != 1:
         raise _problem(model, post, scores, "a score vector (one dimension above 1)")
     order = np.argsort(-flat, kind="stable")[:post.top_k]
-    return TopK(tuple(ClassScore(int(i), post.label(int(i)), float(flat[i])) for i in order))
+    return TopK(tuple(ClassScore(i, post.label(i), s)
+                      for i, s in zip(order.tolist(), flat[order].tolist())))
 
 
 def detections(post: Postprocess, rows: np.ndarray, geometry: Geometry | None,

@@ -10,8 +10,7 @@ class SchedulerConfig:
     """Knobs of the scheduler.
 
     ``instances_per_device`` is how many jobs one device runs at once: that many Plan
-    instances are compiled per (model, device), and the device's CapacityLimiter has that many
-    tokens. Overlapping jobs hides copy-in/copy-out and fence latency on a GPU; on the CPU the
+    instances are compiled per (model, device), and the device has that many run threads. Overlapping jobs hides copy-in/copy-out and fence latency on a GPU; on the CPU the
     numpy kernels release the GIL, so two in flight also help.
     """
 

@@ -18,9 +18,10 @@ Shape of the machinery (DESIGN §2/§3, issue 6 part 3):
   whole run; a fast device whose next batch ends soonest takes a burst rather than it spilling
   to a slow free one, and load beyond one device keeps every device busy. The reservations are
   the per-device ``queue_depth`` in ``status()``.
-- **Workers**: each device has a nursery (its worker) that owns the tasks of its running jobs;
-  each job runs in ``trio.to_thread.run_sync`` under the device's CapacityLimiter, on one of
-  the model's Plan instances on that device (one instance per slot; Plans are not re-entrant).
+- **Workers**: each device has one long-lived thread per slot (``SlotThreads``); a run (one
+  job, or a batch) is handed to them with its Plan instance (one instance per slot; Plans are
+  not re-entrant) and its outcome comes back to the loop as a callback that ends its jobs
+  (``_run_done``), with no task or thread hand-off per run in between.
 - **Deadlines** are absolute and end to end: the caller waits under a cancel scope that fires
   at the deadline (so it never gets a late answer), and the dispatcher drops expired jobs at
   dequeue and the worker discards results that arrive after it.
@@ -35,6 +36,7 @@ Shape of the machinery (DESIGN §2/§3, issue 6 part 3):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import statistics
@@ -43,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import outcome
 import trio
 
 from vkserve.devices.discovery import GpuProblem
@@ -90,6 +93,7 @@ from vkserve.scheduler.reports import (
     UnloadResult,
 )
 from vkserve.scheduler.shapes import ShapeKey, format_key
+from vkserve.scheduler.slot_threads import SlotThreads, Stopped
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +159,7 @@ class _Model:
 class _Device:
     handle: DeviceHandle
     slots: int
-    limiter: trio.CapacityLimiter
-    nursery: trio.Nursery | None = None
+    threads: SlotThreads[tuple[BatchRun, float]]
     healthy: bool = True
     fault: str | None = None
     running: dict[int, tuple[float, float]] = dataclasses.field(
@@ -216,13 +219,15 @@ def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
-                  batch: Sequence[Mapping[str, np.ndarray]]) -> tuple[BatchRun, float]:
+                  batch: Sequence[Mapping[str, np.ndarray]],
+                  between_waits: Callable[[], None]) -> tuple[BatchRun, float]:
     """Worker thread: one run (of a batch, in one execution) with the device's test hooks;
-    returns the outputs per item with the stage times, and the seconds of the whole run."""
-    handle.wait_gate()
+    returns the outputs per item with the stage times, and the seconds of the whole run.
+    ``between_waits`` runs between the slices of blocking waits and may raise to abandon them."""
+    handle.wait_gate(between_waits)
     start = time.perf_counter()
     handle.apply_hooks()
-    result = executor.run_batch(batch)
+    result = executor.run_batch(batch, between_waits)
     return result, time.perf_counter() - start
 
 
@@ -249,7 +254,8 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
             handle.save_pipeline_cache()  # a crash later still finds this load's pipelines
         for executor in executors:
             for _ in range(warmup):
-                timings.append(_run_blocking(handle, executor, [inputs])[1])
+                timings.append(_run_blocking(handle, executor, [inputs],
+                                             trio.from_thread.check_cancelled)[1])
     except BaseException:
         for executor in executors:
             close_executor(executor)
@@ -332,9 +338,8 @@ class Scheduler:
                     slots = self.config.instances_per_device
                     if handle.is_cpu and self.config.cpu_instances is not None:
                         slots = self.config.cpu_instances
-                    device = _Device(handle, slots, trio.CapacityLimiter(slots))
-                    self._devices[handle.index] = device
-                    await nursery.start(self._device_worker, device)
+                    self._devices[handle.index] = _Device(
+                        handle, slots, SlotThreads(handle.id, slots))
                 startup: list[tuple[_Model, list[_Device]]] = []
                 for spec, fingerprint in specs.values():
                     model = _Model(spec, fingerprint=fingerprint)
@@ -358,6 +363,8 @@ class Scheduler:
             for job in list(self._jobs.values()):
                 self._end(job, error=Unavailable("the scheduler stopped before the job ran"))
             with trio.CancelScope(shield=True):
+                for device in self._devices.values():  # no run may touch a Plan being freed
+                    await device.threads.stop()
                 await trio.to_thread.run_sync(self._close_everything)
             self._state = SchedulerState.STOPPED
             self._notify()
@@ -381,14 +388,6 @@ class Scheduler:
         """Serving, start-up loads finished (each model ready or failed) and a device healthy."""
         return (self._state is SchedulerState.RUNNING and not self._startup_pending
                 and any(d.healthy for d in self._devices.values()))
-
-    async def _device_worker(self, device: _Device, *,
-                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The device's worker: a nursery that owns the tasks of the jobs running on it."""
-        async with trio.open_nursery() as nursery:
-            device.nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
 
     async def _recheck_placement(self) -> None:
         """Re-run placement when jobs wait for a busy device although another one is free:
@@ -545,8 +544,11 @@ class Scheduler:
     async def _wait(self, job: Job, entry: _Model) -> InferResult:
         """Wait for an admitted job to end, under its deadline; a cancelled caller ends it."""
         try:
-            with trio.move_on_at(math.inf if job.deadline is None else job.deadline):
+            if job.deadline is None:
                 await job.done.wait()
+            else:
+                with trio.move_on_at(job.deadline):
+                    await job.done.wait()
             if not job.done.is_set():
                 where = "running" if job.id in self._running_job_ids(entry) else "queued"
                 self._end(job, error=DeadlineExceeded(
@@ -684,6 +686,10 @@ class Scheduler:
         if self._state not in _WORKING:
             return
         self._placement_stale = False
+        if not any(m.queue for m in self._entries()):  # nothing waits (a run just ended, say)
+            for device in self._devices.values():
+                device.queue_depth = 0
+            return
         now = trio.current_time()
         queued = sorted(((job, m) for m in self._entries() for job in m.queue),
                         key=lambda jm: Job.sort_key(jm[0]))
@@ -818,19 +824,23 @@ class Scheduler:
         device.members[run] = tuple(j.id for j in batch)
         placement.running += len(batch)
         entry.running += len(batch)
-        assert device.nursery is not None
-        device.nursery.start_soon(self._execute, batch, entry, placement, shape, device, executor)
+        device.threads.submit(
+            functools.partial(_run_blocking, device.handle, executor, [j.inputs for j in batch],
+                              device.threads.check_stopped),
+            functools.partial(self._run_done, batch, entry, placement, shape, device, executor))
         self._notify()
 
-    async def _execute(self, batch: list[Job], entry: _Model, placement: _Placement,
-                       shape: ShapeSlots, device: _Device, executor: Executor) -> None:
-        """One run of a batch of jobs on ``device`` (a task in the device worker's nursery)."""
+    def _run_done(self, batch: list[Job], entry: _Model, placement: _Placement,
+                  shape: ShapeSlots, device: _Device, executor: Executor,
+                  ran: outcome.Outcome[tuple[BatchRun, float]]) -> None:
+        """On the loop, when a run of a batch of jobs on ``device`` ended: deliver or fail
+        its jobs, give its Plan instance back and place what waits."""
         run = batch[0].id
         try:
             try:
-                done, run_seconds = await trio.to_thread.run_sync(
-                    _run_blocking, device.handle, executor, [j.inputs for j in batch],
-                    limiter=device.limiter)
+                done, run_seconds = ran.unwrap()
+            except Stopped:  # the scheduler stopped under it: its jobs have ended already
+                return
             except Exception as exc:  # classified: device fault -> failover, else INTERNAL
                 self._run_failed(batch, entry, device, exc)
                 return
@@ -1051,11 +1061,11 @@ class Scheduler:
     def _build_shape(self, entry: _Model, placement: _Placement, device: _Device,
                      key: ShapeKey) -> bool:
         """Start building the Plans of input shapes ``key`` on a ready placement (False when
-        that cannot start: the device's worker is gone)."""
-        if device.nursery is None or entry.layers is None:
+        that cannot start: the scheduler is stopping, or the model's layers are not read)."""
+        if self._nursery is None or self._state not in _WORKING or entry.layers is None:
             return False
         placement.plans.building(key)
-        device.nursery.start_soon(self._build, entry, placement, device, key)
+        self._nursery.start_soon(self._build, entry, placement, device, key)
         self._notify()
         return True
 

@@ -15,10 +15,9 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import trio
 
 from vkserve.cache.pipeline_cache import CacheStats
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
@@ -160,14 +159,15 @@ class DeviceHandle:
     def resume(self) -> None:
         self._gate.set()
 
-    def wait_gate(self) -> None:
+    def wait_gate(self, between_waits: Callable[[], None]) -> None:
         """Worker thread, before a run: block while paused.
 
-        Polls ``trio.from_thread.check_cancelled`` so shutting the scheduler down never hangs
-        on a paused device (the same pattern as Vulkan fence waits).
+        Calls ``between_waits`` between slices (it raises once the scheduler stops), so
+        shutting the scheduler down never hangs on a paused device (the same pattern as
+        Vulkan fence waits).
         """
         while not self._gate.wait(_GATE_POLL_S):
-            trio.from_thread.check_cancelled()
+            between_waits()
 
     def apply_hooks(self) -> None:
         """Worker thread, inside the timed run: the injected delay, then an injected fault."""

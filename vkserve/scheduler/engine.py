@@ -1,14 +1,14 @@
 """The one seam between the scheduler and the execution engines.
 
-An *executor* is one Plan instance's worth of capacity: ``run(inputs) -> outputs`` blocks (the
-scheduler calls it in a worker thread, one job per executor at a time). The scheduler asks
+An *executor* is one Plan instance's worth of capacity: ``run_batch(items, between_waits)``
+blocks (the scheduler calls it in a worker thread, one job per executor at a time). The scheduler asks
 for as many executors per (model, device) as the device has slots:
 
 - CPU: one ``vkserve.devices.cpu.executor.Plan`` each (a CPU Plan is not re-entrant);
 - Vulkan: one ``vkserve.devices.vulkan.engine.plan.Plan`` with ``max_instances`` = slots, shared by
   that many thin executors (the Plan hands each run its own PlanInstance: arena, staging,
-  recorded command buffer, fence). Fence waits call ``trio.from_thread.check_cancelled``
-  between slices, so stopping the scheduler never hangs on a stuck GPU.
+  recorded command buffer, fence). Fence waits call the caller's ``between_waits`` between
+  slices (it raises when the scheduler stops), so stopping never hangs on a stuck GPU.
 
 Everything the scheduler knows about the engines lives here (``load_executors``,
 ``close_executor``, ``is_device_fault``), so changing how an engine is called means editing
@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-import trio
 
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
@@ -49,8 +48,10 @@ class BatchRun:
 
 
 class Executor(Protocol):
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
-        """Run the items (one or more) as one execution (blocking; a worker thread)."""
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
+                  between_waits: Callable[[], None]) -> BatchRun:
+        """Run the items (one or more) as one execution (blocking; a worker thread);
+        ``between_waits`` runs between the slices of blocking waits and may raise to abandon."""
         ...
 
     def close(self) -> None: ...
@@ -63,7 +64,8 @@ class _CpuExecutor:
     def __init__(self, plan: CpuPlan) -> None:
         self.plan = plan
 
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
+                  between_waits: Callable[[], None]) -> BatchRun:
         runs = [self.plan.run_timed(inputs) for inputs in batch]
         stages = [s for _, s in runs]
         return BatchRun([outputs for outputs, _ in runs],
@@ -94,9 +96,10 @@ class _VulkanExecutor:
     def __init__(self, plan: Any) -> None:
         self.plan = plan
 
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]]) -> BatchRun:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
+                  between_waits: Callable[[], None]) -> BatchRun:
         """The batch in one submission (a Plan instance of that batch size, made on first use)."""
-        outputs, stages = self.plan.run_batch_timed(batch, between_waits=trio.from_thread.check_cancelled)
+        outputs, stages = self.plan.run_batch_timed(batch, between_waits=between_waits)
         return BatchRun(outputs, stages)
 
     def close(self) -> None:
