@@ -28,8 +28,14 @@ async def test_outcomes_come_back_on_the_loop_thread_in_their_own_callback() -> 
             raise ValueError(f"bad value {value}")
         return threading.get_ident()
 
-    for key in (1, 2, -3):
+    for key in (1, -3):
         threads.submit(lambda k=key: work(k), lambda r, k=key: deliver(k, r))
+    with pytest.raises(RuntimeError, match="more runs than the 2 run threads"):
+        threads.submit(lambda: work(9), lambda r: deliver(9, r))  # a scheduler bug: loud
+    with trio.fail_after(10):
+        while len(got) < 2:
+            await trio.sleep(0.001)
+    threads.submit(lambda: work(2), lambda r: deliver(2, r))  # a thread is idle again
     with trio.fail_after(10):
         await done.wait()
     await threads.stop()
@@ -80,3 +86,21 @@ async def test_stop_ends_a_blocked_run_through_check_stopped_and_joins() -> None
     assert len(results) == 1
     with pytest.raises(Stopped):
         results[0].unwrap()
+
+
+async def test_sequential_runs_stay_on_one_thread() -> None:
+    """The most recently idle thread takes the next run (its caches and OpenMP team warm)."""
+    threads: SlotThreads[int] = SlotThreads("test", 4)
+    used: list[int] = []
+    for _ in range(20):
+        ended = trio.Event()
+
+        def deliver(result: outcome.Outcome[int], ended: trio.Event = ended) -> None:
+            used.append(result.unwrap())
+            ended.set()
+
+        threads.submit(threading.get_ident, deliver)
+        with trio.fail_after(10):
+            await ended.wait()
+    await threads.stop()
+    assert len(set(used)) == 1

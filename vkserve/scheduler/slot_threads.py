@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+_Inbox = queue.SimpleQueue[tuple[Callable[[], T], Callable[[outcome.Outcome[T]], None]] | None]
+
+
 class Stopped(Exception):
     """The scheduler is stopping: a run abandoned its wait (its jobs already ended)."""
 
@@ -42,18 +45,28 @@ class SlotThreads(Generic[T]):
 
     def __init__(self, name: str, count: int) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self._work: queue.SimpleQueue[
-            tuple[Callable[[], T], Callable[[outcome.Outcome[T]], None]] | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._threads = [threading.Thread(target=self._serve, name=f"vkserve-run {name} #{i}",
-                                          daemon=True) for i in range(count)]
+        self._inboxes: list[_Inbox[T]] = [queue.SimpleQueue() for _ in range(count)]
+        # idle threads' inboxes, the most recently idle last: a run goes to the thread that
+        # ran the previous one, whose caches and OpenMP team (the CPU kernels') are warm;
+        # alternating threads measured ~40 % slower CPU runs of a small model
+        self._idle = list(reversed(self._inboxes))
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._serve, args=(inbox,), daemon=True,
+                                          name=f"vkserve-run {name} #{i}")
+                         for i, inbox in enumerate(self._inboxes)]
         for thread in self._threads:
             thread.start()
 
     def submit(self, work: Callable[[], T], done: Callable[[outcome.Outcome[T]], None]) -> None:
-        """Run ``work()`` on a free thread (the scheduler never submits more runs than there
-        are threads); then ``done`` gets its outcome on the loop. Never blocks."""
-        self._work.put((work, done))
+        """Run ``work()`` on an idle thread; then ``done`` gets its outcome on the loop.
+        Never blocks. The scheduler never has more runs in flight than threads (a thread is
+        idle again before its outcome reaches the loop)."""
+        with self._lock:
+            if not self._idle:
+                raise RuntimeError(f"more runs than the {len(self._threads)} run threads")
+            inbox = self._idle.pop()
+        inbox.put((work, done))
 
     def check_stopped(self) -> None:
         """Between a run's blocking waits: raise :class:`Stopped` once ``stop`` began."""
@@ -64,18 +77,20 @@ class SlotThreads(Generic[T]):
         """End the threads after their current runs (whose waits now raise ``Stopped``) and
         join them; outcomes that arrive meanwhile are still delivered."""
         self._stopping.set()
-        for _ in self._threads:
-            self._work.put(None)
+        for inbox in self._inboxes:
+            inbox.put(None)
         await trio.to_thread.run_sync(self._join)
 
     def _join(self) -> None:
         for thread in self._threads:
             thread.join()
 
-    def _serve(self) -> None:
-        while (item := self._work.get()) is not None:
+    def _serve(self, inbox: _Inbox[T]) -> None:
+        while (item := inbox.get()) is not None:
             work, done = item
             result = outcome.capture(work)
+            with self._lock:
+                self._idle.append(inbox)
             try:
                 self._token.run_sync_soon(done, result)
             except trio.RunFinishedError:  # the loop ended under a run: nobody to tell
