@@ -694,6 +694,10 @@ class Connection:
         self._writing = True
         try:
             while self._outbox and not self._broken:
+                if self.tasks:
+                    # other requests are in flight here: let the answers that end in this
+                    # loop round (a batch's) join this one and go out in one write
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 frames, self._outbox = self._outbox, []
                 data = frames[0] if len(frames) == 1 else b"".join(frames)
                 try:
@@ -730,8 +734,9 @@ class Connection:
     def _send_now(self, data: bytes) -> int:
         """Bytes of ``data`` the socket took at once (0 when its buffer is full), written
         without a schedule point: an answer usually fits the socket's buffer, and trio's
-        ``send_all`` costs the loop a round per answer even then. The rest goes through
-        ``send_all``. Raises OSError when the peer is gone."""
+        ``send_all`` costs the loop a round per answer even then (a sequential client's
+        request took 5 rounds with it, 4 without). The rest goes through ``send_all``.
+        Raises OSError when the peer is gone."""
         if self._fd is None:
             return 0
         try:
