@@ -689,8 +689,8 @@ class Connection:
                 await self._write_outbox()
 
     async def _write_outbox(self) -> None:
-        """Write everything queued, one ``send_all`` per round (what queued meanwhile goes in
-        the next round)."""
+        """Write everything queued, one write per round (what queued meanwhile goes in the
+        next round)."""
         self._writing = True
         try:
             while self._outbox and not self._broken:
@@ -705,23 +705,7 @@ class Connection:
                 except OSError as exc:
                     self._mark_broken(f"send failed: {exc!r}")
                     return
-                # Only the connection's own teardown can cancel a send (answers are sent
-                # outside their request's cancel scope); frames torn that way mark the stream
-                # unusable.
-                completed = sent == len(data)
-                try:
-                    with trio.move_on_after(self.cfg.send_timeout) as timer:
-                        if not completed:
-                            await self.stream.send_all(memoryview(data)[sent:])
-                            completed = True
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._mark_broken(f"send failed: {exc!r}")
-                    return
-                finally:
-                    if not completed and not self._broken:
-                        self._broken = True
-                if timer.cancelled_caught:
-                    self._mark_broken(f"client did not read for {self.cfg.send_timeout} s")
+                if sent < len(data) and not await self._send_rest(memoryview(data)[sent:]):
                     return
                 self._written += len(frames)
                 self._wrote.set()
@@ -730,6 +714,27 @@ class Connection:
             self._writing = False
             self._wrote.set()  # waiters look again: written, broken, or one of them writes next
             self._wrote = trio.Event()
+
+    async def _send_rest(self, data: memoryview) -> bool:
+        """What the socket did not take at once, under ``send_timeout``; False (the connection
+        marked broken) when it failed or timed out. Only the connection's own teardown can
+        cancel it (answers are sent outside their request's cancel scope); frames torn that
+        way mark the stream unusable too."""
+        completed = False
+        try:
+            with trio.move_on_after(self.cfg.send_timeout) as timer:
+                await self.stream.send_all(data)
+                completed = True
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._mark_broken(f"send failed: {exc!r}")
+            return False
+        finally:
+            if not completed and not self._broken:
+                self._broken = True
+        if timer.cancelled_caught:
+            self._mark_broken(f"client did not read for {self.cfg.send_timeout} s")
+            return False
+        return True
 
     def _send_now(self, data: bytes) -> int:
         """Bytes of ``data`` the socket took at once (0 when its buffer is full), written
