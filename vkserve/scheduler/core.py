@@ -35,19 +35,21 @@ Shape of the machinery (DESIGN §2/§3, issue 6 part 3):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import outcome
 import trio
 
+from vkserve.devices import heap
 from vkserve.devices.discovery import GpuProblem
 from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
@@ -134,6 +136,11 @@ class _Model:
     reload_error: str | None = None  # why the last reload failed (this version still serves)
     retired: bool = False  # replaced by a reloaded version: finishes its jobs, then is freed
     layers: list[Layer] | None = None  # parsed with weights, once loaded: Graphs per shape
+    #: loads and builds using the layers' weights right now; at 0 they are released
+    weight_users: int = 0
+    #: the layers' weights were dropped once every Plan had taken its own copy (bf16 panels,
+    #: device buffers): builds after that read them again from the model's files
+    weights_released: bool = False
     #: shape key -> None (the graph takes it) or why not; checked once per key at admission
     shape_checks: dict[ShapeKey, str | None] = dataclasses.field(default_factory=dict)
 
@@ -149,6 +156,18 @@ class _Model:
         them); the layers and their weights are shared by every shape."""
         assert self.layers is not None
         return build_graph(self.layers, self.spec.param_path.name, dict(zip(self.spec.inputs, key)))
+
+    def graph_with_weights(self, key: ShapeKey, repository: ModelRepository | None) -> Graph:
+        """Blocking (a worker thread): ``graph(key)`` with weights, read again from the
+        model's files (or regenerated from its seed) once they were released; refused when
+        the files changed since the model was read (a rescan loads that as a new version)."""
+        if not self.weights_released:
+            return self.graph(key)
+        if repository is not None and repository.fingerprint(self.spec) != self.fingerprint:
+            raise RuntimeError(f"model '{self.name}': its files changed on disk since it was "
+                               "loaded; rescan (SIGHUP or `vkserve rescan`) to load them")
+        layers = self.spec.load_layers()
+        return build_graph(layers, self.spec.param_path.name, dict(zip(self.spec.inputs, key)))
 
     @property
     def name(self) -> str:
@@ -1030,10 +1049,11 @@ class Scheduler:
                     placement.progress = f"{building}: {done} of {total} pipelines"
 
                 placement.plans.building(key, pinned=True)
-                async with self._load_limiter:
+                async with self._load_limiter, self._using_weights(entry):
                     executors, key_timings, key_compiled = await trio.to_thread.run_sync(
-                        _compile_and_warm, device.handle, entry.graph(key), entry.spec,
-                        device.slots, warmup, built)
+                        lambda key=key, built=built: _compile_and_warm(
+                            device.handle, entry.graph_with_weights(key, self.repository),
+                            entry.spec, device.slots, warmup, built))
                 placement.plans.ready(key, executors, executors_nbytes(executors))
                 timings += key_timings
                 compiled = compiled or key_compiled
@@ -1053,10 +1073,35 @@ class Scheduler:
             placement.latency = statistics.median(timings[1:] if len(timings) > 1 else timings)
         placement.state = PlacementState.READY
         entry.error = None
+        self._release_weights(entry)
         log.info("model %s ready on device %s (%s) in %.2f s", entry.name, device.handle.id,
                  device.handle.name, placement.load_seconds)
         self._notify()
         self._dispatch()
+
+    @contextlib.asynccontextmanager
+    async def _using_weights(self, entry: _Model) -> AsyncIterator[None]:
+        """Around a load or build that reads ``entry``'s weights. When the last one ends and
+        the model serves somewhere, the weights are dropped: every Plan holds its own copy
+        (bf16 panels, device buffers), and the fp32 arrays were the largest thing the daemon
+        kept per model (vgg16: 528 MB). A later build reads them from the files again."""
+        entry.weight_users += 1
+        try:
+            yield
+        finally:
+            entry.weight_users -= 1
+            self._release_weights(entry)
+
+    def _release_weights(self, entry: _Model) -> None:
+        """Drop ``entry``'s parsed weights when nothing is reading them and it serves."""
+        if (entry.weight_users == 0 and entry.layers is not None and not entry.weights_released
+                and any(p.state is PlacementState.READY for p in entry.placements.values())):
+            for layer in entry.layers:
+                layer.weights = []
+            entry.weights_released = True
+            log.debug("model %s: weights released (its Plans hold their own)", entry.name)
+            if self._nursery is not None and self._state in _WORKING:  # pages back, off the loop
+                self._nursery.start_soon(trio.to_thread.run_sync, heap.trim)
 
     def _build_shape(self, entry: _Model, placement: _Placement, device: _Device,
                      key: ShapeKey) -> bool:
@@ -1077,10 +1122,11 @@ class Scheduler:
         assert self._load_limiter is not None
         started = time.perf_counter()
         try:
-            graph = entry.graph(key)
-            async with self._load_limiter:
+            async with self._load_limiter, self._using_weights(entry):
                 executors, _, compiled = await trio.to_thread.run_sync(
-                    _compile_and_warm, device.handle, graph, entry.spec, device.slots, warmup)
+                    lambda: _compile_and_warm(
+                        device.handle, entry.graph_with_weights(key, self.repository),
+                        entry.spec, device.slots, warmup))
         except Exception as exc:  # the jobs waiting for this shape get the reason
             placement.plans.discard(key)
             if is_device_fault(exc):
