@@ -66,17 +66,21 @@ def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
         from vkserve.devices.cpu.executor import Plan
 
         plan = Plan(graph)
-        run, engine = (lambda: plan.run({"data": x})), "cpu (bf16)"
+        run, engine, close = (lambda: plan.run({"data": x})), "cpu (bf16)", (lambda: None)
     else:
         from vkserve.devices.vulkan.engine import load_plan
 
         loaded = load_plan(graph, 0, "fp16")
         run, engine = (lambda: loaded.plan.run({"data": x})), f"vulkan {loaded.device.caps.name}"
+        close = loaded.close  # before exit: a Plan left to the interpreter's teardown crashed it
     times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    finally:
+        close()
     return statistics.median(times) * 1e3, engine
 
 
