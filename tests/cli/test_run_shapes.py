@@ -1,9 +1,11 @@
 """`vkserve run` / `verify` on a pnnx export as pnnx wrote it (no Input shape): the shape comes
-from the --input file (or --shape); with neither, a usage error that says which flag to give."""
+from the --input file (or --shape, or the model folder's config.toml [inputs]); with none, a
+usage error that says which flag to give."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,3 +43,31 @@ def test_no_shape_and_no_data_is_a_usage_error_naming_the_flags() -> None:
         assert p.returncode == 2
         assert ("input 'in0' declares no shape in densenet121.param (pnnx writes none): give one with "
                 "--shape in0=3,224,224 or data with --input in0=file.npy") in p.stderr
+
+
+def model_folder(tmp_path: Path, config: str) -> Path:
+    folder = tmp_path / "densenet"
+    folder.mkdir()
+    shutil.copy(MODEL, folder / "model.param")
+    (folder / "config.toml").write_text(config)
+    return folder
+
+
+def test_a_model_folder_s_config_gives_the_shape_and_shape_still_wins(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, "random_weights = true\n[inputs]\nin0 = [3, 32, 40]\n")
+    p = vk("run", str(folder), "--random-input", "--json", "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["inputs"] == {"in0": [3, 32, 40]}
+    p = vk("run", str(folder), "--random-input", "--shape", "in0=3,48,32", "--json", "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["inputs"] == {"in0": [3, 48, 32]}
+    p = vk("verify", str(folder), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["ok"] is True
+
+
+def test_a_broken_config_is_named(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, "[inputs]\nimage = [3, 32, 32]\n")
+    p = vk("run", str(folder), "--random-input")
+    assert p.returncode == 2
+    assert "densenet/config.toml: [inputs] names 'image', not inputs of model.param" in p.stderr

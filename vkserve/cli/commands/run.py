@@ -29,6 +29,7 @@ from vkserve.devices.vulkan.engine.plan import PlanError as VulkanPlanError
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.files import model_files
 from vkserve.models.graph import Graph, load_model, read_param
+from vkserve.scheduler.registry import read_model_folder
 
 NAME = "run"
 HELP = "run a model on one device outside the daemon; print outputs, latency and arena size"
@@ -54,6 +55,19 @@ def resolve_model(path: str) -> ModelFiles:
     if not os.path.isfile(param):
         raise UsageError(f"{param}: no such file")
     return ModelFiles(param, weights if os.path.isfile(weights) else None)
+
+
+def configured_shapes(model: str) -> dict[str, tuple[int, ...]]:
+    """A model folder's input shapes from its config.toml ``[inputs]`` (the first one listed
+    per input, as the daemon builds first): what --shape would say; {} for a .param file or a
+    folder without them. A config.toml the daemon would refuse is refused here, named."""
+    folder = Path(model)
+    if not folder.is_dir() or not (folder / "config.toml").is_file():
+        return {}
+    spec = read_model_folder(folder)
+    if spec.error is not None:
+        raise UsageError(spec.error)
+    return {blob: tuple(s.shapes[0]) for blob, s in spec.inputs.items() if s.shapes}
 
 
 def check_device(args: argparse.Namespace) -> None:
@@ -85,7 +99,7 @@ def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.n
     check_device(args)
     files = resolve_model(args.model)
     arrays = load_inputs(args.input)
-    shapes = parse_shapes(args.shape)
+    shapes = {**configured_shapes(args.model), **parse_shapes(args.shape)}
     shapes.update({n: a.shape for n, a in arrays.items()})
     open_inputs = [b for layer in read_param(files.param) if layer.type == "Input"
                    and layer.params.declared_shape() is None for b in layer.outputs if b not in shapes]
@@ -123,7 +137,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, cpu: bool = True) -
     parser.add_argument("--input", action="append", default=[], metavar="NAME=file.npy",
                         help="input data (float32 .npy); repeat for several inputs")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=d0,d1,...",
-                        help="input shape in ncnn order, e.g. data=3,224,224 (default: the .param's)")
+                        help="input shape in ncnn order, e.g. data=3,224,224 (default: the model "
+                             "folder's config.toml [inputs], else the .param's)")
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
