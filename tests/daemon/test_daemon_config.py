@@ -135,7 +135,7 @@ def test_injected_fault_after_runs() -> None:
     outcomes = []
     for _ in range(7):
         try:
-            h.apply_hooks()
+            h.apply_hooks(lambda: None)
             outcomes.append("ok")
         except VulkanError as e:
             outcomes.append(e.result)

@@ -345,6 +345,35 @@ async def test_placement_avoids_a_loaded_device(tmp_path: Path) -> None:
         assert len(used) == 8
 
 
+async def test_unloading_a_model_still_loading_cancels_its_load(tmp_path: Path) -> None:
+    """The load stops at its next warm-up run (here: held at a paused device's gate) instead
+    of finishing first; what it built is freed and the model is gone."""
+    write_model(tmp_path, config="warmup = 1\n")
+    device = DeviceHandle.cpu(0)
+    async with serving([device], tmp_path, instances_per_device=1) as sched:
+        await sched.unload_model("tiny")
+        device.pause()  # the next load's warm-up run waits at the gate, indefinitely
+        failures: list[BaseException] = []
+
+        async def load() -> None:
+            try:
+                await sched.load_model("tiny")
+            except SchedulerError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load)
+            await until(sched, lambda: [m.state for m in sched.models()] == [ModelState.LOADING])
+            with trio.fail_after(10):  # not held by the load (it never ends while paused)
+                result = await sched.unload_model("tiny")
+        assert result == UnloadResult("tiny", "unloaded", [])
+        assert sched.models() == [] and device_info(sched, 0).models == []
+        assert len(failures) == 1  # the load's caller hears that it did not load
+        device.resume()
+        info = await sched.load_model("tiny")  # and it loads again
+        assert info.state is ModelState.READY
+
+
 async def test_unload_waits_for_in_flight_jobs_then_frees(tmp_path: Path) -> None:
     write_model(tmp_path)
     device = DeviceHandle.cpu(0)

@@ -41,6 +41,7 @@ import functools
 import logging
 import math
 import statistics
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -141,6 +142,8 @@ class _Model:
     #: the layers' weights were dropped once every Plan had taken its own copy (bf16 panels,
     #: device buffers): builds after that read them again from the model's files
     weights_released: bool = False
+    #: the cancel scopes of its loads in progress (an unload cancels them)
+    load_scopes: set[trio.CancelScope] = dataclasses.field(default_factory=set)
     #: shape key -> None (the graph takes it) or why not; checked once per key at admission
     shape_checks: dict[ShapeKey, str | None] = dataclasses.field(default_factory=dict)
 
@@ -245,7 +248,7 @@ def _run_blocking(handle: DeviceHandle, executor: Executor,
     ``between_waits`` runs between the slices of blocking waits and may raise to abandon them."""
     handle.wait_gate(between_waits)
     start = time.perf_counter()
-    handle.apply_hooks()
+    handle.apply_hooks(between_waits)
     result = executor.run_batch(batch, between_waits)
     return result, time.perf_counter() - start
 
@@ -260,19 +263,33 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
 
     Warm-up runs go through the device hooks like jobs do, so an injected delay seeds the
     latency estimate and an injected fault fails the load the way a lost device would.
+
+    A cancelled load (the daemon stopping, the model unloaded) stops at its next pipeline or
+    warm-up run: ``trio.from_thread.check_cancelled`` raises there, and what was built is
+    freed; a vgg16 load on lavapipe used to hold a SIGTERM for its whole 10 s.
     """
     executors: list[Executor] = []
     timings: list[float] = []
     rng = np.random.default_rng(spec.seed)
     inputs = {n: rng.standard_normal(graph.blob_shapes[n]).astype(np.float32) for n in spec.inputs}
     compiles = handle.glsl_compiles()
+
+    load_thread = threading.get_ident()
+
+    def built(done: int, total: int, what: str) -> None:
+        if threading.get_ident() == load_thread:  # (pipelines may be built on helper threads)
+            trio.from_thread.check_cancelled()
+        if progress is not None:
+            progress(done, total, what)
+
     try:
-        executors = load_executors(handle, graph, spec, instances, progress)
+        executors = load_executors(handle, graph, spec, instances, built)
         compiled = handle.glsl_compiles() > compiles
         if compiled:
             handle.save_pipeline_cache()  # a crash later still finds this load's pipelines
         for executor in executors:
             for _ in range(warmup):
+                trio.from_thread.check_cancelled()
                 timings.append(_run_blocking(handle, executor, [inputs],
                                              trio.from_thread.check_cancelled)[1])
     except BaseException:
@@ -1029,7 +1046,20 @@ class Scheduler:
 
     async def _load_on_device(self, entry: _Model, device: _Device) -> None:
         """Build and warm the Plans of every prebuilt shape key on ``device``; a model with
-        none (dynamic inputs, no shapes in config.toml) is ready at once and builds on use."""
+        none (dynamic inputs, no shapes in config.toml) is ready at once and builds on use.
+        An unload of the model cancels it (at its next pipeline or warm-up run)."""
+        with trio.CancelScope() as scope:
+            entry.load_scopes.add(scope)
+            try:
+                await self._build_placement(entry, device)
+            finally:
+                entry.load_scopes.discard(scope)
+        if scope.cancelled_caught:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._close_executors, entry.placements[device.index])
+            self._placement_failed(entry, device, "unloaded while loading")
+
+    async def _build_placement(self, entry: _Model, device: _Device) -> None:
         warmup = entry.spec.warmup if entry.spec.warmup is not None else self.config.default_warmup
         assert self._load_limiter is not None
         placement = entry.placements[device.index]
@@ -1422,6 +1452,8 @@ class Scheduler:
         freed: list[int] = []
         if not entry.unloading:
             entry.unloading = True
+            for scope in entry.load_scopes:  # a load in progress stops: nothing will use it
+                scope.cancel()
             self._notify()
             self._nursery.start_soon(self._unload, entry, freed)
         await self._wait_for(lambda: self._models.get(name) is not entry)

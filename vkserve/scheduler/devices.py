@@ -169,8 +169,9 @@ class DeviceHandle:
         while not self._gate.wait(_GATE_POLL_S):
             between_waits()
 
-    def apply_hooks(self) -> None:
-        """Worker thread, inside the timed run: the injected delay, then an injected fault."""
+    def apply_hooks(self, between_waits: Callable[[], None]) -> None:
+        """Worker thread, inside the timed run: the injected delay (slept in slices with
+        ``between_waits`` between them, like a real wait), then an injected fault."""
         with self._lock:
             fault = self._faults > 0 and self._fault_after == 0
             if fault:
@@ -178,8 +179,10 @@ class DeviceHandle:
             elif self._faults:
                 self._fault_after -= 1
             delay = self._delay_s
-        if delay:
-            time.sleep(delay)
+        end = time.monotonic() + delay
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _GATE_POLL_S))
+            between_waits()
         if fault:
             raise VulkanError(f"vkQueueSubmit on device {self.index} (injected fault)",
                               "VK_ERROR_DEVICE_LOST")
