@@ -54,6 +54,17 @@ def test_configure_sets_the_kernels_thread_count(monkeypatch: pytest.MonkeyPatch
     assert sorted(seen) == [0, 1, 2, 3]
 
 
+def test_small_kernels_run_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ``jit.SMALL_WORK`` multiply-adds a kernel runs on its calling thread alone (waking
+    the pool costs more there); the result is the same bits either way."""
+    n = min(2, numba.config.NUMBA_NUM_THREADS)
+    monkeypatch.setattr(threads, "THREADS", n)
+    with jit.launch(jit.SMALL_WORK - 1):
+        assert numba.get_num_threads() == 1
+    with jit.launch(jit.SMALL_WORK):
+        assert numba.get_num_threads() == n
+
+
 def test_daemon_applies_the_config_key(tmp_path: Path, launch_daemon: Launch) -> None:
     """A real daemon: ``[cpu] threads = 1`` wins over the environment, is logged at start, and
     the daemon serves CPU jobs with it."""

@@ -45,7 +45,7 @@ from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, 
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
+__all__ = ["SMALL_WORK", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "pooling", "use_threads", "winograd"]
 
 
@@ -73,13 +73,22 @@ def _start_pool() -> None:
     _pool_started = True
 
 
-def use_threads() -> None:
-    """Run the next kernels on ``threads.THREADS`` threads, one task at a time (numba's settings
-    are per calling thread; the count is capped by the pool numba started: ``NUMBA_NUM_THREADS``,
-    all CPUs by default)."""
+#: multiply-adds (or elements) below which a kernel runs on its calling thread alone: waking
+#: the pool costs more than it saves there. Measured on the 2-core VM: the digits example (five
+#: kernels of 3-131 k multiply-adds) 73 us a run on one thread, 125-355 us on two, 78 us on two
+#: with this rule; mobile models at 2 threads unchanged within the run-to-run noise (+-10 %)
+#: at 2^18, while 2^20 cost mobilenet_v2 up to 12 %.
+SMALL_WORK = 1 << 18
+
+
+def use_threads(work: int = SMALL_WORK) -> None:
+    """Run the next kernels on ``threads.THREADS`` threads (one if ``work`` is below
+    ``SMALL_WORK``), one task at a time (numba's settings are per calling thread; the count is
+    capped by the pool numba started: ``NUMBA_NUM_THREADS``, all CPUs by default)."""
     if not _pool_started:
         _start_pool()
-    n = max(1, min(threads.THREADS, numba.config.NUMBA_NUM_THREADS))
+    wanted = 1 if work < SMALL_WORK else threads.THREADS
+    n = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     # tasks are handed out one at a time (dynamic scheduling): tasks differ in size, and a core
@@ -105,11 +114,11 @@ def _threadsafe() -> bool:
 
 
 @contextmanager
-def launch() -> Iterator[None]:
-    """Around a kernel call: the thread settings of ``use_threads``, and one kernel at a time
-    across the process's threads (Plans run on the scheduler's worker threads) unless the
-    threading layer is thread-safe."""
-    use_threads()
+def launch(work: int = SMALL_WORK) -> Iterator[None]:
+    """Around a kernel call of ``work`` multiply-adds (or elements): the thread settings of
+    ``use_threads``, and one kernel at a time across the process's threads (Plans run on the
+    scheduler's worker threads) unless the threading layer is thread-safe."""
+    use_threads(work)
     if _threadsafe():
         yield
         return

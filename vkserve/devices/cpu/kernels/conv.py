@@ -11,6 +11,7 @@ ncnn's make_padding; negative pads crop), read as ``pad_value``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,6 +50,8 @@ class _Jit(Kernel):
     """A kernel whose numba routine reads bf16 or fp32 input and writes bf16 or fp32 output."""
 
     raw_inputs = True
+    #: multiply-adds of one run (``infer`` sets it): small layers run on one thread
+    work: int = jit.SMALL_WORK
 
     def _launch(self, x: np.ndarray, out: np.ndarray, ops: np.ndarray) -> None:
         raise NotImplementedError
@@ -68,18 +71,18 @@ class _Jit(Kernel):
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> None:
         """bf16 arena input -> bf16 arena output, ``post`` activations fused (the Plan's path)."""
-        with jit.launch():
+        with jit.launch(self.work):
             self._launch(us[0], outs[0], self._ops(post))
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
         out = self.buf("out", self.out_shapes[0])
-        with jit.launch():
+        with jit.launch(self.work):
             self._launch(np.ascontiguousarray(us[0]), out, self._ops(()))
         return [out]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         out = self.buf("out", self.out_shapes[0])
-        with jit.launch():
+        with jit.launch(self.work):
             self._launch(np.ascontiguousarray(xs[0], dtype=np.float32), out, self._ops(()))
         return [out]
 
@@ -101,6 +104,7 @@ class Convolution(_Jit):
         t, _, l, _ = p.pads(h, w)
         self.geo = jit.geometry(g, cg, og, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
                                 p.dilation_h, p.dilation_w, t, l, oh, ow)
+        self.work = oc * oh * ow * cg * p.kernel_h * p.kernel_w
         self.pad_value = np.float32(p.pad_value)
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
@@ -140,6 +144,7 @@ class InnerProduct(_Jit):
         out = super().infer(in_shapes)
         p = self.p
         self.num_input = p.num_input()
+        self.work = math.prod(in_shapes[0]) * p.num_output  # rows x num_input x num_output
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(p.num_output, dtype=np.float32)
         self.weight = jit.pack_rows(self.bf16_weight(0), p.num_output, self.num_input)
         return out

@@ -13,6 +13,8 @@ scratch buffer and run numpy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from vkserve.devices.cpu import jit, threads
@@ -54,6 +56,9 @@ class Pooling(Kernel):
         out = super().infer(in_shapes)
         self.view = p.image_view(in_shapes[0])
         _, h, w = self.view
+        # values read: each output's window (or the whole plane once, for global pooling)
+        self.work = math.prod(self.view) if p.global_pooling else (
+            math.prod(out[0]) * p.kernel_h * p.kernel_w)
         self.adaptive = bool(p.adaptive_pooling) and not p.global_pooling
         if p.global_pooling or self.adaptive:
             self.exact_store = p.pooling_type == 0
@@ -84,7 +89,7 @@ class Pooling(Kernel):
     def _global_avg_jit(self, x: np.ndarray, out: np.ndarray) -> None:
         """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
         c = self.view[0]
-        with jit.launch():
+        with jit.launch(self.work):
             jit.pooling.global_avg(x.reshape(c, -1), min(c, 4 * threads.THREADS), out.reshape(1, c))
 
     @property
@@ -101,7 +106,7 @@ class Pooling(Kernel):
         c, oh, ow = self.out_shapes[0]
         is_max = p.pooling_type == 0
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
-        with jit.launch():
+        with jit.launch(self.work):
             jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
                                np.float32(-FLT_MAX if is_max else 0.0), divisor,
                                np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow))
