@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
 from benchmarks.daemon_overhead import cpu_seconds, digits_repository  # noqa: E402
+from benchmarks.timing import median_ms  # noqa: E402
 from vkserve.client import Client  # noqa: E402
 from vkserve.scheduler import ModelRepository, Scheduler  # noqa: E402
 from vkserve.scheduler.reports import ModelState  # noqa: E402
@@ -51,15 +51,6 @@ def loop_cpu_seconds(pid: int) -> float:
     """CPU seconds of the daemon's main thread (its trio loop) so far."""
     fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def median_ms(call: Callable[[], object], n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def in_process(repo: Path, x: np.ndarray, n: int) -> dict[str, float]:
@@ -130,7 +121,7 @@ def main() -> int:
                 for _ in range(200):
                     c.infer("digits", {"data": x})
                     c.ping()
-                result["ping_ms"] = median_ms(c.ping, n)
+                result["ping_ms"] = median_ms(c.ping, n, warmup=0)
                 spy = None
                 if args.py_spy is not None:
                     spy = subprocess.Popen([str(args.py_spy), "record", "-r", "1000", "--nonblocking",
@@ -144,7 +135,7 @@ def main() -> int:
                 def infer() -> None:
                     runs.append(c.infer_detailed("digits", {"data": x}).run_seconds or 0.0)
 
-                result["infer_ms"] = median_ms(infer, n)
+                result["infer_ms"] = median_ms(infer, n, warmup=0)
                 result["daemon_cpu_ms_per_infer"] = (cpu_seconds(proc.pid) - before) / n * 1e3
                 result["loop_cpu_ms_per_infer"] = (loop_cpu_seconds(proc.pid) - loop_before) / n * 1e3
                 result["daemon_run_ms"] = statistics.median(runs) * 1e3
