@@ -19,6 +19,7 @@ The harness (``launch_daemon``, ``Raw``, ``status``, ...) is the one of test_dae
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import threading
@@ -226,8 +227,13 @@ def load_daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: 
     work = tmp_path_factory.mktemp("load")
     repo = work / "repo"
     repo.mkdir()
-    (repo / "digits").symlink_to(DIGITS)  # devices = auto: the Vulkan device (lavapipe)
-    model_folder(repo / "tag", TAG_PARAM, 'random_weights = true\ndevices = "cpu"\n')
+    # one job a run (no dynamic batching), so the load saturates both devices whatever the
+    # daemon's own speed: priorities then decide who waits
+    shutil.copytree(DIGITS, repo / "digits")  # devices = auto: the Vulkan device (lavapipe)
+    config = repo / "digits" / "config.toml"
+    config.write_text(config.read_text().replace("warmup = 2", "warmup = 2\nmax_batch_size = 1"))
+    model_folder(repo / "tag", TAG_PARAM,
+                 'random_weights = true\ndevices = "cpu"\nmax_batch_size = 1\n')
     return launch_module_daemon(work, f"""
 [server]
 socket = "{work}/load.sock"
