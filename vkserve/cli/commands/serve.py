@@ -6,9 +6,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import TypeVar
 
-from vkserve.daemon.config import DEFAULT_CONFIG, ConfigError, load_config
+from vkserve.daemon.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    GrpcConfig,
+    HttpConfig,
+    MetricsConfig,
+    load_config,
+)
 from vkserve.daemon.logs import configure as configure_logging
+
+#: a config section with a ``listen`` address
+_Listener = TypeVar("_Listener", MetricsConfig, HttpConfig, GrpcConfig)
 
 NAME = "serve"
 HELP = "run the inference daemon (default: the packaged example models on a Unix socket)"
@@ -38,6 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the embedded default config and exit")
 
 
+def _listening(section: _Listener, listen: str | None) -> _Listener:
+    """``section`` with the flag's ``listen`` address (checked: ValueError names it), or as
+    the config has it when the flag is absent."""
+    if listen is None:
+        return section
+    section = dataclasses.replace(section, listen=listen)
+    section.listen_address()
+    return section
+
+
 def main(args: argparse.Namespace) -> int:
     if args.print_default_config:
         print(DEFAULT_CONFIG, end="")
@@ -53,17 +74,9 @@ def main(args: argparse.Namespace) -> int:
         models = config.models
         if args.models is not None:
             models = dataclasses.replace(models, repository=args.models)
-        metrics = config.metrics
-        if args.metrics_listen is not None:
-            metrics = dataclasses.replace(metrics, listen=args.metrics_listen)
-            metrics.listen_address()
-        http, grpc = config.http, config.grpc
-        if args.http is not None:
-            http = dataclasses.replace(http, listen=args.http)
-            http.listen_address()
-        if args.grpc is not None:
-            grpc = dataclasses.replace(grpc, listen=args.grpc)
-            grpc.listen_address()
+        metrics = _listening(config.metrics, args.metrics_listen)
+        http = _listening(config.http, args.http)
+        grpc = _listening(config.grpc, args.grpc)
         log = config.log
         if args.log_format is not None:
             log = dataclasses.replace(log, format=args.log_format)
