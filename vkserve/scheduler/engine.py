@@ -4,7 +4,8 @@ An *executor* is one Plan instance's worth of capacity: ``run_batch(items, betwe
 blocks (the scheduler calls it in a worker thread, one job per executor at a time). The scheduler asks
 for as many executors per (model, device) as the device has slots:
 
-- CPU: one ``vkserve.devices.cpu.executor.Plan`` each (a CPU Plan is not re-entrant);
+- CPU: one ``vkserve.devices.cpu.executor.Plan`` each (a CPU Plan is not re-entrant), the
+  first built and the others its siblings (own arenas, the packed weights shared);
 - Vulkan: one ``vkserve.devices.vulkan.engine.plan.Plan`` with ``max_instances`` = slots, shared by
   that many thin executors (the Plan hands each run its own PlanInstance: arena, staging,
   recorded command buffer, fence). Fence waits call the caller's ``between_waits`` between
@@ -122,8 +123,9 @@ def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
                    count: int, progress: ProgressFn | None = None) -> list[Executor]:
     """Compile ``count`` slots of ``graph`` (built for one set of input shapes) for
     ``device`` (blocking; worker thread); ``progress`` hears of each Vulkan pipeline built."""
-    if device.is_cpu:
-        return [_CpuExecutor(CpuPlan(graph)) for _ in range(count)]
+    if device.is_cpu:  # one Plan's weights, an arena per instance
+        first = CpuPlan(graph)
+        return [_CpuExecutor(first), *(_CpuExecutor(first.sibling()) for _ in range(count - 1))]
     plan_class = _vulkan_plan_class()
     if plan_class is None:
         raise RuntimeError(f"device {device.index} ({device.name}): no Vulkan engine available")
@@ -137,12 +139,14 @@ def executors_nbytes(executors: list[Executor]) -> int:
     """Memory the executors' Plans hold at most: a Vulkan Plan's weights plus an arena and
     staging per instance (from the device pool); a CPU Plan's arena and bf16 weights."""
     total = 0
+    cpu_weights: dict[int, int] = {}  # a CPU Plan's siblings share its weights
     for plan in {id(p): p for p in (_plan_of(e) for e in executors)}.values():
         if isinstance(plan, CpuPlan):
-            total += plan.arena_bytes + plan.weight_bytes
+            total += plan.arena_bytes
+            cpu_weights[plan.weights_id] = plan.weight_bytes
         else:
             total += plan.weight_bytes + plan.max_instances * (plan.arena_bytes + plan.staging_bytes)
-    return total
+    return total + sum(cpu_weights.values())
 
 
 def _plan_of(executor: Executor) -> Any:

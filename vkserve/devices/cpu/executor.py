@@ -19,11 +19,12 @@ A Plan is not re-entrant: ``run`` holds a lock; use one Plan per concurrent job.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import enum
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -67,19 +68,19 @@ class StepKind(enum.Enum):
     WIDENED = "widened"  # inputs widened to fp32 scratch, fp32 out
 
 
-@dataclass
+@dataclasses.dataclass
 class _Step:
     kernel: Kernel
     name: str
     inputs: list[str]
     outputs: list[str]
     #: activation kernels fused into this step: applied in order to its fp32 result
-    post: list[Kernel] = field(default_factory=list)
+    post: list[Kernel] = dataclasses.field(default_factory=list)
     #: names of the layers fused in (for reports)
-    fused: list[str] = field(default_factory=list)
+    fused: list[str] = dataclasses.field(default_factory=list)
 
 
-@dataclass
+@dataclasses.dataclass
 class _Storage:
     size: int
     start: int
@@ -102,14 +103,37 @@ class Plan:
         self.blob_shapes: dict[str, Shape] = {}
         self._steps: list[_Step] = []
         self.scratch = Scratch()
-        #: bf16 weights the kernels narrowed at compile (each Plan holds its own)
+        #: bf16 weights the kernels narrowed at compile (shared with this Plan's ``sibling``s)
         self.weight_bytes: int = BYTES_PER_ELEMENT * sum(
             int(np.asarray(w).size) for layer in graph.layers for w in layer.weights if w is not None)
+        #: which Plan's weights these are (equal for siblings: count them once)
+        self.weights_id = id(self)
         self._compile(graph, given)
         self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
         self._lay_out()
         self._prepare()
         self._lock = threading.Lock()
+
+    def sibling(self) -> Plan:
+        """Another Plan of the same graph and shapes for concurrent runs: its own arena and
+        work buffers, the kernels' packed weights shared (they are read-only once packed), so
+        a second instance costs an arena, not a second copy of the model (resnet18: 23 MB of
+        bf16 panels)."""
+        twin = copy.copy(self)
+        twin.scratch = Scratch()
+        kernels: dict[int, Kernel] = {}
+        for step in self._steps:
+            for kernel in (step.kernel, *step.post):
+                if id(kernel) not in kernels:
+                    kernels[id(kernel)] = copy.copy(kernel)
+                    kernels[id(kernel)].scratch = twin.scratch
+        twin._steps = [dataclasses.replace(step, kernel=kernels[id(step.kernel)],
+                                           post=[kernels[id(k)] for k in step.post])
+                       for step in self._steps]
+        twin._lay_out()
+        twin._prepare()
+        twin._lock = threading.Lock()
+        return twin
 
     # -- compile ---------------------------------------------------------------------------
 
