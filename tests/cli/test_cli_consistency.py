@@ -89,7 +89,7 @@ FAILS = {
     "cache inspect": (["cache", "inspect", "{empty}/none.cache"], 2, "USAGE"),
     "run": (["run", DIGITS, "--device", "7", "--random-input"], 2, "USAGE"),
     "verify": (["verify", "{empty}"], 2, "USAGE"),
-    "profile": (["profile", DIGITS, "--device", "cpu"], 2, "USAGE"),
+    "profile": (["profile", DIGITS, "--device", "7"], 2, "USAGE"),
     "tune": (["tune", DIGITS, "--device", "gpu"], 2, "USAGE"),
     "infer": (["infer", "nosuch", "--random-input", "--socket", "{socket}"], 1, "NOT_FOUND"),
     "models": (["models", "--socket", "{nothing}"], 3, "UNREACHABLE"),

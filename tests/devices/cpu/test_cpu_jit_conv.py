@@ -135,7 +135,7 @@ def chain_plan(tmp_path: Path) -> tuple[Plan, dict[str, np.ndarray]]:
 def test_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     plan, feed = chain_plan(tmp_path)
-    assert [kind for kind, *_ in plan._program if kind is StepKind.STORE]  # the jit kernels store
+    assert [s for s in plan._program if s.kind is StepKind.STORE]  # the jit kernels store
     assert plan.fused == [("c2", "s")]
     monkeypatch.setattr(threads, "THREADS", 1)
     one = plan.run(feed)["out"]

@@ -39,7 +39,7 @@ def test_jit_pooling_matches_ncnn_and_the_numpy_path(tmp_path: Path, monkeypatch
     param = tmp_path / "pool.param"
     param.write_text(param_text({"data": shape}, [line]))
     plan = Plan(load_model(param, None, {"data": shape}))
-    kind, kernel = plan._program[-1][:2]
+    kind, kernel = plan._program[-1].kind, plan._program[-1].kernel
     assert kind is StepKind.STORE and kernel.windowed
     x = from_bf16(to_bf16(np.random.default_rng(21).uniform(-2, 2, shape).astype(np.float32)))
     want = from_bf16(to_bf16(kernel.forward([x])[0]))
@@ -62,7 +62,7 @@ def test_global_pooling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: 
     param = tmp_path / "pool.param"
     param.write_text(param_text({"data": shape}, [line]))
     plan = Plan(load_model(param, None, {"data": shape}))
-    kernel = plan._program[-1][1]
+    kernel = plan._program[-1].kernel
     x = from_bf16(to_bf16(np.random.default_rng(23).uniform(0.5, 2, shape).astype(np.float32)))
     rows = x.reshape(-1, shape[-1] * shape[-2]) if len(shape) == 3 else x.reshape(1, -1)
     exact = rows.astype(np.float64).max(axis=1) if kind == "0=0 4=1" else rows.astype(np.float64).mean(axis=1)
@@ -83,7 +83,7 @@ def test_fp32_blobs_take_the_same_path(tmp_path: Path, params: str) -> None:
     shape = (4, 37, 35)
     param = tmp_path / "pool.param"
     param.write_text(param_text({"data": shape}, [f"Pooling op 1 1 data out {params}"]))
-    kernel = Plan(load_model(param, None, {"data": shape}))._program[-1][1]
+    kernel = Plan(load_model(param, None, {"data": shape}))._program[-1].kernel
     u = to_bf16(np.random.default_rng(24).uniform(-2, 2, shape).astype(np.float32))
     x = from_bf16(u)
     want = kernel.forward([x])[0].copy()

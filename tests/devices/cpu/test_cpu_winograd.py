@@ -128,7 +128,7 @@ def test_warm_up_net_reaches_the_winograd_and_pooling_kernels() -> None:
     for layer, weights in zip(layers, random_weights(layers, 0)):
         layer.weights = weights
     plan = Plan(build_graph(layers, "warm-up net"))
-    kernels = [k for _, k, *_ in plan._program]
+    kernels = [step.kernel for step in plan._program]
     assert any(k.layer.type == "Convolution" and k.winograd for k in kernels)
     pools = [k for k in kernels if k.layer.type == "Pooling"]
     assert any(k.windowed for k in pools) and any(k.global_avg for k in pools)

@@ -118,12 +118,16 @@ def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.n
     return files, graph, {**arrays, **generated}
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, cpu: bool = True) -> None:
-    """The flags of run, verify, profile and tune; ``cpu`` False: a Vulkan device only."""
+def add_common_arguments(parser: argparse.ArgumentParser, *, cpu: bool = True,
+                         default: str = "cpu") -> None:
+    """The flags of run, verify, profile and tune; ``cpu`` False: a Vulkan device only;
+    ``default``: the device when none is named."""
     parser.add_argument("model", metavar="MODEL", help="model folder or .param file")
     if cpu:
-        parser.add_argument("--device", type=device_arg, default=parse_device("cpu"),
-                            metavar="DEVICE", help="cpu (default), vulkan:N or N (vulkan:N)")
+        choices = ("cpu (default), vulkan:N or N (vulkan:N)" if default == "cpu"
+                   else f"vulkan:N or N (vulkan:N; default {default}), or cpu")
+        parser.add_argument("--device", type=device_arg, default=parse_device(default),
+                            metavar="DEVICE", help=choices)
     else:
         parser.add_argument("--device", type=vulkan_device_arg, default=parse_device("vulkan:0"),
                             metavar="DEVICE", help="a Vulkan device: vulkan:N or N (default "

@@ -25,7 +25,7 @@ import enum
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,6 +78,29 @@ class _Step:
     post: list[Kernel] = dataclasses.field(default_factory=list)
     #: names of the layers fused in (for reports)
     fused: list[str] = dataclasses.field(default_factory=list)
+
+
+class _Prepared(NamedTuple):
+    """A step as ``Plan.run`` takes it: inputs are arena views, or names of data-dependent
+    (fp32) blobs; outputs are (view or name, exact store) pairs."""
+
+    index: int
+    kind: StepKind
+    kernel: Kernel
+    ins: list[Any]
+    outs: list[Any]
+    post: list[Kernel]
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """One step's wall time in ``Plan.profile`` (median over the runs)."""
+
+    name: str
+    type: str
+    fused: tuple[str, ...]  # activation layers run in this step's epilogue
+    ms: float
 
 
 @dataclasses.dataclass
@@ -267,7 +290,7 @@ class Plan:
         """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post,
         name). Inputs are arena views, or a name for data-dependent (fp32, by name) blobs;
         outputs are (view or name, exact store)."""
-        self._program: list[tuple[StepKind, Kernel, list[Any], list[Any], list[Kernel], str]] = []
+        self._program: list[_Prepared] = []
         #: bf16-native steps with several inputs or outputs whose bytes overlap in the arena
         #: (a blob last read by a step may share bytes with its outputs): their inputs are
         #: copied first, since an early write could clobber a later read. One copy from one
@@ -300,7 +323,7 @@ class Plan:
                 kind = StepKind.RAW_INPUTS
             else:
                 kind = StepKind.WIDENED
-            self._program.append((kind, k, ins, outs, list(step.post), step.name))
+            self._program.append(_Prepared(len(self._program), kind, k, ins, outs, list(step.post), step.name))
 
     # -- run -------------------------------------------------------------------------------
 
@@ -311,65 +334,92 @@ class Plan:
     def run_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], StageTimes]:
         """``run``, and the seconds spent narrowing the inputs, in the kernels and widening
         the outputs."""
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise ValueError(f"missing inputs: {', '.join(missing)}")
         with self._lock, np.errstate(over="ignore", under="ignore"):
             t0 = time.perf_counter()
-            for name in self.input_names:
-                arr = np.asarray(inputs[name], dtype=np.float32)
-                want = self.blob_shapes[name]
-                if arr.shape != want:
-                    raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
-                to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
+            self._load_inputs(inputs)
             t1 = time.perf_counter()
             dynamic: dict[str, np.ndarray] = {}
-            scratch_get = self.scratch.get
-            copy_inputs = self._copy_inputs
-            for index, (kind, kernel, ins, outs, post, name) in enumerate(self._program):
-                if kind is StepKind.ALIAS:
-                    # no compute; only data-dependent blobs need passing along by name
-                    for i, (blob, dyn) in enumerate(outs):
-                        if dyn:
-                            dynamic[blob] = dynamic[ins[kernel.source(i)]]
-                    continue
-                if kind is StepKind.BF16_NATIVE:
-                    if index in copy_inputs:
-                        ins = [x.copy() for x in ins]
-                    into = getattr(kernel, "forward_into", None)
-                    if into is not None:
-                        into(ins, [view for view, _ in outs])
-                        continue
-                    ys = kernel.forward(ins)
-                    for (view, _), y in zip(outs, ys):
-                        np.copyto(view, y)
-                    continue
-                if kind is StepKind.STORE:
-                    kernel.forward_store(ins, [view for view, _ in outs], post)
-                    continue
-                if kind is StepKind.RAW_INPUTS:
-                    ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])
-                else:
-                    ys = kernel.forward([
-                        dynamic[x] if isinstance(x, str)
-                        else widen_into(x, scratch_get(f"in{i}", x.shape))
-                        for i, x in enumerate(ins)
-                    ])
-                for act in post:
-                    ys = act.forward(ys)
-                for (view, exact), y in zip(outs, ys):
-                    if isinstance(view, str):
-                        dynamic[view] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
-                        continue
-                    if y.shape != view.shape:
-                        raise RuntimeError(f"{name}: produced {y.shape}, planned {view.shape}")
-                    if exact:
-                        narrow_exact_into(y, view)
-                    else:
-                        to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))
+            for step in self._program:
+                self._run_step(step, dynamic)
             t2 = time.perf_counter()
             outputs = {
                 name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
                 for name in self.output_names
             }
             return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+    def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
+        """Each step's wall time, median of ``runs`` runs after one warm-up (alias steps, which
+        run nothing, left out)."""
+        samples: list[list[float]] = [[] for _ in self._program]
+        with self._lock, np.errstate(over="ignore", under="ignore"):
+            for r in range(runs + 1):
+                self._load_inputs(inputs)
+                dynamic: dict[str, np.ndarray] = {}
+                for step in self._program:
+                    t0 = time.perf_counter()
+                    self._run_step(step, dynamic)
+                    if r:
+                        samples[step.index].append(time.perf_counter() - t0)
+        steps = {s.name: s for s in self._steps}
+        return [StepTime(p.name, p.kernel.layer.type, tuple(steps[p.name].fused),
+                         1e3 * float(np.median(samples[p.index])))
+                for p in self._program if p.kind is not StepKind.ALIAS]
+
+    def _load_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Narrow the inputs into their arena slots, checking names and shapes."""
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(f"missing inputs: {', '.join(missing)}")
+        for name in self.input_names:
+            arr = np.asarray(inputs[name], dtype=np.float32)
+            want = self.blob_shapes[name]
+            if arr.shape != want:
+                raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
+            to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
+
+    def _run_step(self, step: _Prepared, dynamic: dict[str, np.ndarray]) -> None:
+        """Run one prepared step: its outputs into their arena views (data-dependent ones into
+        ``dynamic``, by name)."""
+        index, kind, kernel, ins, outs, post, name = step
+        if kind is StepKind.ALIAS:
+            # no compute; only data-dependent blobs need passing along by name
+            for i, (blob, dyn) in enumerate(outs):
+                if dyn:
+                    dynamic[blob] = dynamic[ins[kernel.source(i)]]
+            return
+        if kind is StepKind.BF16_NATIVE:
+            if index in self._copy_inputs:
+                ins = [x.copy() for x in ins]
+            into = getattr(kernel, "forward_into", None)
+            if into is not None:
+                into(ins, [view for view, _ in outs])
+                return
+            ys = kernel.forward(ins)
+            for (view, _), y in zip(outs, ys):
+                np.copyto(view, y)
+            return
+        if kind is StepKind.STORE:
+            kernel.forward_store(ins, [view for view, _ in outs], post)
+            return
+        scratch_get = self.scratch.get
+        if kind is StepKind.RAW_INPUTS:
+            ys = kernel.forward_bf16([dynamic[x] if isinstance(x, str) else x for x in ins])
+        else:
+            ys = kernel.forward([
+                dynamic[x] if isinstance(x, str)
+                else widen_into(x, scratch_get(f"in{i}", x.shape))
+                for i, x in enumerate(ins)
+            ])
+        for act in post:
+            ys = act.forward(ys)
+        for (view, exact), y in zip(outs, ys):
+            if isinstance(view, str):
+                dynamic[view] = np.array(y, dtype=np.float32)  # a copy: y may be scratch
+                continue
+            if y.shape != view.shape:
+                raise RuntimeError(f"{name}: produced {y.shape}, planned {view.shape}")
+            if exact:
+                narrow_exact_into(y, view)
+            else:
+                to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))

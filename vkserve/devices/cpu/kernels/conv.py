@@ -12,12 +12,12 @@ ncnn's make_padding; negative pads crop), read as ``pad_value``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
 from vkserve.devices.cpu import jit, threads
-from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.base import register
+from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape
 
 
@@ -46,49 +46,8 @@ def fill_border(xp: np.ndarray, t: int, b: int, l: int, r: int, value: float) ->
         xp[..., t : h - b, w - r :] = v
 
 
-class _Jit(Kernel):
-    """A kernel whose numba routine reads bf16 or fp32 input and writes bf16 or fp32 output."""
-
-    raw_inputs = True
-    #: multiply-adds of one run (``infer`` sets it): small layers run on one thread
-    work: int = jit.SMALL_WORK
-
-    def _launch(self, x: np.ndarray, out: np.ndarray, ops: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def _ops(self, post: Sequence[Kernel]) -> np.ndarray:
-        """The epilogue: this layer's activation, then ``post`` (cached per fused chain)."""
-        key = tuple(id(k) for k in post)
-        ops = self._epilogues.get(key)
-        if ops is None:
-            ops = jit.epilogue_ops(self.p.activation_type, self.p.activation_params, post)
-            self._epilogues[key] = ops
-        return ops
-
-    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        self._epilogues: dict[tuple[int, ...], np.ndarray] = {}
-        return super().infer(in_shapes)
-
-    def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> None:
-        """bf16 arena input -> bf16 arena output, ``post`` activations fused (the Plan's path)."""
-        with jit.launch(self.work):
-            self._launch(us[0], outs[0], self._ops(post))
-
-    def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
-        out = self.buf("out", self.out_shapes[0])
-        with jit.launch(self.work):
-            self._launch(np.ascontiguousarray(us[0]), out, self._ops(()))
-        return [out]
-
-    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        out = self.buf("out", self.out_shapes[0])
-        with jit.launch(self.work):
-            self._launch(np.ascontiguousarray(xs[0], dtype=np.float32), out, self._ops(()))
-        return [out]
-
-
 @register("Convolution", "ConvolutionDepthWise")
-class Convolution(_Jit):
+class Convolution(JitKernel):
     """Depthwise (one input channel per group) by ``jit.depthwise``; dense 3x3 stride 1 where
     ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the layer's
     bf16 weight bytes); the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels
@@ -120,7 +79,8 @@ class Convolution(_Jit):
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
 
-    def _launch(self, x: np.ndarray, out: np.ndarray, ops: np.ndarray) -> None:
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        x = xs[0]
         oc, oh, ow = self.out_shapes[0]
         if self.depthwise:
             parts = min(oc, 4 * threads.THREADS)
@@ -136,7 +96,7 @@ class Convolution(_Jit):
 
 
 @register("InnerProduct")
-class InnerProduct(_Jit):
+class InnerProduct(JitKernel):
     """y = W x (+ bias) by ``jit.inner_product``: a flat input is one row; ncnn's gemm form (a
     2-D input of num_input-wide rows) gives one output row per input row."""
 
@@ -149,6 +109,7 @@ class InnerProduct(_Jit):
         self.weight = jit.pack_rows(self.bf16_weight(0), p.num_output, self.num_input)
         return out
 
-    def _launch(self, x: np.ndarray, out: np.ndarray, ops: np.ndarray) -> None:
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        x = xs[0]
         n_out = self.p.num_output
         jit.inner_product(x.reshape(-1, self.num_input), self.weight, self.bias, ops, out.reshape(-1, n_out))

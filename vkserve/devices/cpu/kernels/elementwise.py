@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 
 import numpy as np
 
+from vkserve.devices.cpu import threads
+from vkserve.devices.cpu.bf16 import from_bf16
+from vkserve.devices.cpu.jit import binary as jit_binary
 from vkserve.devices.cpu.kernels.base import Kernel, leaky_relu, register
+from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 
 
@@ -130,15 +136,81 @@ _BINARY: dict[int, tuple[BinaryFn, bool]] = {
 }
 
 
-@register("BinaryOp")
-class BinaryOp(Kernel):
-    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
-        self.op = _BINARY[self.p.op_type]
-        if not self.p.with_scalar:
-            self.a_shape, self.b_shape, _ = binary_broadcast_shape(in_shapes[0], in_shapes[1])
-        return super().infer(in_shapes)
+@dataclasses.dataclass(frozen=True)
+class _JitForm:
+    """How ``jit.binary`` runs a BinaryOp or Eltwise: operands swapped (b op a), the op, the
+    (rows, cols) view and ``b``'s broadcast form, Eltwise's coefficients."""
+
+    swap: bool
+    op: int
+    rows: int
+    cols: int
+    bform: int
+    ca: float = 1.0
+    cb: float = 1.0
+
+
+#: BinaryOp op_types ``jit.binary`` runs with the operands as given, and with them swapped
+_JIT_DIRECT = (jit_binary.ADD, jit_binary.SUB, jit_binary.MUL, jit_binary.DIV, jit_binary.MAX, jit_binary.MIN)
+_JIT_SWAPPED = {**jit_binary.SWAPPED, 7: jit_binary.SUB, 8: jit_binary.DIV}  # rsub, rdiv
+
+
+class _TwoOperands(JitKernel):
+    """A two-operand element-wise layer: ``jit.binary`` (one pass, fused activations) where
+    ``form`` found a way, else the numpy ``forward_numpy``."""
+
+    form: _JitForm | None = None
+
+    @property
+    def raw_inputs(self) -> bool:  # type: ignore[override]
+        return self.form is not None
+
+    def _activation(self) -> tuple[int, tuple[float, ...]]:
+        return 0, ()
+
+    def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.form is None:
+            return self.forward_numpy(xs)
+        return super().forward(xs)
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        f = self.form
+        assert f is not None
+        a, b = (xs[1], xs[0]) if f.swap else (xs[0], xs[-1])
+        bs = np.float32(0.0)
+        if f.bform == jit_binary.B_SCALAR:
+            bs = np.float32(self.p.b) if len(xs) == 1 else np.float32(from_bf16(b.reshape(-1)[:1])[0] if b.dtype == np.uint16 else b.reshape(-1)[0])
+            b = a
+        b2 = b.reshape({jit_binary.B_PER_ROW: (f.rows, 1), jit_binary.B_ROW: (1, f.cols)}.get(f.bform, (f.rows, f.cols)))
+        jit_binary.binary(a.reshape(f.rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
+                          ops, min(f.rows, 4 * threads.THREADS), out.reshape(f.rows, f.cols))
+
+
+@register("BinaryOp")
+class BinaryOp(_TwoOperands):
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        p = self.p
+        self.op = _BINARY[p.op_type]
+        self.work = math.prod(out[0])
+        if p.with_scalar:
+            if p.op_type in _JIT_DIRECT:
+                rows, cols, _ = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
+                self.form = _JitForm(False, p.op_type, rows, cols, jit_binary.B_SCALAR)
+            return out
+        self.a_shape, self.b_shape, _ = binary_broadcast_shape(in_shapes[0], in_shapes[1])
+        direct = jit_binary.layout(self.a_shape, self.b_shape, out[0])
+        flipped = jit_binary.layout(self.b_shape, self.a_shape, out[0])
+        if direct is not None and p.op_type in _JIT_DIRECT:
+            self.form = _JitForm(False, p.op_type, *direct)
+        elif flipped is not None and p.op_type in _JIT_SWAPPED:
+            self.form = _JitForm(True, _JIT_SWAPPED[p.op_type], *flipped)
+        return out
+
+    def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         """One pass into this step's "out" scratch buffer (no per-run allocation)."""
         fn, swap = self.op
         y = self.buf("out", self.out_shapes[0])
@@ -191,8 +263,21 @@ class UnaryOp(Kernel):
 
 
 @register("Eltwise")
-class Eltwise(Kernel):
-    def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
+class Eltwise(_TwoOperands):
+    #: Eltwise op_type (prod, sum, max) -> ``jit.binary``'s op
+    _JIT_OPS = {0: jit_binary.MUL, 1: jit_binary.ADD, 2: jit_binary.MAX}
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        self.work = math.prod(out[0])
+        op, coeffs = self.p.op_type, list(self.p.coeffs or [])
+        if len(in_shapes) == 2 and in_shapes[0] == in_shapes[1] == out[0] and not (op == 1 and len(coeffs) == 1):
+            rows, cols, bform = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
+            ca, cb = (coeffs[0], coeffs[1]) if op == 1 and len(coeffs) >= 2 else (1.0, 1.0)
+            self.form = _JitForm(False, self._JIT_OPS[op], rows, cols, bform, ca, cb)
+        return out
+
+    def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         y = self.buf("out", self.out_shapes[0])
         if op == 1 and coeffs:

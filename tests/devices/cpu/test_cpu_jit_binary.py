@@ -1,0 +1,98 @@
+"""BinaryOp and two-input Eltwise on the numba kernel (``jit.binary``): which layers take it,
+every op it runs against ncnn over every broadcast form, and the same bits as the numpy path
+it replaced (widen, op in fp32, round to nearest even)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.devices.cpu.test_cpu_unary_binary import BROADCASTS, binary_inputs, check
+from tests.support.params import param_text
+from vkserve.devices.cpu.executor import Plan, StepKind
+from vkserve.devices.cpu.jit import binary as jit_binary
+from vkserve.models.graph import load_model
+
+#: add sub mul div max min rsub rdiv: the ops the kernel runs (directly or swapped)
+JIT_OPS = (0, 1, 2, 3, 4, 5, 7, 8)
+
+
+def plan_for(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray]) -> Plan:
+    param = tmp_path / "case.param"
+    param.write_text(param_text(inputs, lines))
+    shapes = {k: v.shape for k, v in inputs.items()}
+    return Plan(load_model(param, None, shapes), shapes)
+
+
+def kinds(plan: Plan) -> dict[str, StepKind]:
+    return {step.name: step.kind for step in plan._program}
+
+
+@pytest.mark.parametrize("op", JIT_OPS)
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
+def test_jit_ops_match_ncnn_over_every_broadcast(tmp_path: Path, op: int, shapes) -> None:
+    check(tmp_path, f"BinaryOp b 2 1 a b out 0={op}", binary_inputs(op, *shapes, seed=op))
+
+
+@pytest.mark.parametrize(("a", "b", "taken"), [
+    ((8, 6, 5), (8, 6, 5), True),  # full
+    ((8, 6, 5), (8, 1, 1), True),  # per channel (a squeeze-excitation scale)
+    ((8, 6, 5), (1, 1, 5), True),  # along w
+    ((8, 1, 1), (8, 6, 5), True),  # a broadcast: swapped
+    ((8, 6, 5), (1,), True),  # a one-value tensor
+    ((8, 6, 5), (1, 6, 1), False),  # along h only: numpy
+])
+def test_which_forms_take_the_kernel(tmp_path: Path, a, b, taken: bool) -> None:
+    inputs = binary_inputs(2, a, b)
+    plan = plan_for(tmp_path, ["BinaryOp m 2 1 a b out 0=2"], inputs)
+    assert (kinds(plan)["m"] is StepKind.STORE) is taken
+    check(tmp_path, "BinaryOp m 2 1 a b out 0=2", inputs)
+
+
+def test_pow_and_atan2_stay_on_numpy(tmp_path: Path) -> None:
+    inputs = binary_inputs(6, (4, 5), (4, 5))
+    plan = plan_for(tmp_path, ["BinaryOp p 2 1 a b out 0=6", "BinaryOp q 2 1 out b y 0=10"], inputs)
+    assert set(kinds(plan).values()) - {StepKind.ALIAS} == {StepKind.WIDENED}
+
+
+@pytest.mark.parametrize("line", [
+    "BinaryOp m 2 1 a b out 0=2", "BinaryOp m 2 1 a b out 0=8", "BinaryOp m 1 1 a out 0=3 1=1 2=-1.25",
+    "Eltwise m 2 1 a b out 0=1", "Eltwise m 2 1 a b out 0=0", "Eltwise m 2 1 a b out 0=2",
+])
+def test_same_bits_as_the_numpy_path(tmp_path: Path, line: str) -> None:
+    rng = np.random.default_rng(3)
+    inputs = {"a": rng.standard_normal((6, 7, 9)).astype(np.float32),
+              "b": rng.standard_normal((6, 7, 9)).astype(np.float32)}
+    if " 1 1 a " in line:
+        del inputs["b"]
+    plan = plan_for(tmp_path, [line], inputs)
+    numpy_plan = plan_for(tmp_path, [line], inputs)
+    for step in numpy_plan._program:
+        if step.name == "m":
+            step.kernel.form = None  # the numpy forward, widened inputs
+    numpy_plan._prepare()
+    assert kinds(plan)["m"] is StepKind.STORE and kinds(numpy_plan)["m"] is StepKind.WIDENED
+    np.testing.assert_array_equal(plan.run(inputs)["out"], numpy_plan.run(inputs)["out"])
+
+
+def test_eltwise_weighted_sum_and_fused_relu_match_ncnn(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    inputs = {"a": rng.standard_normal((4, 6, 6)).astype(np.float32),
+              "b": rng.standard_normal((4, 6, 6)).astype(np.float32)}
+    lines = ["Eltwise s 2 1 a b sum 0=1 -23301=2,0.5,-2.0", "ReLU r 1 1 sum out"]
+    plan = plan_for(tmp_path, lines, inputs)
+    assert plan.fused == [("s", "r")] and kinds(plan)["s"] is StepKind.STORE
+    check(tmp_path, lines[0], inputs)
+    want = np.maximum(0.5 * inputs["a"] - 2.0 * inputs["b"], 0)
+    np.testing.assert_allclose(plan.run(inputs)["out"], want, rtol=1e-2, atol=1e-2)
+
+
+def test_layout_views() -> None:
+    assert jit_binary.layout((2, 3, 5), (2, 3, 5), (2, 3, 5)) == (2, 15, jit_binary.B_FULL)
+    assert jit_binary.layout((2, 3, 5), (2, 3, 1), (2, 3, 5)) == (6, 5, jit_binary.B_PER_ROW)
+    assert jit_binary.layout((2, 3, 5), (1, 1, 5), (2, 3, 5)) == (6, 5, jit_binary.B_ROW)
+    assert jit_binary.layout((2, 3, 5), (1, 1, 1), (2, 3, 5)) == (2, 15, jit_binary.B_SCALAR)
+    assert jit_binary.layout((2, 3, 5), (1, 3, 1), (2, 3, 5)) is None
+    assert jit_binary.layout((2, 1, 5), (2, 3, 5), (2, 3, 5)) is None

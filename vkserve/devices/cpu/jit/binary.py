@@ -1,0 +1,130 @@
+"""Two-operand element-wise kernel (BinaryOp, two-input Eltwise): widen, op, fused
+activations, narrow, in one pass over each row.
+
+The operands are seen as (rows, cols) matrices: ``a`` full, ``b`` full too, or broadcast as
+one value per row (a per-channel scale), one row for all rows (along w), or one scalar.
+Per row, ``a`` is widened into an fp32 row buffer (scaled by ``ca`` where not 1), ``b``
+applied to it with the op, the epilogue run and the row narrowed into ``out``; each loop runs
+one op over a contiguous row, so LLVM vectorizes it. An output value depends only on its
+operands: the same bits whatever the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
+
+#: ops (ncnn's BinaryOp op_type codes; Eltwise maps onto the first three)
+ADD, SUB, MUL, DIV, MAX, MIN = 0, 1, 2, 3, 4, 5
+#: ``b``'s form: (rows, cols), (rows, 1), (1, cols), or one value (``bs``)
+B_FULL, B_PER_ROW, B_ROW, B_SCALAR = range(4)
+#: these ops with the operands swapped (b op a), for when ``a`` is the broadcast one
+SWAPPED = {ADD: ADD, MUL: MUL, MAX: MAX, MIN: MIN}
+
+_U = np.uint64
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _with_scalar(op, t, s, n):  # noqa: ANN001
+    """t[:n] = t op s."""
+    if op == ADD:
+        for j in range(_U(n)):
+            t[j] = t[j] + s
+    elif op == SUB:
+        for j in range(_U(n)):
+            t[j] = t[j] - s
+    elif op == MUL:
+        for j in range(_U(n)):
+            t[j] = t[j] * s
+    elif op == DIV:
+        for j in range(_U(n)):
+            t[j] = t[j] / s
+    elif op == MAX:
+        for j in range(_U(n)):
+            t[j] = max(t[j], s)
+    else:
+        for j in range(_U(n)):
+            t[j] = min(t[j], s)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _with_row(op, t, b, r, n, cb):  # noqa: ANN001
+    """t[:n] = t op (cb * widened b[r, :n]); cb only for ADD (Eltwise's coefficients)."""
+    ru = _U(r)
+    if op == ADD:
+        if cb == np.float32(1.0):
+            for j in range(_U(n)):
+                t[j] = t[j] + widen(b[ru, j])
+        else:
+            for j in range(_U(n)):
+                t[j] = t[j] + cb * widen(b[ru, j])
+    elif op == SUB:
+        for j in range(_U(n)):
+            t[j] = t[j] - widen(b[ru, j])
+    elif op == MUL:
+        for j in range(_U(n)):
+            t[j] = t[j] * widen(b[ru, j])
+    elif op == DIV:
+        for j in range(_U(n)):
+            t[j] = t[j] / widen(b[ru, j])
+    elif op == MAX:
+        for j in range(_U(n)):
+            t[j] = max(t[j], widen(b[ru, j]))
+    else:
+        for j in range(_U(n)):
+            t[j] = min(t[j], widen(b[ru, j]))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
+    """out[r, j] = (ca a[r, j]) op b' then the epilogue ``ops``, with b' = cb b[r, j], b[r, 0],
+    b[0, j] or ``bs`` by ``bform``; rows split into ``parts`` tasks. ``ca``/``cb`` are 1 except
+    for Eltwise's weighted sum."""
+    rows, cols = out.shape
+    for part in prange(parts):
+        t = np.empty(cols, dtype=np.float32)
+        for r in range(part * rows // parts, (part + 1) * rows // parts):
+            ru = _U(r)
+            if ca == np.float32(1.0):
+                for j in range(_U(cols)):
+                    t[j] = widen(a[ru, j])
+            else:
+                for j in range(_U(cols)):
+                    t[j] = ca * widen(a[ru, j])
+            if bform == B_FULL:
+                _with_row(op, t, b, r, cols, cb)
+            elif bform == B_ROW:
+                _with_row(op, t, b, 0, cols, cb)
+            elif bform == B_PER_ROW:
+                _with_scalar(op, t, widen(b[ru, 0]), cols)
+            else:
+                _with_scalar(op, t, bs, cols)
+            apply_ops(t, cols, ops)
+            store_row(t, 0, out, r, 0, cols)
+
+
+def layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...]
+           ) -> tuple[int, int, int] | None:
+    """(rows, cols, b's form) viewing ``a`` (which must have the output's shape) and ``b``
+    (lined up to the same rank) as matrices, or None when ``b`` broadcasts in a way this
+    kernel does not take (e.g. over a middle axis only)."""
+    if tuple(a_shape) != tuple(out_shape):
+        return None
+    n = len(out_shape)
+    total = int(np.prod(out_shape))
+    if tuple(b_shape) == tuple(out_shape):
+        rows = int(out_shape[0]) if n > 1 else 1
+        return rows, total // rows, B_FULL
+    if all(d == 1 for d in b_shape):
+        rows = int(out_shape[0]) if n > 1 else 1
+        return rows, total // rows, B_SCALAR
+    for k in range(1, n):
+        head, tail = out_shape[:k], out_shape[k:]
+        rows = int(np.prod(head))
+        if tuple(b_shape) == tuple(head) + (1,) * (n - k):
+            return rows, total // rows, B_PER_ROW
+        if tuple(b_shape) == (1,) * k + tuple(tail):
+            return rows, total // rows, B_ROW
+    return None
