@@ -142,7 +142,23 @@ def test_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
     monkeypatch.setattr(threads, "THREADS", max(2, threads.available_cores()))
     many = plan.run(feed)["out"]
     again = plan.run(feed)["out"]
-    assert one.tobytes() == many.tobytes() == again.tobytes()
+    # as split for 16 threads (smaller pixel blocks, more row chunks), whatever runs them
+    monkeypatch.setattr(threads, "THREADS", 16)
+    split16 = plan.run(feed)["out"]
+    assert one.tobytes() == many.tobytes() == again.tobytes() == split16.tobytes()
+
+
+@pytest.mark.parametrize(("og", "npix"), [(192, 49), (112, 196), (1152, 49), (64, 12544), (16, 12544)])
+def test_gemm_split_gives_every_thread_work_where_the_layer_has_it(og: int, npix: int) -> None:
+    for n in (1, 2, 4, 16):
+        pixels, rb = jit.gemm_split(1, og, npix, n)
+        assert pixels % jit.conv.NR == 0 and jit.conv.MIN_BLOCK <= pixels <= jit.conv.NB
+        rows = -(-og // jit.conv.MR)
+        tasks = -(-npix // pixels) * -(-rows // rb)
+        # about two tasks a thread, unless the blocks are already the smallest
+        assert tasks >= 2 * n or pixels == jit.conv.MIN_BLOCK, (n, pixels, rb, tasks)
+        if n == 1:
+            assert pixels == jit.conv.NB  # one thread: the largest blocks
 
 
 def test_plans_on_several_threads_at_once(tmp_path: Path) -> None:

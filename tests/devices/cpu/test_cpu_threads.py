@@ -5,6 +5,9 @@ checked in the config, in-process, and in a real daemon's log."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numba
@@ -76,3 +79,28 @@ def test_daemon_applies_the_config_key(tmp_path: Path, launch_daemon: Launch) ->
     with Client.connect(f"unix:{d.socket}") as c:
         prob = c.infer("digits", {"data": x})["prob"]
     np.testing.assert_array_equal(prob, cpu_engine_prob(x))
+
+
+def test_idle_workers_sleep_on_few_threads_and_spin_briefly_on_many() -> None:
+    assert jit.wait_settings(1, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert jit.wait_settings(jit.SPIN_MIN_THREADS - 1, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert jit.wait_settings(jit.SPIN_MIN_THREADS, {}) == {"GOMP_SPINCOUNT": jit.SPIN_COUNT}
+    assert jit.wait_settings(16, {}) == {"GOMP_SPINCOUNT": jit.SPIN_COUNT}
+    # the environment's own choice wins, whichever of the two it sets
+    assert jit.wait_settings(16, {"OMP_WAIT_POLICY": "PASSIVE"}) == {}
+    assert jit.wait_settings(1, {"GOMP_SPINCOUNT": "0"}) == {}
+
+
+def test_the_wait_settings_do_not_leak_into_the_environment() -> None:
+    """Set only while the pool's libgomp starts: a later OpenMP user (ncnn's own libgomp, a
+    child process) sees the environment as it was."""
+    code = ("import os, numpy as np\n"
+            "from vkserve.devices.cpu import jit\n"
+            "jit.use_threads(1 << 30)\n"
+            "print(sorted(k for k in os.environ if k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')))\n")
+    for count in ("1", "8"):
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        env["VKSERVE_CPU_THREADS"] = count
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                             timeout=120, check=True)
+        assert out.stdout.strip() == "[]", out.stderr

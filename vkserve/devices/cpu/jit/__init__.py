@@ -13,7 +13,7 @@ package's own folder is read-only under the unit. An explicit ``NUMBA_CACHE_DIR`
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from vkserve.cache.persist import default_cache_dir
@@ -41,35 +41,56 @@ if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 
 from vkserve.devices.cpu.jit import pooling, winograd  # noqa: E402 (jit.pooling.*, jit.winograd.*)
-from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, geometry, pack_gemm_weights
+from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "geometry", "inner_product", "launch",
+__all__ = ["SMALL_WORK", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "pooling", "use_threads", "winograd"]
 
 
 _pool_started = False
 
 
+#: engine threads from which idle pool workers spin a while before they sleep (below: they sleep
+#: at once), and for how long: libgomp's GOMP_SPINCOUNT, about 100,000 spins a millisecond by its
+#: own estimate, so ~0.3 ms: enough to bridge the gaps between one job's kernels, not to keep
+#: cores busy between jobs
+SPIN_MIN_THREADS = 4
+SPIN_COUNT = "30000"
+
+
+def wait_settings(engine_threads: int, env: Mapping[str, str]) -> dict[str, str]:
+    """The OpenMP wait settings the pool starts with, unless ``env`` chooses its own
+    (OMP_WAIT_POLICY or GOMP_SPINCOUNT): none then.
+
+    Few threads: idle workers sleep (passive). Measured on the 2-core VM, mobilenet on 2 threads
+    (median of 10 runs): idle machine 11.1 ms passive, 10.0-10.6 ms spinning; the other core busy
+    with another process 17.8-18.4 ms passive (18.3 on 1 thread), 28-217 ms with libgomp's default
+    spinning and 26-46 ms with GOMP_SPINCOUNT=20000: a spinning worker that the kernel deschedules
+    holds up every parallel region. Many threads: waking every sleeping worker is what each kernel
+    launch pays. Measured on a 16-core Xeon (benchmarks/cpu_scaling.py): an empty parallel region
+    costs 42 us on 16 threads passive, 7.5 us spinning, and whole models ran 20-35 % faster
+    spinning (efficientnet_b0 17.8 -> 11.6 ms, mobilenet_v3 14.4 -> 11.5 ms)."""
+    if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
+        return {}
+    if engine_threads >= SPIN_MIN_THREADS:
+        return {"GOMP_SPINCOUNT": SPIN_COUNT}
+    return {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def _start_pool() -> None:
-    """Start numba's thread pool with OpenMP's passive wait policy (idle workers sleep instead
-    of spinning), unless the environment chooses one. Measured on the 2-core VM, mobilenet on 2
-    threads (median of 10 runs): idle machine 11.1 ms passive, 10.0-10.6 ms spinning; the other
-    core busy with another process 17.8-18.4 ms passive (18.3 on 1 thread), 28-217 ms with
-    libgomp's default spinning and 26-46 ms with GOMP_SPINCOUNT=20000: a spinning worker that
-    the kernel deschedules holds up every parallel region. The variable is set only while the
-    pool's libgomp starts (it reads it once), so other OpenMP users in the process (ncnn
-    bundles its own libgomp) keep theirs."""
+    """Start numba's thread pool with ``wait_settings``. They are set only while the pool's
+    libgomp starts (it reads them once), so other OpenMP users in the process (ncnn bundles
+    its own libgomp) keep theirs."""
     global _pool_started
-    chosen = "OMP_WAIT_POLICY" in os.environ
-    if not chosen:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    chosen = wait_settings(threads.THREADS, os.environ)
+    os.environ.update(chosen)
     try:
         numba.get_num_threads()  # launches the pool
     finally:
-        if not chosen:
-            del os.environ["OMP_WAIT_POLICY"]
+        for name in chosen:
+            del os.environ[name]
     _pool_started = True
 
 

@@ -91,8 +91,10 @@ class Convolution(JitKernel):
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     out.reshape(oc, oh * ow))
         else:
-            rows = jit.gemm_row_chunks(self.p.group_count(), oc // self.p.group_count(), oh * ow, threads.THREADS)
-            jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, out.reshape(oc, oh * ow))
+            g = self.p.group_count()
+            pixels, rows = jit.gemm_split(g, oc // g, oh * ow, threads.THREADS)
+            jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
+                          out.reshape(oc, oh * ow))
 
 
 @register("InnerProduct")

@@ -150,6 +150,11 @@ class _JitForm:
     cb: float = 1.0
 
 
+#: multiply-adds an element of ``jit.binary`` counts as, against ``jit.SMALL_WORK`` (memory-bound:
+#: a 200K-element op took 0.24 ms on one core of a 16-core Xeon, the work of ~3M multiply-adds in
+#: a GEMM; run on one thread, its operands also come from the other cores' caches)
+ELEMENT_WORK = 8
+
 #: BinaryOp op_types ``jit.binary`` runs with the operands as given, and with them swapped
 _JIT_DIRECT = (jit_binary.ADD, jit_binary.SUB, jit_binary.MUL, jit_binary.DIV, jit_binary.MAX, jit_binary.MIN)
 _JIT_SWAPPED = {**jit_binary.SWAPPED, 7: jit_binary.SUB, 8: jit_binary.DIV}  # rsub, rdiv
@@ -195,7 +200,7 @@ class BinaryOp(_TwoOperands):
         out = super().infer(in_shapes)
         p = self.p
         self.op = _BINARY[p.op_type]
-        self.work = math.prod(out[0])
+        self.work = ELEMENT_WORK * math.prod(out[0])
         if p.with_scalar:
             if p.op_type in _JIT_DIRECT:
                 rows, cols, _ = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
@@ -269,7 +274,7 @@ class Eltwise(_TwoOperands):
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
-        self.work = math.prod(out[0])
+        self.work = ELEMENT_WORK * math.prod(out[0])
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         if len(in_shapes) == 2 and in_shapes[0] == in_shapes[1] == out[0] and not (op == 1 and len(coeffs) == 1):
             rows, cols, bform = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
