@@ -9,7 +9,8 @@ median, the sum per layer type, and the steps that lose the most time at the hig
 against perfect scaling from the lowest. Also the cost of one empty parallel region (a
 numba ``prange`` over one task per thread), the floor under every kernel launch: with many
 small layers, launches x that floor is time no kernel work can win back. numba's thread
-pool follows OMP_WAIT_POLICY as set in the environment (vkserve's default: PASSIVE).
+pool follows OMP_WAIT_POLICY / GOMP_SPINCOUNT as set in the environment (vkserve's default:
+``vkserve.devices.cpu.jit.wait_settings``).
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ def main() -> int:
     counts = [int(t) for t in args.threads.split(",")]
     only = {n for n in args.only.split(",") if n}
     params = sorted(p for p in args.models.glob("*.param") if not only or p.stem in only)
-    policy = os.environ.get("OMP_WAIT_POLICY", "PASSIVE (vkserve's default)")
+    policy = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                      if k in os.environ) or "vkserve's default (jit.wait_settings)"
     report: dict[str, object] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                                 "omp_wait_policy": policy, "threads": counts, "models": {}}
-    print(f"machine: {report['machine']}; OMP_WAIT_POLICY {policy}; median of {args.runs} runs")
+                                 "wait_policy": policy, "threads": counts, "models": {}}
+    print(f"machine: {report['machine']}; OpenMP wait: {policy}; median of {args.runs} runs")
     regions = {}
     for n in counts:
         threads.configure(n)

@@ -7,7 +7,10 @@ Every model runs with seeded random weights (the same .bin for both), the same i
 the same thread count (ncnn's num_threads; vkserve's numba kernels through
 VKSERVE_CPU_THREADS and numpy's BLAS pool, both set in the environment before they load).
 The three engines run interleaved in one process, R rounds of K timed runs each after one
-warm-up; reported: the median of all R x K runs.
+warm-up; reported: the median of all R x K runs. Each block of K runs starts after a pause and
+one untimed run: both engines' OpenMP pools spin for a while after their work (ncnn's
+blocktime, vkserve's GOMP_SPINCOUNT on 4+ threads), and 16 spinning workers of one engine
+beside 16 working ones of the other measured the contention, not the engine.
 
 ``--rss``: peak resident memory per model and engine, each measured in a child process of its
 own (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after loading the model and running it
@@ -35,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODELS = HERE.parent / "tests" / "data" / "models"
 ENGINES = ("vkserve_bf16", "ncnn_fp32", "ncnn_bf16")
+#: seconds between engine blocks (see the timing loop)
+QUIET_S = 0.1
 
 
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:
@@ -174,6 +179,11 @@ def main() -> int:
                 fn()  # warm-up
             for _ in range(args.rounds):
                 for engine, fn in runs.items():
+                    # each block on a quiet machine: the other engine's OpenMP workers stop
+                    # spinning first (ncnn's for up to its 20 ms blocktime, vkserve's ~0.3 ms),
+                    # and one untimed run brings this engine's own pool and caches back
+                    time.sleep(QUIET_S)
+                    fn()
                     times[engine] += timed(fn, args.repeat)
             for net in nets.values():
                 net.clear()
