@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -54,10 +55,7 @@ def main(args: argparse.Namespace) -> int:
         with loaded:
             progress.stage(f"timing {args.runs} replays of {len(loaded.plan.steps)} dispatches")
             steps, total = profile_plan(loaded.plan, inputs, runs=args.runs)
-    by_shader: dict[str, list[float]] = defaultdict(list)
-    for s in steps:
-        by_shader[s.shader].append(s.ms)
-    shaders = sorted(((k, sum(v), len(v)) for k, v in by_shader.items()), key=lambda t: -t[1])
+    shaders = _grouped((s.shader, s.ms) for s in steps)
     if args.json:
         print_json({"model": args.model, **loaded.info(), "gpu_ms": round(total, 4),
                     "steps": [dataclasses.asdict(s) for s in steps],
@@ -67,9 +65,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"{args.model} on {args.device} ({loaded.device.caps.name}), "
           f"{loaded.plan.precision.value}: {total:.3f} ms of GPU time in {len(steps)} dispatches "
           f"({loaded.plan.barrier_count} barriers), median of {args.runs}")
-    print("\nby shader:")
-    for shader, ms, n in shaders:
-        print(f"  {shader:20} {ms:8.3f} ms  {100 * ms / total:5.1f} %  {n:4} dispatches")
+    _print_groups("by shader", shaders, total, "dispatches")
     print(f"\nslowest {args.top} dispatches:")
     for s in sorted(steps, key=lambda s: -s.ms)[:args.top]:
         print(f"  {s.ms:8.3f} ms  #{s.index:<4} {s.label}  groups {s.groups}")
@@ -89,10 +85,7 @@ def _profile_cpu(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.nd
     progress.stage(f"timing {args.runs} runs on the CPU, step by step")
     steps = plan.profile(inputs, runs=args.runs)
     total = sum(s.ms for s in steps)
-    by_type: dict[str, list[float]] = defaultdict(list)
-    for s in steps:
-        by_type[s.type].append(s.ms)
-    types = sorted(((k, sum(v), len(v)) for k, v in by_type.items()), key=lambda t: -t[1])
+    types = _grouped((s.type, s.ms) for s in steps)
     if args.json:
         print_json({"model": args.model, "device": "cpu", "precision": "bf16",
                     "threads": threads.THREADS, "step_ms": round(total, 4),
@@ -101,11 +94,23 @@ def _profile_cpu(args: argparse.Namespace, graph: Graph, inputs: dict[str, np.nd
         return 0
     print(f"{args.model} on the CPU, bf16, {source}: {total:.3f} ms in {len(steps)} steps "
           f"(sum of per-step medians of {args.runs} runs)")
-    print("\nby layer type:")
-    for kind, ms, n in types:
-        print(f"  {kind:20} {ms:8.3f} ms  {100 * ms / total:5.1f} %  {n:4} steps")
+    _print_groups("by layer type", types, total, "steps")
     print(f"\nslowest {args.top} steps:")
     for s in sorted(steps, key=lambda s: -s.ms)[:args.top]:
         fused = f" (+{', '.join(s.fused)})" if s.fused else ""
         print(f"  {s.ms:8.3f} ms  {s.name} ({s.type}){fused}")
     return 0
+
+
+def _grouped(items: Iterable[tuple[str, float]]) -> list[tuple[str, float, int]]:
+    """(key, total ms, count) per key, the largest total first."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for key, ms in items:
+        groups[key].append(ms)
+    return sorted(((k, sum(v), len(v)) for k, v in groups.items()), key=lambda t: -t[1])
+
+
+def _print_groups(title: str, groups: list[tuple[str, float, int]], total: float, unit: str) -> None:
+    print(f"\n{title}:")
+    for key, ms, n in groups:
+        print(f"  {key:20} {ms:8.3f} ms  {100 * ms / total:5.1f} %  {n:4} {unit}")
