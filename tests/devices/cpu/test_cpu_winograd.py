@@ -14,9 +14,9 @@ import pytest
 
 from tests.support.cpu_engine import check_against_ncnn
 from tests.support.params import param_text
-from vkserve.devices.cpu import threads, warm
+from vkserve.devices.cpu import jit, threads, warm
 from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
-from vkserve.devices.cpu.executor import Plan
+from vkserve.devices.cpu.executor import Plan, StepKind
 from vkserve.devices.cpu.jit import winograd
 from vkserve.devices.cpu.kernels import REGISTRY
 from vkserve.models.graph import build_graph, load_model, parse_param_text
@@ -101,12 +101,16 @@ def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
     assert kernel.winograd
     u = to_bf16(np.random.default_rng(15).uniform(-2, 2, (24, 40, 40)).astype(np.float32))
     runs = []
-    for n in (1, max(2, threads.available_cores()), 3):
+    for n in (1, max(2, threads.available_cores()), 3, 16):  # 3 and 16: inputs transformed once, shared by row chunks
         monkeypatch.setattr(threads, "THREADS", n)
         out = np.empty(kernel.out_shapes[0], dtype=np.uint16)
         kernel.forward_store([u], [out], [])
         runs.append(out.tobytes())
-    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    # 16 threads split the 150 rows into chunks: the shared transformed inputs are used
+    rows = jit.gemm_row_chunks(1, 150, 100, 16, jit.winograd.TB, jit.winograd.MIN_TASK_ROWS)
+    assert jit.winograd.transformed_shape(kernel.geo, 24, rows, kernel.weight.shape[1])[0] == 4
+    assert jit.winograd.transformed_shape(kernel.geo, 24, kernel.weight.shape[1], kernel.weight.shape[1])[0] == 0
 
 
 @pytest.mark.parametrize("shape,out,params", [
@@ -132,3 +136,6 @@ def test_warm_up_net_reaches_the_winograd_and_pooling_kernels() -> None:
     assert any(k.layer.type == "Convolution" and k.winograd for k in kernels)
     pools = [k for k in kernels if k.layer.type == "Pooling"]
     assert any(k.windowed for k in pools) and any(k.global_avg for k in pools)
+    # the element-wise kernels: Eltwise and BinaryOp on ``binary``, an activation on its own
+    stored = {step.kernel.layer.type for step in plan._program if step.kind is StepKind.STORE}
+    assert {"Eltwise", "BinaryOp", "HardSigmoid"} <= stored

@@ -17,17 +17,17 @@ from types import ModuleType
 import numpy as np
 
 from vkserve.devices.cpu.executor import Plan
-from vkserve.devices.cpu.jit import Dispatcher, binary, conv, epilogue, innerproduct, pooling, winograd
+from vkserve.devices.cpu.jit import Dispatcher, conv, elementwise, epilogue, innerproduct, pooling, winograd
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
 __all__ = ["WarmReport", "compile_kernels"]
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
-#: windowed and global average pooling, InnerProduct, element-wise (Eltwise, BinaryOp), fused
-#: activations
+#: windowed and global average pooling, InnerProduct, element-wise (Eltwise, BinaryOp, an
+#: activation on its own), fused activations
 _NET = """7767517
-13 14
+15 17
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -35,9 +35,11 @@ ConvolutionDepthWise dw1 1 1 a2 b 0=16 1=3 4=1 5=1 6=144 7=16 9=2 -23310=1,0.1
 ConvolutionDepthWise dw2 1 1 b c 0=16 1=3 3=2 4=1 5=1 6=144 7=16
 Convolution conv1 1 1 c d 0=8 1=1 5=1 6=128 9=6 -23310=2,0.2,0.5
 ConvolutionDepthWise group 1 1 d e 0=8 1=3 4=1 5=1 6=144 7=4
-Split split 1 2 e e1 e2
+Split split 1 3 e e1 e2 e5
+HardSigmoid hs 1 1 e5 h
 Eltwise sum 2 1 e1 e2 e3 0=1
-BinaryOp scale 1 1 e3 e4 0=2 1=1 2=0.5
+BinaryOp mul 2 1 e3 h e4a 0=2
+BinaryOp scale 1 1 e4a e4 0=2 1=1 2=0.5
 Pooling pool 1 1 e4 f 0=1 1=2 2=2
 Pooling gap 1 1 f g 0=1 4=1
 InnerProduct fc 1 1 g out 0=4 1=1 2=32 9=4
@@ -70,7 +72,7 @@ def _counts(dispatchers: list[Dispatcher]) -> tuple[int, int]:
 def compile_kernels() -> WarmReport:
     """Blocking (a worker thread in the daemon): compile or load every kernel once."""
     start = time.perf_counter()
-    kernels = _dispatchers((binary, conv, epilogue, innerproduct, pooling, winograd))
+    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, pooling, winograd))
     misses, hits = _counts(kernels)
     layers = parse_param_text(_NET, "warm-up net")
     for layer, weights in zip(layers, random_weights(layers, 0)):

@@ -88,7 +88,9 @@ class Convolution(JitKernel):
         elif self.winograd:
             rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), threads.THREADS, jit.winograd.TB,
                                        jit.winograd.MIN_TASK_ROWS)
-            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+            v = self.buf("winograd", jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
+                                                                    self.weight.shape[1]))
+            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, v,
                                     out.reshape(oc, oh * ow))
         else:
             g = self.p.group_count()

@@ -10,14 +10,44 @@ import numpy as np
 
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.bf16 import from_bf16
-from vkserve.devices.cpu.jit import binary as jit_binary
+from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels.base import Kernel, leaky_relu, register
 from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 
+#: multiply-adds an element of an element-wise kernel counts as, against ``jit.SMALL_WORK`` (memory-bound:
+#: a 200K-element op took 0.24 ms on one core of a 16-core Xeon, the work of ~3M multiply-adds in
+#: a GEMM; run on one thread, its operands also come from the other cores' caches)
+ELEMENT_WORK = 8
+
+
+class _JitActivation(JitKernel):
+    """An activation layer its producer did not absorb: ``jit.elementwise.activation`` runs it
+    as one pass (widen, the epilogue op of ``jit.epilogue``, narrow; the activations fused into
+    it after), threaded over rows. ``forward`` stays numpy: it is what a numpy producer applies
+    to its fp32 result when the activation is fused into it."""
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        self.work = ELEMENT_WORK * math.prod(out[0])
+        return out
+
+    def _activation(self) -> tuple[int, tuple[float, ...]]:
+        return 0, ()
+
+    def _own_post(self) -> tuple[Kernel, ...]:
+        return (self,)
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        shape = self.out_shapes[0]
+        rows = shape[0] if len(shape) > 1 else 1
+        cols = math.prod(shape) // rows
+        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * threads.THREADS),
+                                   out.reshape(rows, cols))
+
 
 @register("ReLU")
-class ReLU(Kernel):
+class ReLU(_JitActivation):
     @property
     def exact_store(self) -> bool:  # type: ignore[override]
         return self.p.slope == 0.0
@@ -30,7 +60,7 @@ class ReLU(Kernel):
 
 
 @register("Clip")
-class Clip(Kernel):
+class Clip(_JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [np.clip(xs[0], np.float32(self.p.min), np.float32(self.p.max), out=xs[0])]
 
@@ -44,7 +74,7 @@ def exp_neg_plus_one(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @register("Sigmoid")
-class Sigmoid(Kernel):
+class Sigmoid(_JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
         d = exp_neg_plus_one(x, self.buf("tmp", x.shape))
@@ -52,7 +82,7 @@ class Sigmoid(Kernel):
 
 
 @register("Swish")
-class Swish(Kernel):
+class Swish(_JitActivation):
     """x / (1 + exp(-x)), ncnn's expression (one rounding fewer than x * sigmoid(x))."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -62,7 +92,7 @@ class Swish(Kernel):
 
 
 @register("HardSigmoid")
-class HardSigmoid(Kernel):
+class HardSigmoid(_JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [hard_sigmoid_into(xs[0], self.p.alpha, self.p.beta, self.buf("tmp", xs[0].shape))]
 
@@ -76,7 +106,7 @@ def hard_sigmoid_into(x: np.ndarray, alpha: float, beta: float, out: np.ndarray)
 
 
 @register("HardSwish")
-class HardSwish(Kernel):
+class HardSwish(_JitActivation):
     """x * clip(x * alpha + beta, 0, 1), in a scratch buffer (no per-run allocation)."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -138,7 +168,7 @@ _BINARY: dict[int, tuple[BinaryFn, bool]] = {
 
 @dataclasses.dataclass(frozen=True)
 class _JitForm:
-    """How ``jit.binary`` runs a BinaryOp or Eltwise: operands swapped (b op a), the op, the
+    """How ``jit.elementwise.binary`` runs a BinaryOp or Eltwise: operands swapped (b op a), the op, the
     (rows, cols) view and ``b``'s broadcast form, Eltwise's coefficients."""
 
     swap: bool
@@ -150,18 +180,13 @@ class _JitForm:
     cb: float = 1.0
 
 
-#: multiply-adds an element of ``jit.binary`` counts as, against ``jit.SMALL_WORK`` (memory-bound:
-#: a 200K-element op took 0.24 ms on one core of a 16-core Xeon, the work of ~3M multiply-adds in
-#: a GEMM; run on one thread, its operands also come from the other cores' caches)
-ELEMENT_WORK = 8
-
-#: BinaryOp op_types ``jit.binary`` runs with the operands as given, and with them swapped
-_JIT_DIRECT = (jit_binary.ADD, jit_binary.SUB, jit_binary.MUL, jit_binary.DIV, jit_binary.MAX, jit_binary.MIN)
-_JIT_SWAPPED = {**jit_binary.SWAPPED, 7: jit_binary.SUB, 8: jit_binary.DIV}  # rsub, rdiv
+#: BinaryOp op_types ``jit.elementwise.binary`` runs with the operands as given, and with them swapped
+_JIT_DIRECT = (jit_elementwise.ADD, jit_elementwise.SUB, jit_elementwise.MUL, jit_elementwise.DIV, jit_elementwise.MAX, jit_elementwise.MIN)
+_JIT_SWAPPED = {**jit_elementwise.SWAPPED, 7: jit_elementwise.SUB, 8: jit_elementwise.DIV}  # rsub, rdiv
 
 
 class _TwoOperands(JitKernel):
-    """A two-operand element-wise layer: ``jit.binary`` (one pass, fused activations) where
+    """A two-operand element-wise layer: ``jit.elementwise.binary`` (one pass, fused activations) where
     ``form`` found a way, else the numpy ``forward_numpy``."""
 
     form: _JitForm | None = None
@@ -186,11 +211,11 @@ class _TwoOperands(JitKernel):
         assert f is not None
         a, b = (xs[1], xs[0]) if f.swap else (xs[0], xs[-1])
         bs = np.float32(0.0)
-        if f.bform == jit_binary.B_SCALAR:
+        if f.bform == jit_elementwise.B_SCALAR:
             bs = np.float32(self.p.b) if len(xs) == 1 else np.float32(from_bf16(b.reshape(-1)[:1])[0] if b.dtype == np.uint16 else b.reshape(-1)[0])
             b = a
-        b2 = b.reshape({jit_binary.B_PER_ROW: (f.rows, 1), jit_binary.B_ROW: (1, f.cols)}.get(f.bform, (f.rows, f.cols)))
-        jit_binary.binary(a.reshape(f.rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
+        b2 = b.reshape({jit_elementwise.B_PER_ROW: (f.rows, 1), jit_elementwise.B_ROW: (1, f.cols)}.get(f.bform, (f.rows, f.cols)))
+        jit_elementwise.binary(a.reshape(f.rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
                           ops, min(f.rows, 4 * threads.THREADS), out.reshape(f.rows, f.cols))
 
 
@@ -203,12 +228,12 @@ class BinaryOp(_TwoOperands):
         self.work = ELEMENT_WORK * math.prod(out[0])
         if p.with_scalar:
             if p.op_type in _JIT_DIRECT:
-                rows, cols, _ = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
-                self.form = _JitForm(False, p.op_type, rows, cols, jit_binary.B_SCALAR)
+                rows, cols, _ = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
+                self.form = _JitForm(False, p.op_type, rows, cols, jit_elementwise.B_SCALAR)
             return out
         self.a_shape, self.b_shape, _ = binary_broadcast_shape(in_shapes[0], in_shapes[1])
-        direct = jit_binary.layout(self.a_shape, self.b_shape, out[0])
-        flipped = jit_binary.layout(self.b_shape, self.a_shape, out[0])
+        direct = jit_elementwise.layout(self.a_shape, self.b_shape, out[0])
+        flipped = jit_elementwise.layout(self.b_shape, self.a_shape, out[0])
         if direct is not None and p.op_type in _JIT_DIRECT:
             self.form = _JitForm(False, p.op_type, *direct)
         elif flipped is not None and p.op_type in _JIT_SWAPPED:
@@ -269,15 +294,15 @@ class UnaryOp(Kernel):
 
 @register("Eltwise")
 class Eltwise(_TwoOperands):
-    #: Eltwise op_type (prod, sum, max) -> ``jit.binary``'s op
-    _JIT_OPS = {0: jit_binary.MUL, 1: jit_binary.ADD, 2: jit_binary.MAX}
+    #: Eltwise op_type (prod, sum, max) -> ``jit.elementwise.binary``'s op
+    _JIT_OPS = {0: jit_elementwise.MUL, 1: jit_elementwise.ADD, 2: jit_elementwise.MAX}
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
         self.work = ELEMENT_WORK * math.prod(out[0])
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         if len(in_shapes) == 2 and in_shapes[0] == in_shapes[1] == out[0] and not (op == 1 and len(coeffs) == 1):
-            rows, cols, bform = jit_binary.layout(out[0], out[0], out[0]) or (0, 0, 0)
+            rows, cols, bform = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
             ca, cb = (coeffs[0], coeffs[1]) if op == 1 and len(coeffs) >= 2 else (1.0, 1.0)
             self.form = _JitForm(False, self._JIT_OPS[op], rows, cols, bform, ca, cb)
         return out

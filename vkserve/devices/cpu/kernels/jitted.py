@@ -26,12 +26,16 @@ class JitKernel(Kernel):
         """The layer's own fused activation (ncnn's activation_type and params)."""
         return self.p.activation_type, self.p.activation_params
 
+    def _own_post(self) -> tuple[Kernel, ...]:
+        """Activation layers that are this layer's own op (an activation layer itself)."""
+        return ()
+
     def _ops(self, post: Sequence[Kernel]) -> np.ndarray:
         """The epilogue: this layer's activation, then ``post`` (cached per fused chain)."""
         key = tuple(id(k) for k in post)
         ops = self._epilogues.get(key)
         if ops is None:
-            ops = jit.epilogue_ops(*self._activation(), post)
+            ops = jit.epilogue_ops(*self._activation(), (*self._own_post(), *post))
             self._epilogues[key] = ops
         return ops
 

@@ -1,5 +1,6 @@
-"""Two-operand element-wise kernel (BinaryOp, two-input Eltwise): widen, op, fused
-activations, narrow, in one pass over each row.
+"""Element-wise kernels: ``binary`` (BinaryOp, two-input Eltwise) and ``activation`` (the
+activation layers not fused into a producer): widen, op, fused activations, narrow, in one
+pass over each row.
 
 The operands are seen as (rows, cols) matrices: ``a`` full, ``b`` full too, or broadcast as
 one value per row (a per-channel scale), one row for all rows (along w), or one scalar.
@@ -128,3 +129,18 @@ def layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[
         if tuple(b_shape) == (1,) * k + tuple(tail):
             return rows, total // rows, B_ROW
     return None
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def activation(a, ops, parts, out):  # noqa: ANN001
+    """out[r, :] = the epilogue ``ops`` applied to widened a[r, :]; rows split into ``parts``
+    tasks."""
+    rows, cols = out.shape
+    for part in prange(parts):
+        t = np.empty(cols, dtype=np.float32)
+        for r in range(part * rows // parts, (part + 1) * rows // parts):
+            ru = _U(r)
+            for j in range(_U(cols)):
+                t[j] = widen(a[ru, j])
+            apply_ops(t, cols, ops)
+            store_row(t, 0, out, r, 0, cols)

@@ -1,4 +1,4 @@
-"""BinaryOp and two-input Eltwise on the numba kernel (``jit.binary``): which layers take it,
+"""BinaryOp and two-input Eltwise on the numba kernel (``jit.elementwise.binary``): which layers take it,
 every op it runs against ncnn over every broadcast form, and the same bits as the numpy path
 it replaced (widen, op in fp32, round to nearest even)."""
 
@@ -11,8 +11,9 @@ import pytest
 
 from tests.devices.cpu.test_cpu_unary_binary import BROADCASTS, binary_inputs, check
 from tests.support.params import param_text
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
 from vkserve.devices.cpu.executor import Plan, StepKind
-from vkserve.devices.cpu.jit import binary as jit_binary
+from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.models.graph import load_model
 
 #: add sub mul div max min rsub rdiv: the ops the kernel runs (directly or swapped)
@@ -90,9 +91,32 @@ def test_eltwise_weighted_sum_and_fused_relu_match_ncnn(tmp_path: Path) -> None:
 
 
 def test_layout_views() -> None:
-    assert jit_binary.layout((2, 3, 5), (2, 3, 5), (2, 3, 5)) == (2, 15, jit_binary.B_FULL)
-    assert jit_binary.layout((2, 3, 5), (2, 3, 1), (2, 3, 5)) == (6, 5, jit_binary.B_PER_ROW)
-    assert jit_binary.layout((2, 3, 5), (1, 1, 5), (2, 3, 5)) == (6, 5, jit_binary.B_ROW)
-    assert jit_binary.layout((2, 3, 5), (1, 1, 1), (2, 3, 5)) == (2, 15, jit_binary.B_SCALAR)
-    assert jit_binary.layout((2, 3, 5), (1, 3, 1), (2, 3, 5)) is None
-    assert jit_binary.layout((2, 1, 5), (2, 3, 5), (2, 3, 5)) is None
+    assert jit_elementwise.layout((2, 3, 5), (2, 3, 5), (2, 3, 5)) == (2, 15, jit_elementwise.B_FULL)
+    assert jit_elementwise.layout((2, 3, 5), (2, 3, 1), (2, 3, 5)) == (6, 5, jit_elementwise.B_PER_ROW)
+    assert jit_elementwise.layout((2, 3, 5), (1, 1, 5), (2, 3, 5)) == (6, 5, jit_elementwise.B_ROW)
+    assert jit_elementwise.layout((2, 3, 5), (1, 1, 1), (2, 3, 5)) == (2, 15, jit_elementwise.B_SCALAR)
+    assert jit_elementwise.layout((2, 3, 5), (1, 3, 1), (2, 3, 5)) is None
+    assert jit_elementwise.layout((2, 1, 5), (2, 3, 5), (2, 3, 5)) is None
+
+
+ACTIVATIONS = ["ReLU r 1 1 x1 y", "ReLU r 1 1 x1 y 0=0.1", "Clip r 1 1 x1 y 0=-0.5 1=0.75",
+               "Sigmoid r 1 1 x1 y", "Swish r 1 1 x1 y", "HardSigmoid r 1 1 x1 y 0=0.2 1=0.5",
+               "HardSwish r 1 1 x1 y 0=0.2 1=0.5"]
+
+
+@pytest.mark.parametrize("line", ACTIVATIONS, ids=lambda s: s.split()[0] + s.split(" y")[1])
+def test_unfused_activations_run_as_one_pass(tmp_path: Path, line: str) -> None:
+    """x feeds the activation and a second reader (as mobilenet_v3's x * hardsigmoid(x)), so
+    nothing absorbs the activation: it runs on ``activation``, matching ncnn and numpy."""
+    x = np.random.default_rng(8).uniform(-4, 4, (16, 9, 11)).astype(np.float32)
+    lines = ["Split s 1 2 data x1 x2", line, "BinaryOp m 2 1 x2 y out 0=2"]
+    inputs = {"data": x}
+    plan = plan_for(tmp_path, lines, inputs)
+    assert plan.fused == [] and kinds(plan)["r"] is StepKind.STORE
+    check(tmp_path, line.replace("x1", "data").replace(" y", " out", 1), inputs)
+    kernel = next(s.kernel for s in plan._program if s.name == "r")
+    u = to_bf16(x)
+    want = kernel.forward([from_bf16(u)])[0].copy()  # numpy, fp32
+    got = np.empty(x.shape, dtype=np.uint16)
+    kernel.forward_store([u], [got], [])
+    np.testing.assert_allclose(from_bf16(got), want, rtol=1e-2, atol=1e-6)
