@@ -58,13 +58,14 @@ def test_configure_sets_the_kernels_thread_count(monkeypatch: pytest.MonkeyPatch
 
 
 def test_small_kernels_run_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below ``jit.SMALL_WORK`` multiply-adds a kernel runs on its calling thread alone (waking
-    the pool costs more there); the result is the same bits either way."""
+    """Below ``jit.small_work()`` multiply-adds a kernel runs on its calling thread alone
+    (waking the pool costs more there); the result is the same bits either way."""
     n = min(2, numba.config.NUMBA_NUM_THREADS)
     monkeypatch.setattr(threads, "THREADS", n)
-    with jit.launch(jit.SMALL_WORK - 1):
+    jit.use_threads()  # the pool started: the threshold is known
+    with jit.launch(jit.small_work() - 1):
         assert numba.get_num_threads() == 1
-    with jit.launch(jit.SMALL_WORK):
+    with jit.launch(jit.small_work()):
         assert numba.get_num_threads() == n
 
 
@@ -97,10 +98,12 @@ def test_the_wait_settings_do_not_leak_into_the_environment() -> None:
     code = ("import os, numpy as np\n"
             "from vkserve.devices.cpu import jit\n"
             "jit.use_threads(1 << 30)\n"
-            "print(sorted(k for k in os.environ if k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')))\n")
-    for count in ("1", "8"):
+            "print(sorted(k for k in os.environ if k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')),"
+            " jit.small_work())\n")
+    # spinning workers wake fast: smaller kernels are split too
+    for count, small in (("1", jit.SMALL_WORK), ("8", jit.SMALL_WORK_SPINNING)):
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
         env["VKSERVE_CPU_THREADS"] = count
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                              timeout=120, check=True)
-        assert out.stdout.strip() == "[]", out.stderr
+        assert out.stdout.strip() == f"[] {small}", out.stderr

@@ -45,8 +45,8 @@ from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, 
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
-           "pack_gemm_weights", "pack_rows", "pooling", "use_threads", "winograd"]
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
+           "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
 
 
 _pool_started = False
@@ -83,7 +83,7 @@ def _start_pool() -> None:
     """Start numba's thread pool with ``wait_settings``. They are set only while the pool's
     libgomp starts (it reads them once), so other OpenMP users in the process (ncnn bundles
     its own libgomp) keep theirs."""
-    global _pool_started
+    global _pool_started, _small_work
     chosen = wait_settings(threads.THREADS, os.environ)
     os.environ.update(chosen)
     try:
@@ -91,6 +91,7 @@ def _start_pool() -> None:
     finally:
         for name in chosen:
             del os.environ[name]
+    _small_work = SMALL_WORK_SPINNING if "GOMP_SPINCOUNT" in chosen else SMALL_WORK
     _pool_started = True
 
 
@@ -100,15 +101,25 @@ def _start_pool() -> None:
 #: with this rule; mobile models at 2 threads unchanged within the run-to-run noise (+-10 %)
 #: at 2^18, while 2^20 cost mobilenet_v2 up to 12 %.
 SMALL_WORK = 1 << 18
+#: the same where idle workers spin (``wait_settings``): waking them costs ~5-7 us instead of
+#: 20-40 (16-core Xeon), and layers of 2^16-2^18 multiply-adds (shufflenet_v2's and the mobile
+#: models' 7x7 depthwise layers, 0.2 ms each on one thread) are worth splitting
+SMALL_WORK_SPINNING = 1 << 16
+_small_work = SMALL_WORK
+
+
+def small_work() -> int:
+    """The threshold ``use_threads`` applies now (``SMALL_WORK`` until the pool has started)."""
+    return _small_work
 
 
 def use_threads(work: int = SMALL_WORK) -> None:
     """Run the next kernels on ``threads.THREADS`` threads (one if ``work`` is below
-    ``SMALL_WORK``), one task at a time (numba's settings are per calling thread; the count is
+    ``small_work()``), one task at a time (numba's settings are per calling thread; the count is
     capped by the pool numba started: ``NUMBA_NUM_THREADS``, all CPUs by default)."""
     if not _pool_started:
         _start_pool()
-    wanted = 1 if work < SMALL_WORK else threads.THREADS
+    wanted = 1 if work < _small_work else threads.THREADS
     n = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
