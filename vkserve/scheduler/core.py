@@ -1050,6 +1050,8 @@ class Scheduler:
         An unload of the model cancels it (at its next pipeline or warm-up run)."""
         with trio.CancelScope() as scope:
             entry.load_scopes.add(scope)
+            if entry.unloading:  # the unload came first (before this task ran): nothing to build
+                scope.cancel()
             try:
                 await self._build_placement(entry, device)
             finally:
