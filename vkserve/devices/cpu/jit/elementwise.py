@@ -27,7 +27,7 @@ SWAPPED = {ADD: ADD, MUL: MUL, MAX: MAX, MIN: MIN}
 _U = np.uint64
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _with_scalar(op, t, s, n):  # noqa: ANN001
     """t[:n] = t op s."""
     if op == ADD:
@@ -50,7 +50,7 @@ def _with_scalar(op, t, s, n):  # noqa: ANN001
             t[j] = min(t[j], s)
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _with_row(op, t, b, r, n, cb):  # noqa: ANN001
     """t[:n] = t op (cb * widened b[r, :n]); cb only for ADD (Eltwise's coefficients)."""
     ru = _U(r)
