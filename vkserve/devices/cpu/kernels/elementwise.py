@@ -21,11 +21,9 @@ from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 ELEMENT_WORK = 8
 
 
-class _JitActivation(JitKernel):
-    """An activation layer its producer did not absorb: ``jit.elementwise.activation`` runs it
-    as one pass (widen, the epilogue op of ``jit.epilogue``, narrow; the activations fused into
-    it after), threaded over rows. ``forward`` stays numpy: it is what a numpy producer applies
-    to its fp32 result when the activation is fused into it."""
+class _ElementwiseJit(JitKernel):
+    """A layer run by a ``jit.elementwise`` kernel: no activation of its own (only fused ones),
+    its work counted in elements (``ELEMENT_WORK``)."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -34,6 +32,13 @@ class _JitActivation(JitKernel):
 
     def _activation(self) -> tuple[int, tuple[float, ...]]:
         return 0, ()
+
+
+class _JitActivation(_ElementwiseJit):
+    """An activation layer its producer did not absorb: ``jit.elementwise.activation`` runs it
+    as one pass (widen, the epilogue op of ``jit.epilogue``, narrow; the activations fused into
+    it after), threaded over rows. ``forward`` stays numpy: it is what a numpy producer applies
+    to its fp32 result when the activation is fused into it."""
 
     def _own_post(self) -> tuple[Kernel, ...]:
         return (self,)
@@ -185,7 +190,7 @@ _JIT_DIRECT = (jit_elementwise.ADD, jit_elementwise.SUB, jit_elementwise.MUL, ji
 _JIT_SWAPPED = {**jit_elementwise.SWAPPED, 7: jit_elementwise.SUB, 8: jit_elementwise.DIV}  # rsub, rdiv
 
 
-class _TwoOperands(JitKernel):
+class _TwoOperands(_ElementwiseJit):
     """A two-operand element-wise layer: ``jit.elementwise.binary`` (one pass, fused activations) where
     ``form`` found a way, else the numpy ``forward_numpy``."""
 
@@ -194,9 +199,6 @@ class _TwoOperands(JitKernel):
     @property
     def raw_inputs(self) -> bool:  # type: ignore[override]
         return self.form is not None
-
-    def _activation(self) -> tuple[int, tuple[float, ...]]:
-        return 0, ()
 
     def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
@@ -225,7 +227,6 @@ class BinaryOp(_TwoOperands):
         out = super().infer(in_shapes)
         p = self.p
         self.op = _BINARY[p.op_type]
-        self.work = ELEMENT_WORK * math.prod(out[0])
         if p.with_scalar:
             if p.op_type in _JIT_DIRECT:
                 rows, cols, _ = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
@@ -299,7 +300,6 @@ class Eltwise(_TwoOperands):
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
-        self.work = ELEMENT_WORK * math.prod(out[0])
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         if len(in_shapes) == 2 and in_shapes[0] == in_shapes[1] == out[0] and not (op == 1 and len(coeffs) == 1):
             rows, cols, bform = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
