@@ -84,13 +84,17 @@ class _Prepared(NamedTuple):
     """A step as ``Plan.run`` takes it: inputs are arena views, or names of data-dependent
     (fp32) blobs; outputs are (view or name, exact store) pairs."""
 
-    index: int
     kind: StepKind
     kernel: Kernel
     ins: list[Any]
     outs: list[Any]
     post: list[Kernel]
     name: str
+    #: a bf16-native step with several inputs or outputs whose bytes overlap in the arena (a
+    #: blob last read by a step may share bytes with its outputs): its inputs are copied first,
+    #: since an early write could clobber a later read. One copy from one input to one output
+    #: needs nothing: numpy's copyto detects overlap and buffers.
+    copy_inputs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,15 +295,11 @@ class Plan:
         name). Inputs are arena views, or a name for data-dependent (fp32, by name) blobs;
         outputs are (view or name, exact store)."""
         self._program: list[_Prepared] = []
-        #: bf16-native steps with several inputs or outputs whose bytes overlap in the arena
-        #: (a blob last read by a step may share bytes with its outputs): their inputs are
-        #: copied first, since an early write could clobber a later read. One copy from one
-        #: input to one output needs nothing: numpy's copyto detects overlap and buffers.
-        self._copy_inputs: set[int] = set()
         for step in self._steps:
             k = step.kernel
             ins: list[Any] = [b if b in self._dynamic else self._views[b] for b in step.inputs]
             outs: list[Any] = []
+            copy_inputs = False
             for i, b in enumerate(step.outputs):
                 if b in self._dynamic:
                     outs.append((b, False))
@@ -311,10 +311,8 @@ class Plan:
                 outs = [(b, b in self._dynamic) for b in step.outputs]
             elif self._native(step):
                 kind = StepKind.BF16_NATIVE
-                if (len(ins) > 1 or len(outs) > 1) and any(
-                    np.may_share_memory(o, x) for o, _ in outs for x in ins
-                ):
-                    self._copy_inputs.add(len(self._program))
+                copy_inputs = (len(ins) > 1 or len(outs) > 1) and any(
+                    np.may_share_memory(o, x) for o, _ in outs for x in ins)
             elif _stores_itself(k) and not any(
                 b in self._dynamic for b in step.inputs + step.outputs
             ):
@@ -323,7 +321,7 @@ class Plan:
                 kind = StepKind.RAW_INPUTS
             else:
                 kind = StepKind.WIDENED
-            self._program.append(_Prepared(len(self._program), kind, k, ins, outs, list(step.post), step.name))
+            self._program.append(_Prepared(kind, k, ins, outs, list(step.post), step.name, copy_inputs))
 
     # -- run -------------------------------------------------------------------------------
 
@@ -356,15 +354,15 @@ class Plan:
             for r in range(runs + 1):
                 self._load_inputs(inputs)
                 dynamic: dict[str, np.ndarray] = {}
-                for step in self._program:
+                for i, step in enumerate(self._program):
                     t0 = time.perf_counter()
                     self._run_step(step, dynamic)
                     if r:
-                        samples[step.index].append(time.perf_counter() - t0)
+                        samples[i].append(time.perf_counter() - t0)
         steps = {s.name: s for s in self._steps}
         return [StepTime(p.name, p.kernel.layer.type, tuple(steps[p.name].fused),
-                         1e3 * float(np.median(samples[p.index])))
-                for p in self._program if p.kind is not StepKind.ALIAS]
+                         1e3 * float(np.median(ts)))
+                for p, ts in zip(self._program, samples) if p.kind is not StepKind.ALIAS]
 
     def _load_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Narrow the inputs into their arena slots, checking names and shapes."""
@@ -381,7 +379,7 @@ class Plan:
     def _run_step(self, step: _Prepared, dynamic: dict[str, np.ndarray]) -> None:
         """Run one prepared step: its outputs into their arena views (data-dependent ones into
         ``dynamic``, by name)."""
-        index, kind, kernel, ins, outs, post, name = step
+        kind, kernel, ins, outs, post, name, copy_inputs = step
         if kind is StepKind.ALIAS:
             # no compute; only data-dependent blobs need passing along by name
             for i, (blob, dyn) in enumerate(outs):
@@ -389,7 +387,7 @@ class Plan:
                     dynamic[blob] = dynamic[ins[kernel.source(i)]]
             return
         if kind is StepKind.BF16_NATIVE:
-            if index in self._copy_inputs:
+            if copy_inputs:
                 ins = [x.copy() for x in ins]
             into = getattr(kernel, "forward_into", None)
             if into is not None:

@@ -106,6 +106,12 @@ def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
             store_row(t, 0, out, r, 0, cols)
 
 
+def rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A whole blob as the kernels' (rows, cols): its outer axis by the rest (one row if 1-D)."""
+    rows = int(shape[0]) if len(shape) > 1 else 1
+    return rows, int(np.prod(shape)) // rows
+
+
 def layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...]
            ) -> tuple[int, int, int] | None:
     """(rows, cols, b's form) viewing ``a`` (which must have the output's shape) and ``b``
@@ -116,11 +122,9 @@ def layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[
     n = len(out_shape)
     total = int(np.prod(out_shape))
     if tuple(b_shape) == tuple(out_shape):
-        rows = int(out_shape[0]) if n > 1 else 1
-        return rows, total // rows, B_FULL
+        return (*rows_cols(out_shape), B_FULL)
     if all(d == 1 for d in b_shape):
-        rows = int(out_shape[0]) if n > 1 else 1
-        return rows, total // rows, B_SCALAR
+        return (*rows_cols(out_shape), B_SCALAR)
     for k in range(1, n):
         head, tail = out_shape[:k], out_shape[k:]
         rows = int(np.prod(head))

@@ -44,9 +44,7 @@ class _JitActivation(_ElementwiseJit):
         return (self,)
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
-        shape = self.out_shapes[0]
-        rows = shape[0] if len(shape) > 1 else 1
-        cols = math.prod(shape) // rows
+        rows, cols = jit_elementwise.rows_cols(self.out_shapes[0])
         jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * threads.THREADS),
                                    out.reshape(rows, cols))
 
@@ -214,9 +212,14 @@ class _TwoOperands(_ElementwiseJit):
         a, b = (xs[1], xs[0]) if f.swap else (xs[0], xs[-1])
         bs = np.float32(0.0)
         if f.bform == jit_elementwise.B_SCALAR:
-            bs = np.float32(self.p.b) if len(xs) == 1 else np.float32(from_bf16(b.reshape(-1)[:1])[0] if b.dtype == np.uint16 else b.reshape(-1)[0])
+            if len(xs) == 1:  # with_scalar
+                bs = np.float32(self.p.b)
+            else:  # a one-value tensor
+                one = b.reshape(-1)[:1]
+                bs = np.float32((from_bf16(one) if one.dtype == np.uint16 else one)[0])
             b = a
-        b2 = b.reshape({jit_elementwise.B_PER_ROW: (f.rows, 1), jit_elementwise.B_ROW: (1, f.cols)}.get(f.bform, (f.rows, f.cols)))
+        b_view = {jit_elementwise.B_PER_ROW: (f.rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
+        b2 = b.reshape(b_view.get(f.bform, (f.rows, f.cols)))
         jit_elementwise.binary(a.reshape(f.rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
                           ops, min(f.rows, 4 * threads.THREADS), out.reshape(f.rows, f.cols))
 
@@ -229,8 +232,7 @@ class BinaryOp(_TwoOperands):
         self.op = _BINARY[p.op_type]
         if p.with_scalar:
             if p.op_type in _JIT_DIRECT:
-                rows, cols, _ = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
-                self.form = _JitForm(False, p.op_type, rows, cols, jit_elementwise.B_SCALAR)
+                self.form = _JitForm(False, p.op_type, *jit_elementwise.rows_cols(out[0]), jit_elementwise.B_SCALAR)
             return out
         self.a_shape, self.b_shape, _ = binary_broadcast_shape(in_shapes[0], in_shapes[1])
         direct = jit_elementwise.layout(self.a_shape, self.b_shape, out[0])
@@ -302,9 +304,9 @@ class Eltwise(_TwoOperands):
         out = super().infer(in_shapes)
         op, coeffs = self.p.op_type, list(self.p.coeffs or [])
         if len(in_shapes) == 2 and in_shapes[0] == in_shapes[1] == out[0] and not (op == 1 and len(coeffs) == 1):
-            rows, cols, bform = jit_elementwise.layout(out[0], out[0], out[0]) or (0, 0, 0)
             ca, cb = (coeffs[0], coeffs[1]) if op == 1 and len(coeffs) >= 2 else (1.0, 1.0)
-            self.form = _JitForm(False, self._JIT_OPS[op], rows, cols, bform, ca, cb)
+            self.form = _JitForm(False, self._JIT_OPS[op], *jit_elementwise.rows_cols(out[0]),
+                                 jit_elementwise.B_FULL, ca, cb)
         return out
 
     def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
