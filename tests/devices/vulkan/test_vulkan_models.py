@@ -4,6 +4,8 @@ fp32 (cosine >= 0.9999, max abs error <= 0.5 % of the reference's max abs) and f
 2 %), against the ncnn package on the CPU in fp32 with the same seeded random weights.
 
 New .param files dropped into that folder are picked up. Inputs keep the declared sizes.
+vgg16 runs in fp16 alone: its layers are the fp32 kernels resnet18, alexnet and yolov4-tiny
+already check, and at 15.5 GMAC a lavapipe run takes ~47 s of CI's 30 minutes.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ def test_models_present() -> None:
     assert PARAMS, f"no .param files in {MODELS_DIR}"
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("param", PARAMS, ids=[p.stem for p in PARAMS])
+#: (model, precision) pairs left out (see the module's docstring)
+LEFT_OUT = {("vgg16", "fp32")}
+CASES = [(p, precision) for p in PARAMS for precision in ("fp32", "fp16")
+         if (p.stem, precision) not in LEFT_OUT]
+
+
+@pytest.mark.parametrize(("param", "precision"), CASES, ids=[f"{p.stem}-{prec}" for p, prec in CASES])
 def test_model_verifies_on_vulkan(param: Path, precision: str, tmp_path_factory) -> None:
     graph = load_model(param, None)
     inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
