@@ -1,7 +1,7 @@
 """The numba convolution kernels (``vkserve.devices.cpu.jit``, issue 13) against the ncnn package:
 kernel sizes 1/3/5/7, strides, dilations, symmetric / asymmetric / SAME pads and pad_value,
 depthwise (with a channel multiplier) and grouped convolutions, channel and pixel counts that
-are not multiples of the kernels' tiles (MR = 4 rows, NR = 16 pixels, NB = 128 pixels per task,
+are not multiples of the kernels' tiles (MR = 4 rows, 8 on AVX-512 hosts; NR = 16 pixels, NB = 128 pixels per task,
 KC = 256 per K block), every fused activation type, InnerProduct in both input forms; and the
 same bits with 1 and N threads and from run to run. (Winograd: test_cpu_winograd.py.)
 """

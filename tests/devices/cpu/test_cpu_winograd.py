@@ -1,5 +1,5 @@
 """Winograd F(4, 3) for dense 3x3 stride-1 convolutions (``vkserve.devices.cpu.jit.winograd``):
-against the ncnn package on many shapes (channel counts off the MR = 4 row blocks, sizes off the
+against the ncnn package on many shapes (channel counts off the MR = 4 (or 8) row blocks, sizes off the
 4x4 tiles and the TB = 32 tiles of a task, pads symmetric, asymmetric, negative, pad_value,
 fused activations), against an exact float64 convolution far tighter than the bf16 tolerance,
 and the same bits with 1 and N threads and from run to run. Each case asserts that the layer

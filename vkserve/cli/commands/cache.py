@@ -109,7 +109,7 @@ def warm(args: argparse.Namespace) -> int:
             cpu = compile_kernels()
             results.append({"device": CPU, "kernels_compiled": cpu.compiled,
                             "kernels_cached": cpu.cached, "seconds": cpu.seconds,
-                            "cache_dir": cpu.cache_dir})
+                            "cache_dir": cpu.cache_dir, "vector_bits": cpu.vector_bits})
         progress.done(f"{len(results)} device(s) warm")
     if args.json:
         print_json(results, indent=2)

@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 
 from vkserve.devices.cpu.executor import Plan
-from vkserve.devices.cpu.jit import Dispatcher, conv, elementwise, epilogue, innerproduct, pooling, winograd
+from vkserve.devices.cpu.jit import VECTORS, Dispatcher, conv, elementwise, epilogue, innerproduct, pooling, winograd
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
@@ -52,10 +52,12 @@ class WarmReport:
     compiled: int  # kernel specializations compiled now (not in the cache yet)
     cached: int  # loaded from the cache
     cache_dir: str
+    vector_bits: int  # the widest vectors the kernels are compiled to use (``jit.vectors``)
 
     def describe(self) -> str:
-        return (f"CPU kernels ready in {self.seconds:.1f} s: {self.compiled} compiled for this CPU, "
-                f"{self.cached} loaded from the cache ({self.cache_dir})")
+        return (f"CPU kernels ready in {self.seconds:.1f} s: {self.compiled} compiled for this CPU "
+                f"(up to {self.vector_bits}-bit vectors), {self.cached} loaded from the cache "
+                f"({self.cache_dir})")
 
 
 def _dispatchers(modules: tuple[ModuleType, ...]) -> list[Dispatcher]:
@@ -81,4 +83,4 @@ def compile_kernels() -> WarmReport:
     Plan(graph).run({"data": np.random.default_rng(0).standard_normal((4, 24, 24)).astype(np.float32)})
     new_misses, new_hits = _counts(kernels)
     return WarmReport(time.perf_counter() - start, new_misses - misses, new_hits - hits,
-                      os.environ.get("NUMBA_CACHE_DIR", ""))
+                      os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits)

@@ -40,12 +40,17 @@ from vkserve.devices.cpu import threads  # noqa: E402
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 
+from vkserve.devices.cpu.jit.vectors import SETTINGS as VECTORS  # noqa: E402
+
+if VECTORS.features is not None:
+    numba.config.CPU_FEATURES = VECTORS.features
+
 from vkserve.devices.cpu.jit import pooling, winograd  # noqa: E402 (jit.pooling.*, jit.winograd.*)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
 
 

@@ -22,9 +22,11 @@ import numpy as np
 from numba import njit, prange
 
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
+from vkserve.devices.cpu.jit.vectors import SETTINGS
 
-#: output rows x pixels of the micro kernel's register tile (4 x 2 AVX2 registers of fp32)
-MR, NR = 4, 16
+#: output rows x pixels of the micro kernel's register tile: 4 x 2 AVX2 registers of fp32, or
+#: 8 x 1 AVX-512 registers where the kernels are compiled for those (``jit.vectors``)
+MR, NR = SETTINGS.tile_rows, 16
 #: pixels per task at most (a multiple of NR)
 NB = 128
 #: pixels per task at least, where a layer has too few tasks for its threads (two strips)
@@ -198,7 +200,8 @@ def gemm_row_chunks(groups: int, og: int, npix: int, threads: int, block: int = 
     nrb = -(-og // MR)
     tasks = groups * -(-npix // block)
     chunks = max(1, min(-(-nrb * MR // min_rows), -(-2 * threads // tasks)))
-    return -(-nrb // chunks)
+    # rounded down (at least chunks tasks), but never below min_rows
+    return max(1, min(nrb, -(-min_rows // MR)), nrb // chunks)
 
 
 def gemm_split(groups: int, og: int, npix: int, threads: int) -> tuple[int, int]:

@@ -1,0 +1,80 @@
+"""The vector width and GEMM tile the CPU kernels are compiled for (``jit.vectors``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.paths import REPO
+from vkserve.devices.cpu import jit
+from vkserve.devices.cpu.jit import vectors
+from vkserve.devices.cpu.warm import compile_kernels
+
+AVX2 = "+avx,+avx2,+fma,-avx512f,-avx512bw"
+AVX512 = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512bf16"
+NEON = "+neon,+fp-armv8"
+
+
+def test_avx512_hosts_get_full_width_vectors_and_the_8_row_tile() -> None:
+    s = vectors.choose(AVX512, {})
+    assert s.features == AVX512 + ",-prefer-256-bit"
+    assert (s.tile_rows, s.vector_bits) == (8, 512)
+
+
+def test_other_hosts_keep_numbas_choice_and_the_4_row_tile() -> None:
+    assert vectors.choose(AVX2, {}) == vectors.VectorSettings(None, 4, 256)
+    assert vectors.choose(NEON, {}) == vectors.VectorSettings(None, 4, 128)
+
+
+def test_an_explicit_numba_cpu_features_wins() -> None:
+    # on an AVX-512 host, features without -prefer-256-bit: LLVM's 256-bit vectors, 4 rows
+    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": AVX512}) == vectors.VectorSettings(None, 4, 256)
+    wide = AVX512 + ",-prefer-256-bit"
+    assert vectors.choose(AVX2, {"NUMBA_CPU_FEATURES": wide}) == vectors.VectorSettings(None, 8, 512)
+
+
+def test_this_process_compiles_with_its_choice() -> None:
+    import numba
+
+    assert jit.conv.MR == jit.VECTORS.tile_rows
+    if jit.VECTORS.features is not None:
+        assert numba.config.CPU_FEATURES == jit.VECTORS.features
+    report = compile_kernels()
+    assert report.vector_bits == jit.VECTORS.vector_bits
+    assert f"{report.vector_bits}-bit vectors" in report.describe()
+
+
+#: run in a child: the real ``jit.vectors`` module, loaded on its own with the 8-row tile set,
+#: stands in for the package's import of it (the tile is fixed when ``jit.conv`` compiles)
+_EIGHT_ROWS = """
+import dataclasses, importlib.util, sys
+name = "vkserve.devices.cpu.jit.vectors"
+spec = importlib.util.spec_from_file_location(name, sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[name] = module
+spec.loader.exec_module(module)
+module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=8)
+import pytest
+from vkserve.devices.cpu.jit import conv
+assert conv.MR == 8, conv.MR
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[2:]]))
+"""
+
+
+def test_the_8_row_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
+    """The 8-row tile of AVX-512 hosts, compiled for this CPU (its vector width): every dense
+    and Winograd convolution case against ncnn, and the same bits on any thread count. Its own
+    numba cache folder: numba keys cached code by source and CPU, not by the tile it froze in."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _EIGHT_ROWS, vectors.__file__,
+         "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",
+         "tests/devices/cpu/test_cpu_jit_conv.py::test_same_bits_with_one_and_more_threads_and_run_to_run",
+         "tests/devices/cpu/test_cpu_jit_conv.py::test_gemm_split_gives_every_thread_work_where_the_layer_has_it",
+         "tests/devices/cpu/test_cpu_winograd.py::test_winograd_matches_ncnn",
+         "tests/devices/cpu/test_cpu_winograd.py::test_winograd_same_bits_with_one_and_more_threads_and_run_to_run"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
