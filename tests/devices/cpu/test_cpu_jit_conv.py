@@ -233,3 +233,44 @@ def test_kernel_narrowing_is_the_engines_rne() -> None:
     wide = np.empty((1, values.size), dtype=np.float32)
     store_vector(from_bf16(out[0]), wide)
     assert wide[0].view(np.uint32).tobytes() == from_bf16(out[0]).view(np.uint32).tobytes()
+
+
+@pytest.mark.parametrize(("c", "og", "hw", "k", "stride", "threads_for"), [
+    (512, 512, 7, 3, 1, 2),    # resnet50's last 3x3 layers: 1 pixel block, K = 4608 (18 K blocks)
+    (96, 72, 14, 3, 2, 16),    # strided, padded, 2 K blocks, 16 threads' split
+    (40, 200, 9, 1, 1, 16),    # 1x1 flat input, a partial strip
+])
+def test_shared_input_panels_give_the_same_bits(c: int, og: int, hw: int, k: int, stride: int,
+                                               threads_for: int) -> None:
+    """Row chunks reading input panels packed once (``shared_panels_shape``) compute exactly what
+    chunks packing their own do, and ncnn's geometry is kept (checked on whole layers above)."""
+    rng = np.random.default_rng(7)
+    x = to_bf16(rng.standard_normal((c, hw, hw)).astype(np.float32))
+    kt = c * k * k
+    wp = jit.pack_gemm_weights(to_bf16(rng.standard_normal((og, kt)).astype(np.float32) * 0.05), 1, og, kt)
+    bias = rng.standard_normal(og).astype(np.float32)
+    pad = k // 2
+    oh = (hw + 2 * pad - k) // stride + 1
+    geo = jit.geometry(1, c, og, k, k, stride, stride, 1, 1, pad, pad, oh, oh)
+    ops = jit.epilogue_ops(1, [])
+    pixels, rows = jit.gemm_split(1, og, oh * oh, threads_for)
+    shape = jit.conv.shared_panels_shape(1, og, oh * oh, kt, pixels, rows)
+    assert shape[0] > 0  # these layers' rows are split: the panels are shared
+    results = []
+    for shared in (np.empty(shape, np.float32), np.empty((0, 0, *shape[2:]), np.float32)):
+        out = np.empty((og, oh * oh), np.uint16)
+        jit.conv_gemm(x, wp, bias, ops, np.float32(0), geo, pixels, rows, shared, out)
+        results.append(out)
+    assert results[0].tobytes() == results[1].tobytes()
+    # and against the plain definition (fp32 sums of the widened operands, ReLU, bf16)
+    xw = np.pad(from_bf16(x), ((0, 0), (pad, pad), (pad, pad)))
+    cols = np.stack([xw[:, ky:ky + stride * oh:stride, kx:kx + stride * oh:stride]
+                     for ky in range(k) for kx in range(k)], axis=1).reshape(kt, oh * oh)
+    w = from_bf16(wp.transpose(0, 1, 3, 2).reshape(-1, kt)[:og])
+    want = np.maximum(w @ cols + bias[:, None], 0)
+    np.testing.assert_allclose(from_bf16(results[0]), want, rtol=1e-2, atol=1e-2)
+
+
+def test_unsplit_rows_pack_their_own_panels() -> None:
+    pixels, rows = jit.gemm_split(1, 64, 3136, 1)
+    assert jit.conv.shared_panels_shape(1, 64, 3136, 576, pixels, rows)[0] == 0

@@ -73,6 +73,7 @@ def test_the_8_row_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
          "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_same_bits_with_one_and_more_threads_and_run_to_run",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_gemm_split_gives_every_thread_work_where_the_layer_has_it",
+         "tests/devices/cpu/test_cpu_jit_conv.py::test_shared_input_panels_give_the_same_bits",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_matches_ncnn",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_same_bits_with_one_and_more_threads_and_run_to_run"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -95,8 +95,10 @@ class Convolution(JitKernel):
         else:
             g = self.p.group_count()
             pixels, rows = jit.gemm_split(g, oc // g, oh * ow, threads.THREADS)
+            shape = jit.conv.shared_panels_shape(g, oc // g, oh * ow, self.weight.shape[2], pixels, rows)
+            shared = self.buf("gemm_panels", shape) if shape[0] else np.empty(shape, np.float32)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
-                          out.reshape(oc, oh * ow))
+                          shared, out.reshape(oc, oh * ow))
 
 
 @register("InnerProduct")
