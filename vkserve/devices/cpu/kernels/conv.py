@@ -68,6 +68,7 @@ class Convolution(JitKernel):
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
         self.depthwise = cg == 1
+        self._splits: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         self.winograd = (
             g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
             and jit.winograd.worthwhile(cg, og, oh, ow))
@@ -79,23 +80,38 @@ class Convolution(JitKernel):
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
 
+    def _split(self, n_threads: int) -> tuple[int, int, tuple[int, ...]]:
+        """How the work is split on ``n_threads`` threads, worked out once per thread count:
+        Winograd (0, row blocks a task, its work space's shape); GEMM (pixels a task, row
+        blocks a task, the shared input panels' shape)."""
+        got = self._splits.get(n_threads)
+        if got is None:
+            oc, oh, ow = self.out_shapes[0]
+            if self.winograd:
+                rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), n_threads, jit.winograd.TB,
+                                           jit.winograd.MIN_TASK_ROWS)
+                got = 0, rows, jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
+                                                               self.weight.shape[1])
+            else:
+                g = self.p.group_count()
+                pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
+                got = pixels, rows, jit.conv.shared_panels_shape(g, oc // g, oh * ow, self.weight.shape[2],
+                                                                 pixels, rows)
+            self._splits[n_threads] = got
+        return got
+
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
         x = xs[0]
         oc, oh, ow = self.out_shapes[0]
         if self.depthwise:
             parts = min(oc, 4 * threads.THREADS)
             jit.depthwise(x, self.weight, self.bias, ops, self.pad_value, self.geo, parts, out.reshape(oc, oh * ow))
-        elif self.winograd:
-            rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), threads.THREADS, jit.winograd.TB,
-                                       jit.winograd.MIN_TASK_ROWS)
-            v = self.buf("winograd", jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
-                                                                    self.weight.shape[1]))
-            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, v,
-                                    out.reshape(oc, oh * ow))
+            return
+        pixels, rows, shape = self._split(threads.THREADS)
+        if self.winograd:
+            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+                                    self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
-            g = self.p.group_count()
-            pixels, rows = jit.gemm_split(g, oc // g, oh * ow, threads.THREADS)
-            shape = jit.conv.shared_panels_shape(g, oc // g, oh * ow, self.weight.shape[2], pixels, rows)
             shared = self.buf("gemm_panels", shape) if shape[0] else np.empty(shape, np.float32)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
                           shared, out.reshape(oc, oh * ow))
