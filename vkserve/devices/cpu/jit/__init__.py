@@ -13,8 +13,8 @@ package's own folder is read-only under the unit. An explicit ``NUMBA_CACHE_DIR`
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 
 from vkserve.cache.persist import default_cache_dir
 from vkserve.devices.errors import JitUnavailable
@@ -118,6 +118,17 @@ def small_work() -> int:
     return _small_work
 
 
+class _ThreadSettings(threading.local):
+    """What ``use_threads`` last set on the calling thread (numba's settings are per thread):
+    asking numba costs ~5 us a call, and it was asked twice per kernel launch."""
+
+    threads = 0
+    chunked = False
+
+
+_settings = _ThreadSettings()
+
+
 def use_threads(work: int = SMALL_WORK) -> None:
     """Run the next kernels on ``threads.THREADS`` threads (one if ``work`` is below
     ``small_work()``), one task at a time (numba's settings are per calling thread; the count is
@@ -126,15 +137,18 @@ def use_threads(work: int = SMALL_WORK) -> None:
         _start_pool()
     wanted = 1 if work < _small_work else threads.THREADS
     n = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != n:
+    if _settings.threads != n:
         numba.set_num_threads(n)
-    # tasks are handed out one at a time (dynamic scheduling): tasks differ in size, and a core
-    # shared with another process must not hold up the whole kernel
-    if numba.get_parallel_chunksize() != 1:
+        _settings.threads = n
+    if not _settings.chunked:
+        # tasks are handed out one at a time (dynamic scheduling): tasks differ in size, and a
+        # core shared with another process must not hold up the whole kernel
         numba.set_parallel_chunksize(1)
+        _settings.chunked = True
 
 
 _launch_lock = threading.Lock()
+_UNLOCKED = nullcontext()
 _threadsafe_layer: bool | None = None
 
 
@@ -150,14 +164,10 @@ def _threadsafe() -> bool:
     return _threadsafe_layer
 
 
-@contextmanager
-def launch(work: int = SMALL_WORK) -> Iterator[None]:
+def launch(work: int = SMALL_WORK) -> AbstractContextManager[object]:
     """Around a kernel call of ``work`` multiply-adds (or elements): the thread settings of
     ``use_threads``, and one kernel at a time across the process's threads (Plans run on the
-    scheduler's worker threads) unless the threading layer is thread-safe."""
+    scheduler's worker threads) unless the threading layer is thread-safe.
+    ``with launch(work): kernel(...)``"""
     use_threads(work)
-    if _threadsafe():
-        yield
-        return
-    with _launch_lock:
-        yield
+    return _UNLOCKED if _threadsafe() else _launch_lock

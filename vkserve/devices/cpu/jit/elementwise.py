@@ -12,6 +12,8 @@ operands: the same bits whatever the thread count.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -109,7 +111,7 @@ def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
 def rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
     """A whole blob as the kernels' (rows, cols): its outer axis by the rest (one row if 1-D)."""
     rows = int(shape[0]) if len(shape) > 1 else 1
-    return rows, int(np.prod(shape)) // rows
+    return rows, math.prod(shape) // rows  # (not np.prod: ~10 us a call on a tuple)
 
 
 def layout(a_shape: tuple[int, ...], b_shape: tuple[int, ...], out_shape: tuple[int, ...]
