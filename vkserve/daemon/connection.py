@@ -15,7 +15,9 @@ Per connection (DESIGN §8):
   cancels the target's task, which then answers ``CANCELLED``;
 - frames to send queue in an outbox, written in order by one task at a time, which sends
   every frame queued meanwhile in one write (the answers of a batch: one syscall), so frames
-  stay whole on the stream; a peer that stops reading is dropped after ``send_timeout``;
+  stay whole on the stream; a request's task leaves its answer to the task writing, if any
+  (the answer counts against ``max_requests_per_connection`` until written); a peer that
+  stops reading is dropped after ``send_timeout``;
 - when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs;
 - before authentication only an ``auth`` request is decoded; anything else is answered
   ``UNAUTHENTICATED`` by its id, fields unread, and the connection closes;
@@ -468,12 +470,13 @@ class Connection:
                 Response.failure(request.id, ErrorCode.UNAVAILABLE, "the daemon is shutting down")
             )
             return
-        if len(self.tasks) >= self.cfg.max_requests_per_connection:
+        in_flight = len(self.tasks) + self._queued - self._written  # answers unsent count too
+        if in_flight >= self.cfg.max_requests_per_connection:
             self.server.reject("overloaded")
             await self._send_response(
                 Response.failure(
                     request.id, ErrorCode.OVERLOADED,
-                    f"{len(self.tasks)} requests in flight on this connection (limit "
+                    f"{in_flight} requests in flight on this connection (limit "
                     f"{self.cfg.max_requests_per_connection})",
                 )
             )
@@ -546,7 +549,7 @@ class Connection:
         finally:
             self.tasks.pop(request.id, None)
         if self.server.draining and not self.tasks:
-            self._wake_reader()  # its answer is written: the drained connection says goodbye
+            self._wake_reader()  # its answer is queued: the drained connection says goodbye (after it)
 
     async def _answer_request(self, request: Request, received_at: float,
                               scope: trio.CancelScope) -> None:
@@ -599,7 +602,7 @@ class Connection:
         # place in the outbox, behind any refusal of a duplicate of its id (sent while the id
         # was in flight) and ahead of the drain's goodbye.
         self.tasks.pop(request.id, None)
-        await self._send_frame(frame)
+        await self._send_frame(frame, wait=False)
 
     async def _execute(self, request: Request, received_at: float) -> dict[str, Wire]:
         backend = self.server.backend
@@ -670,15 +673,21 @@ class Connection:
     async def _send_connection_error(self, code: ErrorCode, message: str) -> None:
         await self._send_response(Response.failure(CONNECTION_ERROR_ID, code, message))
 
-    async def _send_frame(self, frame: bytes) -> None:
+    async def _send_frame(self, frame: bytes, *, wait: bool = True) -> None:
         """Write one whole frame (queued in order; returns once it is written), or mark the
         connection broken and stop its reader. The frame is queued before the first
-        checkpoint, so frames go out in the order this is called."""
+        checkpoint, so frames go out in the order this is called.
+
+        ``wait=False`` (a request's answer): while another task is writing, return at once;
+        that task writes this frame too, and it counts as in flight until then (``_unsent``).
+        Waiting cost every answer of a batch but the writer's one or more wake-ups."""
         if self._broken:
             return
         self._outbox.append(frame)
         self._queued += 1
         mine = self._queued
+        if not wait and self._writing:
+            return
         while self._written < mine and not self._broken:
             if self._writing:  # the writing task takes this frame in its next write
                 await self._wrote.wait()
