@@ -645,6 +645,9 @@ class Scheduler:
     def _check_servable(self, entry: _Model) -> None:
         if entry.unloading:
             raise Unavailable(f"model '{entry.name}' is being unloaded")
+        for index, placement in entry.placements.items():  # (the usual case, per request)
+            if placement.state is PlacementState.READY and self._healthy(index):
+                return
         if self._model_state(entry) is ModelState.FAILED:
             raise Unavailable(f"model '{entry.name}' is not available: {self._model_error(entry)}")
 

@@ -5,7 +5,6 @@ cheap and runs inline). A ProcessingError is the request's BAD_REQUEST."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -60,4 +59,5 @@ async def explain_result(spec: ModelSpec, result: InferResult, inputs: dict[str,
             meanings = work()
     except ProcessingError as exc:
         raise BadInput(str(exc)) from None
-    return dataclasses.replace(result, meanings=meanings)
+    result.meanings = meanings  # (the caller's own result: no copy)
+    return result
