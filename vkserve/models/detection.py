@@ -158,11 +158,17 @@ def nms_sorted(boxes: np.ndarray, threshold: float, nan_overlaps: bool = False) 
     return picked
 
 
-def detect(p: Yolov3DetectionOutputParams, hs: Sequence[Head], xs: Sequence[np.ndarray]) -> np.ndarray:
-    """The layer's output rows for input heads ``xs`` (float32)."""
+def candidates(p: Yolov3DetectionOutputParams, hs: Sequence[Head], xs: Sequence[np.ndarray]) -> np.ndarray:
+    """Every head's rows that pass the confidence threshold, best score first (ties in head,
+    anchor and cell order): what the layer's NMS runs over."""
     rows = [decode(p, head, x) for head, x in zip(hs, xs)]
     dets = np.concatenate(rows, axis=0) if rows else np.zeros((0, 6), np.float32)
-    dets = dets[np.argsort(-dets[:, 1], kind="stable")]
+    return dets[np.argsort(-dets[:, 1], kind="stable")]
+
+
+def detect(p: Yolov3DetectionOutputParams, hs: Sequence[Head], xs: Sequence[np.ndarray]) -> np.ndarray:
+    """The layer's output rows for input heads ``xs`` (float32)."""
+    dets = candidates(p, hs, xs)
     picked = nms_sorted(dets[:, 2:6], p.nms_threshold)
     return dets[picked].reshape(-1, 6)
 

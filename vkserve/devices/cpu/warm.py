@@ -17,7 +17,17 @@ from types import ModuleType
 import numpy as np
 
 from vkserve.devices.cpu.executor import Plan
-from vkserve.devices.cpu.jit import VECTORS, Dispatcher, conv, elementwise, epilogue, innerproduct, pooling, winograd
+from vkserve.devices.cpu.jit import (
+    VECTORS,
+    Dispatcher,
+    conv,
+    elementwise,
+    epilogue,
+    innerproduct,
+    nms,
+    pooling,
+    winograd,
+)
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
@@ -25,7 +35,7 @@ __all__ = ["WarmReport", "compile_kernels"]
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, InnerProduct, element-wise (Eltwise, BinaryOp, an
-#: activation on its own), fused activations
+#: activation on its own), fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
 15 17
 Input data 0 1 data 0=24 1=24 2=4
@@ -74,13 +84,14 @@ def _counts(dispatchers: list[Dispatcher]) -> tuple[int, int]:
 def compile_kernels() -> WarmReport:
     """Blocking (a worker thread in the daemon): compile or load every kernel once."""
     start = time.perf_counter()
-    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, pooling, winograd))
+    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, nms, pooling, winograd))
     misses, hits = _counts(kernels)
     layers = parse_param_text(_NET, "warm-up net")
     for layer, weights in zip(layers, random_weights(layers, 0)):
         layer.weights = weights
     graph = build_graph(layers, "warm-up net")
     Plan(graph).run({"data": np.random.default_rng(0).standard_normal((4, 24, 24)).astype(np.float32)})
+    nms.nms_sorted(np.array([[0, 0, 1, 1], [0, 0, 1, 1]], np.float32), np.float32(0.45), False)  # YOLOv3 detection
     new_misses, new_hits = _counts(kernels)
     return WarmReport(time.perf_counter() - start, new_misses - misses, new_hits - hits,
                       os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits)

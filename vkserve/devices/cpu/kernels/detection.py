@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vkserve.devices.cpu.jit import nms
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.models import detection
 from vkserve.models.layers import Shape
@@ -24,7 +25,10 @@ class Yolov3DetectionOutput(Kernel):
         return [(0, 6)]  # data-dependent rows: not planned
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
-        return [detection.detect(self.p, self.heads, xs)]
+        """``detection.detect``, its NMS compiled (``jit.nms``: the same picks)."""
+        dets = detection.candidates(self.p, self.heads, xs)
+        boxes = np.ascontiguousarray(dets[:, 2:6])
+        return [dets[nms.nms_sorted(boxes, np.float32(self.p.nms_threshold), False)].reshape(-1, 6)]
 
 
 @register("YoloDetectionOutput")
