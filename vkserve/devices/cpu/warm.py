@@ -24,6 +24,7 @@ from vkserve.devices.cpu.jit import (
     elementwise,
     epilogue,
     innerproduct,
+    lrn,
     nms,
     pooling,
     winograd,
@@ -34,10 +35,11 @@ from vkserve.models.randinit import random_weights
 __all__ = ["WarmReport", "compile_kernels"]
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
-#: windowed and global average pooling, InnerProduct, element-wise (Eltwise, BinaryOp, an
-#: activation on its own), fused activations; the detection layers' NMS is called on its own
+#: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
+#: (Eltwise, BinaryOp, an activation on its own), fused activations; the detection layers'
+#: NMS is called on its own
 _NET = """7767517
-15 17
+16 18
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -51,7 +53,8 @@ Eltwise sum 2 1 e1 e2 e3 0=1
 BinaryOp mul 2 1 e3 h e4a 0=2
 BinaryOp scale 1 1 e4a e4 0=2 1=1 2=0.5
 Pooling pool 1 1 e4 f 0=1 1=2 2=2
-Pooling gap 1 1 f g 0=1 4=1
+LRN lrn 1 1 f f2 0=0 1=3
+Pooling gap 1 1 f2 g 0=1 4=1
 InnerProduct fc 1 1 g out 0=4 1=1 2=32 9=4
 """
 
@@ -84,7 +87,7 @@ def _counts(dispatchers: list[Dispatcher]) -> tuple[int, int]:
 def compile_kernels() -> WarmReport:
     """Blocking (a worker thread in the daemon): compile or load every kernel once."""
     start = time.perf_counter()
-    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, nms, pooling, winograd))
+    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd))
     misses, hits = _counts(kernels)
     layers = parse_param_text(_NET, "warm-up net")
     for layer, weights in zip(layers, random_weights(layers, 0)):

@@ -11,6 +11,7 @@ import numpy as np
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
+from vkserve.devices.cpu.jit import lrn as jit_lrn
 from vkserve.devices.cpu.kernels.base import Kernel, leaky_relu, register
 from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
@@ -341,7 +342,26 @@ class Softmax(Kernel):
 
 
 @register("LRN")
-class LRN(Kernel):
+class LRN(_ElementwiseJit):
+    """Across channels (region_type 0): ``jit.lrn`` stores it in one threaded pass, fused
+    activations included. Within a channel (1), and the fp32 ``forward``: numpy."""
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        self.work *= 2 * self.p.local_size + 8  # a window of squares, a log and an exp a value
+        return out
+
+    @property
+    def raw_inputs(self) -> bool:  # type: ignore[override]
+        return self.p.region_type == 0
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        p = self.p
+        c = self.out_shapes[0][0]
+        jit_lrn.lrn_across(xs[0].reshape(c, -1), p.local_size // 2, np.float32(p.alpha / p.local_size),
+                           np.float32(p.bias), np.float32(-p.beta), ops, min(c, 4 * threads.THREADS),
+                           out.reshape(c, -1))
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p
         x = xs[0]
