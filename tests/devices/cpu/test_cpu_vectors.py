@@ -79,3 +79,15 @@ def test_the_8_row_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_kernels_use_the_cache_folder_when_numba_was_imported_first(tmp_path: Path) -> None:
+    """A program that imports numba before the engine still gets the engine's cache folder
+    (numba reads NUMBA_CACHE_DIR at its own import only)."""
+    code = ("import numba, os; import vkserve.devices.cpu.jit; "
+            "print(numba.config.CACHE_DIR == os.environ['NUMBA_CACHE_DIR'] != '')")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.stdout.strip() == "True", out.stderr
