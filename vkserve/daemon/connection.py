@@ -679,7 +679,8 @@ class Connection:
         checkpoint, so frames go out in the order this is called.
 
         ``wait=False`` (a request's answer): while another task is writing, return at once;
-        that task writes this frame too, and it counts as in flight until then (``_unsent``).
+        that task writes this frame too, and it counts as in flight until then (``_queued`` -
+        ``_written``).
         Waiting cost every answer of a batch but the writer's one or more wake-ups."""
         if self._broken:
             return
