@@ -402,6 +402,10 @@ use_vulkan = false
     assert ready < status < watchdog < stopping, messages
     assert "tiny (ready)" in messages[status] and "devices: cpu" in messages[status], messages[status]
     assert "STATUS=loading models" in messages[:ready]
+    # until READY the pings push systemd's start timeout ahead (a first start compiles kernels)
+    extends = [i for i, m in enumerate(messages) if m.startswith("EXTEND_TIMEOUT_USEC=")]
+    assert extends and max(extends) < ready, messages
+    assert messages[extends[0]] == "EXTEND_TIMEOUT_USEC=30000000"
 
 
 def test_socket_activation_uses_the_inherited_sockets(tmp_path: Path, launch_daemon: Launch) -> None:

@@ -397,19 +397,29 @@ async def _wait_ready(backend: Backend, stop: trio.Event, scope: trio.CancelScop
 ABORT_GRACE = 2.0
 #: Seconds between STATUS= refreshes (sent only when the text changed).
 STATUS_INTERVAL = 5.0
+#: how far each ping before READY moves systemd's start timeout ahead (several ping rounds)
+START_EXTENSION = 30.0
+#: start-up time after which the pings stop extending it (systemd's own timeout applies again)
+START_LIMIT = 900.0
 
 
 async def _systemd_pings(server: Server, interval: float | None) -> None:
     """WATCHDOG=1 every ``interval`` (half of ``$WATCHDOG_USEC``) from the trio loop itself,
     so a stuck loop stops the pings and systemd restarts the daemon; a STATUS= line when the
-    devices' or models' state changed."""
+    devices' or models' state changed. Until READY, each round also pushes systemd's start
+    timeout (TimeoutStartSec=, 90 s by default) :data:`START_EXTENSION` ahead, for at most
+    :data:`START_LIMIT` in all: a first start compiles every CPU kernel, which took 60-100 s
+    on a 2-core box and more on a Raspberry Pi-class one (the unit's start timed out)."""
     last_status = ""
     next_status = 0.0
+    started = trio.current_time()
     while True:
         now = trio.current_time()
         lines = []
         if interval:
             lines.append("WATCHDOG=1")
+        if not server.ready_announced and now - started < START_LIMIT:
+            lines.append(f"EXTEND_TIMEOUT_USEC={int(START_EXTENSION * 1e6)}")
         if now >= next_status and server.ready_announced:
             text = server.systemd_status()
             if text != last_status:
