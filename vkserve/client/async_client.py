@@ -312,8 +312,7 @@ class AsyncClient:
                         frame = frame[1:]
                     await self._stream.send(frame)
                 except _STREAM_GONE as exc:
-                    self._fail(f"send failed: {exc!r}")  # keeps an earlier reason
-                    raise ConnectionClosed(self._closed or f"send failed: {exc!r}") from exc
+                    raise self._send_failed(exc) from exc
 
     async def _send_direct(self, raw: socket.socket, frame: bytes) -> None:
         """``_send_frame``'s direct write (the send lock held)."""
@@ -322,16 +321,20 @@ class AsyncClient:
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._fail(f"send failed: {exc!r}")
-            raise ConnectionClosed(self._closed or f"send failed: {exc!r}") from exc
+            raise self._send_failed(exc) from exc
         if sent == len(frame):
             return
         with anyio.CancelScope(shield=True):  # the frame's rest, never torn (see _send_frame)
             try:
                 await self._stream.send(memoryview(frame)[sent:])
             except _STREAM_GONE as exc:
-                self._fail(f"send failed: {exc!r}")
-                raise ConnectionClosed(self._closed or f"send failed: {exc!r}") from exc
+                raise self._send_failed(exc) from exc
+
+    def _send_failed(self, exc: Exception) -> ConnectionClosed:
+        """Mark the connection dead after a failed send (an earlier reason is kept); the error
+        for the caller to raise."""
+        self._fail(f"send failed: {exc!r}")
+        return ConnectionClosed(self._closed or f"send failed: {exc!r}")
 
     async def _send_best_effort(self, request: Request) -> None:
         """Send a frame whose answer nobody waits for (``cancel``, ``shm_unregister``), from a

@@ -428,8 +428,9 @@ class Plan:
     def _narrow(self, y: np.ndarray, view: np.ndarray) -> None:
         """Round an fp32 result (or input) into its bf16 arena view: one compiled pass (the
         element-wise kernel with no ops) where both are contiguous float32 / bf16, else numpy's
-        passes (``bf16.to_bf16``); the same bits either way. The compiled pass measured 2-4 us
-        for the digits example's 10 to 64 values, numpy's 12-25 us."""
+        passes (``bf16.to_bf16``); the same bits either way. Measured on one core: 3.3 us for
+        the digits example's 10 and 64 values against numpy's 15.6 us; 200,704 values 71 us
+        against 203 us."""
         if y.dtype == np.float32 and y.flags.c_contiguous and view.flags.c_contiguous:
             rows, cols = jit_elementwise.rows_cols(y.shape)
             with jit.launch(ELEMENT_WORK * y.size):
