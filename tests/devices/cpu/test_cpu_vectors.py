@@ -47,36 +47,72 @@ def test_this_process_compiles_with_its_choice() -> None:
 
 
 #: run in a child: the real ``jit.vectors`` module, loaded on its own with the 8-row tile set,
-#: stands in for the package's import of it (the tile is fixed when ``jit.conv`` compiles)
+#: stands in for the package's import of it (the tile is fixed when ``jit.conv`` compiles).
+#: numba keys cached code by source and CPU, not by the tile it froze in: every kernel whose code
+#: reaches the tile (``MR`` or the register-tile kernels, through the kernels it calls) is cached
+#: in the child's own folder (argv[2], empty), so none is loaded from the 4-row cache nor written
+#: there; the others (depthwise, InnerProduct, element-wise, ...) do not depend on the tile and
+#: are loaded from the process's cache folder where an earlier test compiled them.
 _EIGHT_ROWS = """
-import dataclasses, importlib.util, sys
+import dataclasses, importlib.util, sys, types
 name = "vkserve.devices.cpu.jit.vectors"
 spec = importlib.util.spec_from_file_location(name, sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[name] = module
 spec.loader.exec_module(module)
 module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=8)
+import numba
 import pytest
-from vkserve.devices.cpu.jit import conv
+from numba.core.dispatcher import Dispatcher
+from vkserve.devices.cpu.jit import conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd
 assert conv.MR == 8, conv.MR
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[2:]]))
+TILE = {"MR", "_micro", "_micro_half", "compile_micro"}
+
+def names(code):
+    yield from code.co_names
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from names(c)
+
+def reaches_tile(d, seen):
+    if d in seen:
+        return False
+    seen.add(d)
+    for n in names(d.py_func.__code__):
+        g = d.py_func.__globals__.get(n)
+        if n in TILE or (isinstance(g, Dispatcher) and reaches_tile(g, seen)):
+            return True
+    return False
+
+kernels = {d for m in (conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
+           for d in vars(m).values() if isinstance(d, Dispatcher) and d._cache.__class__.__name__ != "NullCache"}
+tiled = {d for d in kernels if reaches_tile(d, set())}
+assert {conv.conv_gemm, winograd.winograd43, winograd._multiply_and_store} <= tiled, tiled
+shared = numba.config.CACHE_DIR
+numba.config.CACHE_DIR = sys.argv[2]
+for d in tiled:
+    d.enable_caching()
+numba.config.CACHE_DIR = shared
+code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[3:]])
+assert all(not d.stats.cache_hits for d in tiled), [d.py_func.__name__ for d in tiled if d.stats.cache_hits]
+assert conv.conv_gemm.stats.cache_misses and winograd.winograd43.stats.cache_misses
+sys.exit(code)
 """
 
 
 def test_the_8_row_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
     """The 8-row tile of AVX-512 hosts, compiled for this CPU (its vector width): every dense
-    and Winograd convolution case against ncnn, and the same bits on any thread count. Its own
-    numba cache folder: numba keys cached code by source and CPU, not by the tile it froze in."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    and Winograd convolution case against ncnn, and the same bits on any thread count. The
+    kernels the tile reaches compile afresh in the child (their own numba cache folder)."""
     proc = subprocess.run(
-        [sys.executable, "-c", _EIGHT_ROWS, vectors.__file__,
+        [sys.executable, "-c", _EIGHT_ROWS, vectors.__file__, str(tmp_path / "numba"),
          "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_same_bits_with_one_and_more_threads_and_run_to_run",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_gemm_split_gives_every_thread_work_where_the_layer_has_it",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_shared_input_panels_give_the_same_bits",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_matches_ncnn",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_same_bits_with_one_and_more_threads_and_run_to_run"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
