@@ -1,12 +1,16 @@
 """Per convolution: conv_gemm (FMA) against conv_coopmat (cooperative matrices), GPU time side by side.
 
-    python benchmarks/coopmat_layers.py [--models DIR] [--only resnet50 vgg16] [--runs 20] [--json OUT]
+    python benchmarks/coopmat_layers.py [--models DIR] [--only resnet50 vgg16] [--runs 20]
+        [--tiles auto 1,1 2,2 2,2,1 ...] [--json OUT]
 
-For each model, the fp16 Plan is profiled twice in one process (`profile_plan`: per-dispatch GPU
-timestamps, median of `runs` replays), with VKSERVE_COOPMAT=0 and =1, and every convolution that
-took conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels
-per group, N output pixels, K = input channels per group x kernel taps, groups): the data for a
-per-layer choice between the two kernels. Needs a device with VK_KHR_cooperative_matrix.
+For each model, the fp16 Plan is profiled in one process (`profile_plan`: per-dispatch GPU
+timestamps, median of `runs` replays) with VKSERVE_COOPMAT=0, then with =1 once per tile
+setting (`auto`: the layer's own choice; `FM,FN`: that tile with K split by the layer's rule;
+`FM,FN,KSPLIT`: that tile and split, 1 = not split), and every convolution that took
+conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels per
+group, N output pixels, K = input channels per group x kernel taps, groups) and its tile
+(a split layer's two dispatches summed): the data for a per-layer choice between the kernels
+and tiles. Needs a device with VK_KHR_cooperative_matrix.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict[str, tuple[str, float]]:
-    """Layer label -> (shader, GPU ms) of one Plan."""
+    """Layer label -> (shader, GPU ms of its dispatches) of one Plan."""
     from vkserve.devices.vulkan.engine import load_plan
     from vkserve.devices.vulkan.engine.profile import profile_plan
 
@@ -37,7 +41,34 @@ def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict
                 loaded.close()
     finally:
         os.environ.pop("VKSERVE_COOPMAT", None)
-    return {s.label.rsplit(" ", 1)[0]: (s.shader, s.ms) for s in steps}
+    out: dict[str, tuple[str, float]] = {}
+    for s in steps:
+        label = s.label.rsplit(" ", 1)[0]
+        out[label] = (s.shader, out.get(label, ("", 0.0))[1] + s.ms)
+    return out
+
+
+ORIGINAL: dict = {}  # the layer's own choose_coop_tile, kept while settings replace it
+
+
+def force_tile(setting: str) -> None:
+    """Make every conv_coopmat layer take `setting` (see the module's docstring)."""
+    from vkserve.devices.vulkan.layers import conv
+
+    own = ORIGINAL.setdefault("choose", conv.choose_coop_tile)
+    if setting == "auto":
+        conv.choose_coop_tile = own
+        return
+    fm, fn, *split = (int(v) for v in setting.split(","))
+
+    def choose(m: int, n: int, steps: int, groups: int):
+        if split:
+            per = -(-steps // split[0])
+            return conv.CoopTile(fm, fn, -(-steps // per), per)
+        tiles = -(-m // (32 * fm)) * -(-n // (64 * fn)) * groups
+        return conv.CoopTile(fm, fn, *conv.split_k(tiles, steps))
+
+    conv.choose_coop_tile = choose
 
 
 def gemm_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
@@ -58,6 +89,7 @@ def main() -> int:
     ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
     ap.add_argument("--only", nargs="*", default=["resnet50", "vgg16", "mobilenet_v2"])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--tiles", nargs="*", default=["auto"])
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -70,21 +102,30 @@ def main() -> int:
         graph = load_model(args.models / f"{name}.param", None, None, seed=0)
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
         fma = profiled(graph, inputs, args.device, False, args.runs)
-        coop = profiled(graph, inputs, args.device, True, args.runs)
+        coop = {}
+        for setting in args.tiles:
+            force_tile(setting)
+            coop[setting] = profiled(graph, inputs, args.device, True, args.runs)
+        force_tile("auto")
         shapes = gemm_shapes(graph)
-        for label, (shader, ms) in coop.items():
+        totals = {"model": name, "layer": "(whole model, GPU)", "conv_gemm_ms": round(sum(v[1] for v in fma.values()), 4)}
+        for setting, layers in coop.items():
+            totals[setting] = round(sum(v[1] for v in layers.values()), 4)
+        for label, (shader, _) in coop[args.tiles[0]].items():
             if shader != "conv_coopmat" or label not in fma:
                 continue
             m, n, k, g = shapes[label]
             rows.append({"model": name, "layer": label, "m": m, "n": n, "k": k, "groups": g,
-                         "conv_gemm_ms": round(fma[label][1], 4), "conv_coopmat_ms": round(ms, 4)})
+                         "conv_gemm_ms": round(fma[label][1], 4),
+                         **{setting: round(layers[label][1], 4) for setting, layers in coop.items()}})
             print(json.dumps(rows[-1]), flush=True)
-    print("| model | layer | M | N | K | groups | conv_gemm ms | conv_coopmat ms | coopmat / gemm |")
-    print("|---|---|---|---|---|---|---|---|---|")
+        rows.append(totals)
+        print(json.dumps(totals), flush=True)
+    print("| model | layer | M | N | K | groups | conv_gemm ms | " + " | ".join(f"coopmat {t} ms" for t in args.tiles) + " |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(args.tiles))
     for r in rows:
-        ratio = r["conv_coopmat_ms"] / r["conv_gemm_ms"] if r["conv_gemm_ms"] else float("nan")
-        print(f"| {r['model']} | {r['layer']} | {r['m']} | {r['n']} | {r['k']} | {r['groups']} | "
-              f"{r['conv_gemm_ms']} | {r['conv_coopmat_ms']} | {ratio:.2f} |")
+        print(f"| {r['model']} | {r['layer']} | {r.get('m', '')} | {r.get('n', '')} | {r.get('k', '')} | "
+              f"{r.get('groups', '')} | {r['conv_gemm_ms']} | " + " | ".join(str(r[t]) for t in args.tiles) + " |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -97,13 +97,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--coop-tile", type=lambda v: tuple(int(x) for x in v.split(",")),
-                    help="force conv_coopmat's FM,FN on every layer (default: the layer's choice)")
+    ap.add_argument("--coop-tile", help="force conv_coopmat's tile on every layer: FM,FN or FM,FN,KSPLIT "
+                    "(benchmarks/coopmat_layers.py; default: the layer's choice)")
     args = ap.parse_args()
     if args.coop_tile:
-        from vkserve.devices.vulkan.layers import conv
+        from benchmarks.coopmat_layers import force_tile
 
-        conv.choose_coop_tile = lambda *shape: args.coop_tile
+        force_tile(args.coop_tile)
 
     import torch
 

@@ -39,7 +39,12 @@ CASES = {
     "7x7-stride2": ("Convolution", (3, 61, 64), 64, "3=2 4=3 5=1 9=1", (7, 7), 1),
     "grouped-32": ("ConvolutionDepthWise", (64, 17, 15), 64, "4=1 5=1 9=6 -23310=2,0.2,0.5", (3, 3), 2),
     "dilated-pad-value": ("Convolution", (24, 19, 21), 40, "2=2 4=2 18=0.25 5=1", (3, 3), 1),
+    # few output tiles and a long K: the layer's rule splits K (partials + the reduce pass)
+    "3x3-256-split": ("Convolution", (256, 14, 14), 256, "4=1 5=1 9=1", (3, 3), 1),
+    "3x3-512-7x7-split": ("Convolution", (512, 7, 7), 96, "4=1 5=1 9=2 -23310=1,0.1", (3, 3), 1),
+    "grouped-split": ("ConvolutionDepthWise", (128, 9, 9), 64, "4=1 5=1 9=6 -23310=2,0.2,0.5", (3, 3), 2),
 }
+SPLIT = ("3x3-256-split", "3x3-512-7x7-split", "grouped-split")
 
 
 def test_device_offers_fp16_products(vulkan_caps):  # noqa: F811
@@ -55,14 +60,22 @@ def test_coopmat_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision): 
     graph = load_model(tmp_path / "choice.param", None, {"data": shape}, seed=7)
     vl = VULKAN_LAYERS[kind](graph.layers[-1], [shape], [graph.blob_shapes["out"]], precision)
     vl.specialize(vulkan_ctx.caps)
-    assert [d.shader for d in vl.dispatches()] == ["conv_coopmat"]
+    split = vl.coop_tile.ksplit > 1
+    assert split or case not in SPLIT
+    assert [d.shader for d in vl.dispatches()] == ["conv_coopmat"] * (2 if split else 1)
     check_layer(tmp_path, vulkan_ctx, spirv_for, line, {"data": shape}, precision)
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=lambda s: f"ksplit{s}")
 @pytest.mark.parametrize("tile", conv_layers.COOP_TILES, ids=lambda t: f"fm{t[0]}fn{t[1]}")
 @pytest.mark.parametrize("case", ["gemm-1x1-tails", "3x3-128-to-96", "grouped-32"])
-def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile):  # noqa: F811
-    monkeypatch.setattr(conv_layers, "choose_coop_tile", lambda *shape: tile)
+def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile, split):  # noqa: F811
+    """Every tile, with K whole and split in 3 (the last split shorter when the steps do not divide)."""
+    def choose(m, n, steps, groups):
+        per = -(-steps // split)
+        return conv_layers.CoopTile(*tile, -(-steps // per), per)
+
+    monkeypatch.setattr(conv_layers, "choose_coop_tile", choose)
     kind, shape, out, params, k, group = CASES[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
                 {"data": shape}, Precision.FP16_STORAGE)

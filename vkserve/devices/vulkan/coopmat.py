@@ -5,12 +5,14 @@ with work groups laid out for 32-wide subgroups (8 subgroups of 256 invocations)
 their operands as float16_t, so only the fp16 storage modes qualify: in fp32 the inputs would
 be rounded to fp16 and the fp32 mode would no longer mean fp32.
 
-Where they run is measured, not assumed: on an H100 (benchmarks/coopmat_layers.py, per layer,
-fp16) conv_coopmat.comp beat conv_gemm.comp only on 1x1 convolutions with a short K (<= 256
-input channels per group) and many outputs (M x N >= 110,000: 0.62-0.97x of its GPU time) and
-lost on most others (up to 4x on deep 3x3 layers, whose long K loop it does not split).
-``VKSERVE_COOPMAT``: unset or ``auto`` = that rule; ``1`` = every convolution it can run (for
-measuring); ``0`` = never.
+Where they run is measured, not assumed. conv_coopmat.comp orders K kernel tap first, input
+channels padded to whole steps of 32 per tap, and splits K over work groups when the output
+tiles are too few. On an H200 (benchmarks/coopmat_layers.py, per layer, fp16; RESULTS.md, issue
+17) it beat conv_gemm.comp on every 3x3 layer of vgg16, resnet18 and resnet50 (0.27-0.8x of its
+GPU time) and on most 1x1 layers (0.5-1.1x), and lost where the padding is most of K
+(3 input channels padded to 32: resnet's 7x7 conv1 2.4x slower). ``VKSERVE_COOPMAT``: unset or
+``auto`` = every convolution whose padded channels are at least `AUTO_MIN_CHANNEL_USE` real;
+``1`` = every convolution it can run (for measuring); ``0`` = never.
 """
 
 from __future__ import annotations
@@ -32,17 +34,16 @@ def fp16_coopmat(caps: DeviceCaps, precision: Precision) -> bool:
             and caps.has_coop_matrix(16, 16, 16, "float16_t", "float"))
 
 
-AUTO_MAX_K = 256
-AUTO_MIN_OUTPUTS = 110_000
+AUTO_MIN_CHANNEL_USE = 0.75
 
 
-def coopmat_wanted(kernel_taps: int, m: int, n: int, k: int) -> bool:
-    """Whether a convolution (`kernel_taps` = kernel_h x kernel_w; GEMM M x N x K per group)
-    that conv_coopmat can run should, by ``VKSERVE_COOPMAT`` (see above)."""
+def coopmat_wanted(icg: int, cpad: int) -> bool:
+    """Whether a convolution that conv_coopmat can run (`icg` input channels per group,
+    padded to `cpad` per kernel tap) should, by ``VKSERVE_COOPMAT`` (see above)."""
     mode = os.environ.get("VKSERVE_COOPMAT", "auto")
     if mode not in ("auto", "0", "1"):
         log.warning("VKSERVE_COOPMAT=%r is not auto, 0 or 1: taken as auto", mode)
         mode = "auto"
     if mode != "auto":
         return mode == "1"
-    return kernel_taps == 1 and k <= AUTO_MAX_K and m * n >= AUTO_MIN_OUTPUTS
+    return icg >= AUTO_MIN_CHANNEL_USE * cpad

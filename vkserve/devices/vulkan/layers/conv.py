@@ -98,18 +98,58 @@ def choose_gemm_tile(m: int, n: int, k: int, groups: int) -> GemmTile | None:
     return min(fits, key=lambda t: (t.cost(m, n, k, groups), t.ks), default=None)
 
 
-COOP_TILES = tuple((fm, fn) for fm in (1, 2, 4) for fn in (1, 2))  # conv_coopmat's FM x FN
-COOP_BK = 32  # conv_coopmat's rows of K per step
+# conv_coopmat's FM x FN (BM = 32 FM by BN = 64 FN); 4 x 2 would need all of the 48 KiB of
+# shared memory a work group may have everywhere (two buffers of A and B, the epilogue tile)
+COOP_TILES = ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1))
+COOP_BK = 32  # conv_coopmat's values of K per step (one kernel tap, 32 input channels)
+COOP_TARGET_GROUPS = 2 * GEMM_UNITS  # work groups that keep every unit busy: K is split to reach it
+COOP_MIN_SPLIT_STEPS = 4  # steps per split at least: partials cost a write and a read per split
 
 
-def choose_coop_tile(m: int, n: int, k: int, groups: int) -> tuple[int, int]:
-    """conv_coopmat's (FM, FN): a BM = 32 FM by BN = 64 FN tile per 256-invocation work group.
-    The smallest whose grid fits: on an H100 the 32 x 64 tile beat 64 x 128 and 128 x 128 on
-    every layer of vgg16 and mobilenet_v2 (benchmarks/vulkan_vs_torch.py --coop-tile), the
-    kernel being bound by how many work groups hide each other's load latency, not by the
-    products (`k` does not change the choice)."""
-    fits = [t for t in COOP_TILES if _ceil(n, 64 * t[1]) <= MAX_GROUPS and _ceil(m, 32 * t[0]) <= MAX_GROUPS]
-    return min(fits, key=lambda t: t[0] * t[1])
+@dataclasses.dataclass(frozen=True)
+class CoopTile:
+    """conv_coopmat's tile: BM = 32 fm output channels by BN = 64 fn output pixels per
+    256-invocation work group; K split over `ksplit` work groups of `split_steps` steps each
+    (their fp32 partials added by a second dispatch) when the output tiles alone are too few."""
+
+    fm: int
+    fn: int
+    ksplit: int
+    split_steps: int
+
+    @property
+    def bm(self) -> int:
+        return 32 * self.fm
+
+    @property
+    def bn(self) -> int:
+        return 64 * self.fn
+
+
+def split_k(tiles: int, steps: int) -> tuple[int, int]:
+    """(ksplit, split_steps): the fewest splits that give `COOP_TARGET_GROUPS` work groups
+    with `tiles` output tiles, each split at least `COOP_MIN_SPLIT_STEPS` steps of `steps`."""
+    want = min(_ceil(COOP_TARGET_GROUPS, tiles), max(1, steps // COOP_MIN_SPLIT_STEPS))
+    per = _ceil(steps, max(1, want))
+    return _ceil(steps, per), per
+
+
+COOP_SHORT_K = 16  # steps of K up to which the 32 x 64 tile is taken, the 64 x 64 above
+
+
+def choose_coop_tile(m: int, n: int, steps: int, groups: int) -> CoopTile | None:
+    """conv_coopmat's tile for M output channels and N pixels per group, `steps` steps of K:
+    32 x 64 up to `COOP_SHORT_K` steps, 64 x 64 above (on an H200, benchmarks/coopmat_layers.py
+    over vgg16, resnet18 and resnet50: 64 x 64 1.0-1.4x faster than 32 x 64 on the long-K
+    layers and 0.9-1.1x on short ones; 64 x 128 2-20x slower than either), then K split
+    until the device has `COOP_TARGET_GROUPS` work groups. None if the grid does not fit."""
+    fm, fn = (1, 1) if steps <= COOP_SHORT_K else (2, 1)
+    if _ceil(n, 64 * fn) > MAX_GROUPS or _ceil(m, 32 * fm) > MAX_GROUPS or groups > MAX_GROUPS:
+        return None
+    ksplit, per = split_k(_ceil(m, 32 * fm) * _ceil(n, 64 * fn) * groups, steps)
+    if ksplit * groups > MAX_GROUPS:
+        ksplit, per = 1, steps
+    return CoopTile(fm, fn, ksplit, per)
 
 
 @register("Convolution", "ConvolutionDepthWise")
@@ -134,17 +174,18 @@ class VulkanConvolution(VulkanLayer):
             if self.groups == 1 or self.ocg >= 8:
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
-        self.coop_tile: tuple[int, int] | None = None
+        self.coop_tile: CoopTile | None = None
 
     def specialize(self, caps: DeviceCaps) -> None:
         """On tensor-core devices in the fp16 modes, the conv_gemm layers big enough to fill
         16 x 16 x 16 products and measured faster that way (vulkan.coopmat) run as conv_coopmat."""
-        taps = self.params.kernel_h * self.params.kernel_w
-        k = self.icg * taps
-        if (self.kind == "conv_gemm" and self.ocg >= 16 and k >= COOP_BK and fp16_coopmat(caps, self.precision)
-                and coopmat_wanted(taps, self.ocg, self.outh * self.outw, k)):
+        if not (self.kind == "conv_gemm" and self.ocg >= 16 and fp16_coopmat(caps, self.precision)
+                and coopmat_wanted(self.icg, self._coop_cpad())):
+            return
+        steps = self.params.kernel_h * self.params.kernel_w * self._coop_cpad() // COOP_BK
+        self.coop_tile = choose_coop_tile(self.ocg, self.outh * self.outw, steps, self.groups)
+        if self.coop_tile is not None:
             self.kind = "conv_coopmat"
-            self.coop_tile = choose_coop_tile(self.ocg, self.outh * self.outw, k, self.groups)
 
     def weights(self) -> dict[str, np.ndarray]:
         p = self.params
@@ -158,9 +199,10 @@ class VulkanConvolution(VulkanLayer):
             return {"weight": weight, "bias": bias}
         g, icg, ocg = self.groups, self.icg, self.ocg
         if self.kind == "conv_coopmat":
-            kpad, mpad = self._padded_km()
-            a = np.zeros((g, mpad, kpad), np.float32)
-            a[:, :ocg, :icg * maxk] = weight.reshape(g, ocg, icg * maxk)
+            # A[group][m][tap][channel]: K tap-major (the shader's order), channels padded
+            _, mpad = self._padded_km()
+            a = np.zeros((g, mpad, maxk, self._coop_cpad()), np.float32)
+            a[:, :ocg, :, :icg] = weight.reshape(g, ocg, icg, maxk).transpose(0, 1, 3, 2)
             return {"weight": a.ravel(), "bias": bias}
         if self.kind == "conv_gemm":
             k = icg * maxk
@@ -180,13 +222,31 @@ class VulkanConvolution(VulkanLayer):
     def _padded_km(self) -> tuple[int, int]:
         """The GEMM kinds' weight matrix size per group (K rows, M columns), padded to whole
         tiles so that the shaders read it without bounds checks."""
-        k = self.icg * self.params.kernel_h * self.params.kernel_w
+        taps = self.params.kernel_h * self.params.kernel_w
         if self.kind == "conv_coopmat":
             assert self.coop_tile is not None
-            return _ceil(k, COOP_BK) * COOP_BK, _ceil(self.ocg, 32 * self.coop_tile[0]) * 32 * self.coop_tile[0]
+            return taps * self._coop_cpad(), _ceil(self.ocg, self.coop_tile.bm) * self.coop_tile.bm
+        k = self.icg * taps
         assert self.tile is not None
         step = self.tile.bk * self.tile.ks
         return _ceil(k, step) * step, _ceil(self.ocg, self.tile.bm) * self.tile.bm
+
+    def _coop_cpad(self) -> int:
+        """conv_coopmat's input channels per kernel tap: rounded up to whole steps."""
+        return _ceil(self.icg, COOP_BK) * COOP_BK
+
+    def scratch(self) -> dict[str, int]:
+        """conv_coopmat's fp32 partials of a split K ([split][group][mpad][npad]), counted in
+        the fp16 storage elements of the modes it runs in; one value when K is not split (the
+        shader declares the binding either way)."""
+        if self.kind != "conv_coopmat":
+            return {}
+        t = self.coop_tile
+        assert t is not None
+        floats = 1
+        if t.ksplit > 1:
+            floats = t.ksplit * self.groups * self._padded_km()[1] * _ceil(self.outh * self.outw, t.bn) * t.bn
+        return {"partial": floats * 2}
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
@@ -199,15 +259,11 @@ class VulkanConvolution(VulkanLayer):
                    p.dilation_h, p.stride_w, p.stride_h, self.pad_left, self.pad_top,
                    float(p.pad_value), kpad, mpad)
             if self.kind == "conv_coopmat":
-                assert self.coop_tile is not None
-                fm, fn = self.coop_tile
-                bm, bn, tile_constants = 32 * fm, 64 * fn, (fm, fn)
-            else:
-                t = self.tile
-                assert t is not None
-                bm, bn, tile_constants = t.bm, t.bn, (t.bm, t.bn, t.ks, t.bk)
-            gsize = (_ceil(outw * outh, bn) * GEMM_THREADS, mpad // bm, self.groups)
-            return [make_dispatch(self.kind, bindings, gsize, psc=psc, fixed=tile_constants + self.activation,
+                return self._coop_dispatches(psc)
+            t = self.tile
+            assert t is not None
+            gsize = (_ceil(outw * outh, t.bn) * GEMM_THREADS, mpad // t.bm, self.groups)
+            return [make_dispatch(self.kind, bindings, gsize, psc=psc, fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation,
                                   local_size=(GEMM_THREADS, 1, 1))]
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
@@ -219,3 +275,19 @@ class VulkanConvolution(VulkanLayer):
                float(p.pad_value))
         return [make_dispatch("conv", bindings, (outw, outh, tiles * self.groups), psc=psc,
                               fixed=self.activation)]
+
+    def _coop_dispatches(self, gemm_psc: tuple[float | int, ...]) -> list[Dispatch]:
+        """conv_coopmat's GEMM, then with a split K its reduce pass (same shader, reduce = 1)."""
+        t = self.coop_tile
+        assert t is not None
+        n = self.outh * self.outw
+        npad = _ceil(n, t.bn) * t.bn
+        psc = gemm_psc + (self._coop_cpad(), npad, t.ksplit, t.split_steps)
+        bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias", "s:partial")
+        gemm = make_dispatch("conv_coopmat", bindings, (npad // t.bn * GEMM_THREADS, self._padded_km()[1] // t.bm,
+                                                        self.groups * t.ksplit),
+                             psc=psc, fixed=(t.fm, t.fn) + self.activation + (0,), local_size=(GEMM_THREADS, 1, 1))
+        if t.ksplit == 1:
+            return [gemm]
+        return [gemm, make_dispatch("conv_coopmat", bindings, (n, self.ocg, self.groups), psc=psc,
+                                    fixed=(t.fm, t.fn) + self.activation + (1,), local_size=(GEMM_THREADS, 1, 1))]

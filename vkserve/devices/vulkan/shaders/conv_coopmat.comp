@@ -2,21 +2,29 @@
 // Convolution as an implicit GEMM on the tensor cores: VK_KHR_cooperative_matrix products of
 // 16 x 16 x 16 fp16 tiles with fp32 accumulators. Same GEMM as conv_gemm.comp (per group g:
 // top[m][n] = activate(bias[m] + sum_k A[m][k] * B[k][n]), m an output channel of the group,
-// n an output pixel, k = (input channel, kernel row, kernel column), B the im2col of the
-// input, never stored); used in the fp16 storage modes on devices with 32-wide subgroups that
-// offer the 16 x 16 x 16 float16_t -> float product (the layer checks, conv.py).
+// n an output pixel, B the im2col of the input, never stored); used in the fp16 storage modes
+// on devices with 32-wide subgroups that offer the 16 x 16 x 16 float16_t -> float product
+// (the layer checks, conv.py).
+//
+// K is ordered kernel tap first, input channel second (k = tap * cpad + c, cpad = the group's
+// input channels rounded up to BK), so one step of BK values of k is one tap and BK
+// consecutive channels: gathering B costs an add and a load per value, the tap's bounds
+// checked once per step and column (decoding (c, ky, kx) per value made the first version
+// instruction-bound, not tensor-bound).
 //
 // A work group is 8 subgroups of 32 invocations in a 2 x 4 grid over a BM x BN output tile
 // (BM = 32 * FM channels, BN = 64 * FN pixels): each subgroup owns FM x FN accumulators of
-// 16 x 16. Each step of the K loop the work group stages BK = 32 columns of A (vec4 loads of
-// the weights, laid out as the products read them and zero-padded so no bounds checks are
-// needed) and BK rows of B (gathered from the input) in shared memory, the next step's values
-// loaded into registers while this step multiplies; every subgroup then multiplies its
-// fragments. Fragments come from shared memory only: loaded from the buffers they were 4-8x
-// slower on an H100. At the end each subgroup passes its accumulators one by one through
-// shared memory to add the bias, apply the activation and store in the blob's layout.
+// 16 x 16. A and B tiles are double-buffered in shared memory, one barrier per step: the
+// next step's values are loaded into registers while this step multiplies, then stored into
+// the other buffer. B is staged column-major (8 consecutive k of one pixel: one 16-byte store).
 //
-// weight: sfpvec4 [group][mpad][kpad / 4] (A row-major; mpad a multiple of BM, kpad of BK)
+// Split K: with ksplit > 1 the grid's z is groups x ksplit and each work group sums
+// split_steps steps of K into fp32 partials (partial[split][g][mpad][npad], stored straight
+// from the accumulators); a second dispatch of this shader with reduce = 1 adds the partials,
+// the bias and the activation, one output per invocation. Layers with few output tiles and a
+// long K (deep 3x3 layers) thus still spread over every compute unit.
+//
+// weight: sfpvec4 [group][mpad][kpad / 4] (A row-major, zero-padded: no bounds checks)
 // bias:   sfp [group * ocg]
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -40,19 +48,25 @@ layout (constant_id = 11) const int stride_h = 0;
 layout (constant_id = 12) const int pad_left = 0;
 layout (constant_id = 13) const int pad_top = 0;
 layout (constant_id = 14) const float pad_value = 0;
-layout (constant_id = 15) const int kpad = 0;      // columns of A per group
+layout (constant_id = 15) const int kpad = 0;      // columns of A per group (taps x cpad)
 layout (constant_id = 16) const int mpad = 0;      // rows of A per group
-// tile shape (never 0, no push-constant fallback)
-layout (constant_id = 17) const int FM = 2;        // 16 x 16 fragments per subgroup along m: 1, 2, 4
-layout (constant_id = 18) const int FN = 2;        // along n: 1, 2
-layout (constant_id = 19) const int activation_type = 0;
-layout (constant_id = 20) const float activation_param_0 = 0;
-layout (constant_id = 21) const float activation_param_1 = 0;
+layout (constant_id = 17) const int cpad = 0;      // input channels per tap, a multiple of BK
+layout (constant_id = 18) const int npad = 0;      // output pixels rounded up to BN (partials' rows)
+layout (constant_id = 19) const int ksplit = 0;    // work groups along K
+layout (constant_id = 20) const int split_steps = 0;  // steps of BK per split
+// tile shape and mode (never 0 or always given, no push-constant fallback)
+layout (constant_id = 21) const int FM = 2;        // 16 x 16 fragments per subgroup along m: 1, 2, 4
+layout (constant_id = 22) const int FN = 2;        // along n: 1, 2
+layout (constant_id = 23) const int activation_type = 0;
+layout (constant_id = 24) const float activation_param_0 = 0;
+layout (constant_id = 25) const float activation_param_1 = 0;
+layout (constant_id = 26) const int reduce = 0;    // 1: the split-K pass adding the partials
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
 layout (binding = 2) readonly buffer weight_blob { sfpvec4 weight_data[]; };
 layout (binding = 3) readonly buffer bias_blob { sfp bias_data[]; };
+layout (binding = 4) buffer partial_blob { float partial_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -73,19 +87,22 @@ layout (push_constant) uniform parameter
     float pad_value;
     int kpad;
     int mpad;
+    int cpad;
+    int npad;
+    int ksplit;
+    int split_steps;
 } p;
 
 const int BM = 32 * FM;
 const int BN = 64 * FN;
 const int BK = 32;
-const int SA = BK + 8;                 // A tile row stride in halves (16-byte aligned rows whose
-const int SB = BN + 8;                 // 16-byte pieces fall in distinct banks), B likewise
-const int B_ROWS = 256 / BN;           // rows of B one pass of the work group gathers
-const int B_PER = BK / B_ROWS;         // values of B per invocation and step
-const int A_PER = BM / 32;             // vec4 of A per invocation and step (8 per row of BK)
+const int S4 = BK / 4 + 2;             // row (A) / column (B) stride in f16vec4: 80 bytes, so
+                                       // that 16-byte pieces of neighbouring rows change banks
+const int A_PER = BM * (BK / 4) / 256; // f16vec4 of A per invocation and step (= FM)
+const int B_PER = BN * (BK / 8) / 256; // columns x 8 values of B per invocation and step (= FN)
 
-shared float16_t tile_a[BM * SA];
-shared float16_t tile_b[BK * SB];
+shared f16vec4 tile_a[2 * BM * S4];
+shared f16vec4 tile_b[2 * BN * S4];
 shared float tile_c[8 * 256];          // one 16 x 16 accumulator per subgroup, for the epilogue
 
 float activate(float v)
@@ -109,52 +126,125 @@ float activate(float v)
     return v;
 }
 
-// Row k of column n's im2col (its window's top left corner at input row iy0, column ix0):
-// pad_value in the padding, 0 past the input channels (the padded rows of K) and for
-// pixels past the end.
-float16_t im2col(int k, int iy0, int ix0, int base, bool n_in)
+// The split-K pass: output (g, m, n) = activate(bias + the partials' sum), in split order.
+void reduce_partials()
 {
-    const int KW = psc(kernel_w);
-    const int KK = KW * psc(kernel_h);
-    const int c = k / KK;
-    const int r = k - c * KK;
-    const int ky = r / KW;
-    const int iy = iy0 + ky * psc(dilation_h);
-    const int ix = ix0 + (r - ky * KW) * psc(dilation_w);
-    const bool live = n_in && c < psc(icg);
-    const bool inside = uint(iy) < uint(psc(h)) && uint(ix) < uint(psc(w));
-    const int i = live && inside ? base + (c * psc(h) + iy) * psc(w) + ix : 0;
-    const float v = float(buffer_ld1(bottom_blob_data, i));
-    return float16_t(live ? (inside ? v : psc(pad_value)) : 0.0);
+    const int N = psc(outw) * psc(outh);
+    const int OCG = psc(ocg);
+    const int n = int(gl_GlobalInvocationID.x);
+    const int m = int(gl_GlobalInvocationID.y);
+    const int grp = int(gl_GlobalInvocationID.z);
+    if (n >= N || m >= OCG)
+        return;
+    const int plane = psc(mpad) * psc(npad);
+    const int groups = int(gl_NumWorkGroups.z);
+    int at = grp * plane + m * psc(npad) + n;
+    float sum = 0.0;
+    for (int s = 0; s < psc(ksplit); s++)
+    {
+        sum += partial_data[at];
+        at += groups * plane;
+    }
+    const int oc = grp * OCG + m;
+    buffer_st1(top_blob_data, oc * N + n, activate(sum + float(buffer_ld1(bias_data, oc))));
+}
+
+// per invocation, fixed for the work group's tile (set once by main)
+int g;                                 // group
+int base;                              // the group's first input value
+int a_ld;                              // A: vec4 ac of row ar + 32 j of the tile
+int ar;
+int ac;
+int bn[B_PER];                         // B: slot lid + 256 j is the 8 values of k from bk[j] * 8
+int bk[B_PER];                         // of column bn[j]: neighbours take neighbouring pixels,
+int iy0[B_PER];                        // so the loads coalesce; iy0/ix0 the window's corner
+int ix0[B_PER];
+bool n_in[B_PER];
+f16vec4 ra[A_PER];                     // the next step, on its way from memory to shared
+f16vec4 rb[B_PER * 2];
+
+// registers <- step s of K: one tap, BK channels from c0
+void load_step(int s)
+{
+    const int k0 = s * BK;
+    const int tap = k0 / psc(cpad);
+    const int c0 = k0 - tap * psc(cpad);
+    const int ky = tap / psc(kernel_w);
+    const int kx = tap - ky * psc(kernel_w);
+    const int HW = psc(h) * psc(w);
+    [[unroll]] for (int j = 0; j < A_PER; j++)
+        ra[j] = f16vec4(buffer_ld4(weight_data, a_ld + (j * 32 * psc(kpad) + k0) / 4));
+    [[unroll]] for (int j = 0; j < B_PER; j++)
+    {
+        const int iy = iy0[j] + ky * psc(dilation_h);
+        const int ix = ix0[j] + kx * psc(dilation_w);
+        const bool inside = n_in[j] && uint(iy) < uint(psc(h)) && uint(ix) < uint(psc(w));
+        const int c = c0 + bk[j] * 8;
+        const int at = base + c * HW + (inside ? iy * psc(w) + ix : 0);
+        float16_t v[8];
+        [[unroll]] for (int e = 0; e < 8; e++)
+        {
+            // past the input channels (A is 0 there too): 0, never an unread value
+            const bool live = c + e < psc(icg);
+            const float x = live && inside ? float(buffer_ld1(bottom_blob_data, at + e * HW)) : 0.0;
+            v[e] = float16_t(live ? (inside ? x : psc(pad_value)) : 0.0);
+        }
+        rb[2 * j] = f16vec4(v[0], v[1], v[2], v[3]);
+        rb[2 * j + 1] = f16vec4(v[4], v[5], v[6], v[7]);
+    }
+}
+
+// shared buffer b <- the registers
+void store_step(int b)
+{
+    [[unroll]] for (int j = 0; j < A_PER; j++)
+        tile_a[b * BM * S4 + (ar + 32 * j) * S4 + ac] = ra[j];
+    [[unroll]] for (int j = 0; j < B_PER; j++)
+    {
+        const int at = b * BN * S4 + bn[j] * S4 + bk[j] * 2;
+        tile_b[at] = rb[2 * j];
+        tile_b[at + 1] = rb[2 * j + 1];
+    }
 }
 
 void main()
 {
+    if (reduce == 1)
+    {
+        reduce_partials();
+        return;
+    }
     const int lid = int(gl_LocalInvocationIndex);
     const int sg = int(gl_SubgroupID);
-    const int g = int(gl_WorkGroupID.z);
+    const int KS = psc(ksplit);
+    const int groups = int(gl_NumWorkGroups.z) / KS;
+    g = int(gl_WorkGroupID.z) / KS;
+    const int split = int(gl_WorkGroupID.z) - g * KS;
     const int m0 = int(gl_WorkGroupID.y) * BM;
     const int n0 = int(gl_WorkGroupID.x) * BN;
     const int OUTW = psc(outw);
     const int N = OUTW * psc(outh);
-    const int KPAD = psc(kpad);
 
-    // this invocation gathers column bn of the B tile, rows bk + j * B_ROWS
-    const int bn = lid % BN;
-    const int bk = lid / BN;
-    const int n = n0 + bn;
-    const bool n_in = n < N;
-    const int oy = n / OUTW;
-    const int iy0 = oy * psc(stride_h) - psc(pad_top);
-    const int ix0 = (n - oy * OUTW) * psc(stride_w) - psc(pad_left);
-    const int base = g * psc(icg) * psc(h) * psc(w);
+    const int first = split * psc(split_steps);
+    const int steps = min(psc(split_steps), psc(kpad) / BK - first);
 
-    // this invocation stages vec4 ac of rows ar + 32 * j of the A tile
-    const int ac = lid % 8;
-    const int ar = lid / 8;
-    const int a_ld = ((g * psc(mpad) + m0 + ar) * KPAD) / 4 + ac;
+    [[unroll]] for (int j = 0; j < B_PER; j++)
+    {
+        const int slot = lid + 256 * j;
+        bn[j] = slot % BN;
+        bk[j] = slot / BN;
+        const int n = n0 + bn[j];
+        n_in[j] = n < N;
+        const int oy = n / OUTW;
+        iy0[j] = oy * psc(stride_h) - psc(pad_top);
+        ix0[j] = (n - oy * OUTW) * psc(stride_w) - psc(pad_left);
+    }
+    base = g * psc(icg) * psc(h) * psc(w);
+    ac = lid % 8;
+    ar = lid / 8;
+    a_ld = ((g * psc(mpad) + m0 + ar) * psc(kpad)) / 4 + ac;
 
-    // this subgroup's fragments: rows sm + 16 * i of the tile, columns sn + 16 * j
+    // this subgroup's fragments: rows sm + 16 i of the tile, columns sn + 16 j
     const int sm = (sg / 4) * FM * 16;
     const int sn = (sg % 4) * FN * 16;
 
@@ -162,52 +252,47 @@ void main()
     [[unroll]] for (int i = 0; i < FM * FN; i++)
         acc[i] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
 
-    f16vec4 ra[A_PER];
-    float16_t rb[B_PER];
-    [[unroll]] for (int j = 0; j < A_PER; j++)
-        ra[j] = f16vec4(buffer_ld4(weight_data, a_ld + j * 32 * KPAD / 4));
-    [[unroll]] for (int j = 0; j < B_PER; j++)
-        rb[j] = im2col(bk + j * B_ROWS, iy0, ix0, base, n_in);
-
-    for (int k0 = 0; k0 < KPAD; k0 += BK)
+    if (steps > 0)
     {
-        [[unroll]] for (int j = 0; j < A_PER; j++)
-        {
-            const int at = (ar + 32 * j) * SA + ac * 4;
-            tile_a[at] = ra[j].x;
-            tile_a[at + 1] = ra[j].y;
-            tile_a[at + 2] = ra[j].z;
-            tile_a[at + 3] = ra[j].w;
-        }
-        [[unroll]] for (int j = 0; j < B_PER; j++)
-            tile_b[(bk + j * B_ROWS) * SB + bn] = rb[j];
-        barrier();
-
-        const int k1 = k0 + BK;
-        if (k1 < KPAD)
-        {
-            [[unroll]] for (int j = 0; j < A_PER; j++)
-                ra[j] = f16vec4(buffer_ld4(weight_data, a_ld + (j * 32 * KPAD + k1) / 4));
-            [[unroll]] for (int j = 0; j < B_PER; j++)
-                rb[j] = im2col(k1 + bk + j * B_ROWS, iy0, ix0, base, n_in);
-        }
-
-        [[unroll]] for (int kk = 0; kk < BK; kk += 16)
+        load_step(first);
+        store_step(0);
+    }
+    barrier();
+    for (int s = 0; s < steps; s++)
+    {
+        const int cur = s & 1;
+        if (s + 1 < steps)
+            load_step(first + s + 1);
+        [[unroll]] for (int kk = 0; kk < BK / 4; kk += 4)
         {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
             [[unroll]] for (int j = 0; j < FN; j++)
-                coopMatLoad(b[j], tile_b, uint(kk * SB + sn + 16 * j), uint(SB),
-                            gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(b[j], tile_b, uint(cur * BN * S4 + (sn + 16 * j) * S4 + kk), uint(S4),
+                            gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (int i = 0; i < FM; i++)
             {
                 coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
-                coopMatLoad(a, tile_a, uint((sm + 16 * i) * SA + kk), uint(SA),
+                coopMatLoad(a, tile_a, uint(cur * BM * S4 + (sm + 16 * i) * S4 + kk), uint(S4),
                             gl_CooperativeMatrixLayoutRowMajor);
                 [[unroll]] for (int j = 0; j < FN; j++)
                     acc[i * FN + j] = coopMatMulAdd(a, b[j], acc[i * FN + j]);
             }
         }
+        if (s + 1 < steps)
+            store_step(cur ^ 1);
         barrier();
+    }
+
+    if (KS > 1)
+    {
+        // partials: every tile lies inside [mpad] x [npad], so no bounds checks
+        const int NPAD = psc(npad);
+        const int at = ((split * groups + g) * psc(mpad) + m0 + sm) * NPAD + n0 + sn;
+        [[unroll]] for (int i = 0; i < FM; i++)
+            [[unroll]] for (int j = 0; j < FN; j++)
+                coopMatStore(acc[i * FN + j], partial_data, uint(at + 16 * i * NPAD + 16 * j), uint(NPAD),
+                             gl_CooperativeMatrixLayoutRowMajor);
+        return;
     }
 
     const int OCG = psc(ocg);
