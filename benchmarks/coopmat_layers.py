@@ -6,7 +6,8 @@
 For each model, the fp16 Plan is profiled in one process (`profile_plan`: per-dispatch GPU
 timestamps, median of `runs` replays) with VKSERVE_COOPMAT=0, then with =1 once per tile
 setting (`auto`: the layer's own choice; `FM,FN`: that tile with K split by the layer's rule;
-`FM,FN,KSPLIT`: that tile and split, 1 = not split), and every convolution that took
+`FM,FN,KSPLIT`: that tile and split, 1 = not split; `FM,FN,gT`: K split by the layer's rule
+aiming at T work groups instead of conv.COOP_TARGET_GROUPS), and every convolution that took
 conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels per
 group, N output pixels, K = input channels per group x kernel taps, groups) and its tile
 (a split layer's two dispatches summed): the data for a per-layer choice between the kernels
@@ -59,14 +60,20 @@ def force_tile(setting: str) -> None:
     if setting == "auto":
         conv.choose_coop_tile = own
         return
-    fm, fn, *split = (int(v) for v in setting.split(","))
+    own_target = ORIGINAL.setdefault("target", conv.COOP_TARGET_GROUPS)
+    fm, fn, *split = setting.split(",")
+    target = int(split[0][1:]) if split and split[0].startswith("g") else own_target
 
     def choose(m: int, n: int, steps: int, groups: int):
-        if split:
-            per = -(-steps // split[0])
-            return conv.CoopTile(fm, fn, -(-steps // per), per)
-        tiles = -(-m // (32 * fm)) * -(-n // (64 * fn)) * groups
-        return conv.CoopTile(fm, fn, *conv.split_k(tiles, steps))
+        if split and not split[0].startswith("g"):
+            per = -(-steps // int(split[0]))
+            return conv.CoopTile(int(fm), int(fn), -(-steps // per), per)
+        tiles = -(-m // (32 * int(fm))) * -(-n // (64 * int(fn))) * groups
+        conv.COOP_TARGET_GROUPS = target
+        try:
+            return conv.CoopTile(int(fm), int(fn), *conv.split_k(tiles, steps))
+        finally:
+            conv.COOP_TARGET_GROUPS = own_target
 
     conv.choose_coop_tile = choose
 

@@ -7,12 +7,15 @@ be rounded to fp16 and the fp32 mode would no longer mean fp32.
 
 Where they run is measured, not assumed. conv_coopmat.comp orders K kernel tap first, input
 channels padded to whole steps of 32 per tap, and splits K over work groups when the output
-tiles are too few. On an H200 (benchmarks/coopmat_layers.py, per layer, fp16; RESULTS.md, issue
-17) it beat conv_gemm.comp on every 3x3 layer of vgg16, resnet18 and resnet50 (0.27-0.8x of its
-GPU time) and on most 1x1 layers (0.5-1.1x), and lost where the padding is most of K
-(3 input channels padded to 32: resnet's 7x7 conv1 2.4x slower). ``VKSERVE_COOPMAT``: unset or
-``auto`` = every convolution whose padded channels are at least `AUTO_MIN_CHANNEL_USE` real;
-``1`` = every convolution it can run (for measuring); ``0`` = never.
+tiles are too few. On an H200 (benchmarks/coopmat_layers.py, 239 convolutions of 9 models, per
+layer GPU time, fp16; RESULTS.md, issue 17) it took 0.26-0.8x of conv_gemm.comp's time on every
+3x3 layer with 32 or more input channels, but small layers (a few million multiply-adds: the
+mobile models' 1x1 layers) ran up to 1.8x slower, as did layers whose K is mostly padding
+(3 input channels padded to 32: 1.6-2.4x). Of the rules tried on that table, "K >= 512 and
+M x N x K >= 15 M" came within 1.5 % of the per-layer best sum (2.84 vs 2.80 ms; conv_gemm
+everywhere 4.57, conv_coopmat everywhere 3.18). ``VKSERVE_COOPMAT``: unset or ``auto`` = that
+rule, for convolutions whose padded channels are at least `AUTO_MIN_CHANNEL_USE` real; ``1`` =
+every convolution it can run (for measuring); ``0`` = never.
 """
 
 from __future__ import annotations
@@ -35,15 +38,18 @@ def fp16_coopmat(caps: DeviceCaps, precision: Precision) -> bool:
 
 
 AUTO_MIN_CHANNEL_USE = 0.75
+AUTO_MIN_K = 512
+AUTO_MIN_MACS = 15_000_000
 
 
-def coopmat_wanted(icg: int, cpad: int) -> bool:
+def coopmat_wanted(icg: int, cpad: int, m: int, n: int, k: int) -> bool:
     """Whether a convolution that conv_coopmat can run (`icg` input channels per group,
-    padded to `cpad` per kernel tap) should, by ``VKSERVE_COOPMAT`` (see above)."""
+    padded to `cpad` per kernel tap; GEMM M x N x K per group) should, by
+    ``VKSERVE_COOPMAT`` (see above)."""
     mode = os.environ.get("VKSERVE_COOPMAT", "auto")
     if mode not in ("auto", "0", "1"):
         log.warning("VKSERVE_COOPMAT=%r is not auto, 0 or 1: taken as auto", mode)
         mode = "auto"
     if mode != "auto":
         return mode == "1"
-    return icg >= AUTO_MIN_CHANNEL_USE * cpad
+    return icg >= AUTO_MIN_CHANNEL_USE * cpad and k >= AUTO_MIN_K and m * n * k >= AUTO_MIN_MACS

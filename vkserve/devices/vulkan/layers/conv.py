@@ -1,4 +1,4 @@
-"""Convolution and ConvolutionDepthWise on Vulkan: three shaders chosen per layer.
+"""Convolution and ConvolutionDepthWise on Vulkan: four shaders chosen per layer.
 
 - ``convdw``: depthwise (one input and one output channel per group), one output per
   invocation, weights in ncnn's order;
@@ -6,6 +6,9 @@
   group: an implicit GEMM (output channels x output pixels, K = input channels x kernel)
   with shared-memory tiles and K split across the slices of a work group, the tile shape
   (``GemmTile``) picked per layer so that a big GPU gets enough work groups;
+- ``conv_coopmat``: the same GEMM on cooperative matrices (tensor cores), for the conv_gemm
+  layers that vulkan.coopmat's measured rule gives it on devices that have them (fp16 modes);
+  K tap-major, split over work groups (``CoopTile``) when the output tiles are too few;
 - ``conv``: the rest (grouped convs with few channels per group), 4 output channels of one
   group per invocation.
 
@@ -179,11 +182,12 @@ class VulkanConvolution(VulkanLayer):
     def specialize(self, caps: DeviceCaps) -> None:
         """On tensor-core devices in the fp16 modes, the conv_gemm layers big enough to fill
         16 x 16 x 16 products and measured faster that way (vulkan.coopmat) run as conv_coopmat."""
+        n, k = self.outh * self.outw, self.icg * self.params.kernel_h * self.params.kernel_w
         if not (self.kind == "conv_gemm" and self.ocg >= 16 and fp16_coopmat(caps, self.precision)
-                and coopmat_wanted(self.icg, self._coop_cpad())):
+                and coopmat_wanted(self.icg, self._coop_cpad(), self.ocg, n, k)):
             return
         steps = self.params.kernel_h * self.params.kernel_w * self._coop_cpad() // COOP_BK
-        self.coop_tile = choose_coop_tile(self.ocg, self.outh * self.outw, steps, self.groups)
+        self.coop_tile = choose_coop_tile(self.ocg, n, steps, self.groups)
         if self.coop_tile is not None:
             self.kind = "conv_coopmat"
 
