@@ -7,15 +7,17 @@ deeplabv3_mbv3 (verified per blob, below), whose Interp sizes fix 3x256x256."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support.ahead import Ahead, run_ahead
 from tests.support.paths import PNNX_DIR
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.verify import verify_cpu
-from vkserve.devices.reference import NcnnConfig, compare, random_inputs, run_ncnn
+from vkserve.devices.reference import NcnnConfig, VerifyReport, compare, random_inputs, run_ncnn
 from vkserve.devices.vulkan.engine import load_plan
 from vkserve.devices.vulkan.engine.verify import verify_vulkan
 from vkserve.models.graph import Graph, load_model, read_param
@@ -44,15 +46,27 @@ def test_export_verifies_on_cpu(name: str) -> None:
     assert report.ok, [(o.name, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
 
 
+@pytest.fixture(scope="module")
+def vulkan_exports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                   vulkan_caps: object) -> Iterator[Ahead]:
+    """The Vulkan verify report of (export, precision), the next case's run beside this one's
+    (tests.support.ahead)."""
+    cache: Path = tmp_path_factory.getbasetemp() / "pnnx-models-cache"
+
+    def run(name: str, precision: str) -> VerifyReport:
+        param = PNNX_DIR / f"{name}.param"
+        shape = SHAPES.get(name, SHAPE)
+        graph = load_model(param, None, shape)
+        return verify_vulkan(graph, param, None, random_inputs(shape), 0, precision, cache)
+
+    with run_ahead(request, "test_export_verifies_on_vulkan", ("name", "precision"), run) as ahead:
+        yield ahead
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("name", RUNNABLE)
-def test_export_verifies_on_vulkan(name: str, precision: str, tmp_path_factory: pytest.TempPathFactory,
-                                   vulkan_caps: object) -> None:
-    param = PNNX_DIR / f"{name}.param"
-    shape = SHAPES.get(name, SHAPE)
-    graph = load_model(param, None, shape)
-    cache: Path = tmp_path_factory.getbasetemp() / "pnnx-models-cache"
-    report = verify_vulkan(graph, param, None, random_inputs(shape), 0, precision, cache)
+def test_export_verifies_on_vulkan(name: str, precision: str, vulkan_exports: Ahead) -> None:
+    report = vulkan_exports.result(name, precision)
     assert report.ok, [(o.name, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
 
 
