@@ -12,7 +12,9 @@ Compile (once per Plan):
   parallel threads because cold builds are independent;
 - blobs are packed into ONE arena by lifetime (`vkserve.devices.arena.plan_offsets`, offsets
   aligned to minStorageBufferOffsetAlignment); aliasing layers (Split, Reshape, ...) reuse
-  their input's bytes, and an elementwise layer takes over an input that dies there;
+  their input's bytes, an elementwise layer takes over an input that dies there, and a
+  Concat whose inputs are contiguous runs of its output (`VulkanLayer.input_windows`) has
+  their producers write straight into its output and records no copies;
 - a barrier is placed only before a dispatch that touches arena bytes another dispatch
   since the previous barrier wrote (or writes bytes one read).
 
@@ -320,6 +322,8 @@ class Plan:
             last_read[b] = final + 1
         self._storages: list[_Storage] = []
         self._storage_of: dict[str, int] = {}
+        self._blob_offset: dict[str, int] = {}  # bytes into its storage (Concat inputs)
+        placed = self._place_concat_inputs(vlayers)
         self._scratch: dict[tuple[int, str], int] = {}
         self.naive_bytes = 0  # every blob and scratch but alias outputs in bytes of its own
 
@@ -354,6 +358,8 @@ class Plan:
             for b in layer.inputs:
                 st = self._storages[self._storage_of[b]]
                 st.end = max(st.end, step + 1)
+            if i in self.zero_copy:  # its output's storage exists: its inputs' producers made it
+                continue
             if vl.aliases_input:
                 for j, b in enumerate(layer.outputs):
                     sid = self._storage_of[layer.inputs[j if len(layer.inputs) > 1 else 0]]
@@ -362,6 +368,15 @@ class Plan:
                 continue
             for j, b in enumerate(() if _host_finished(vl) else layer.outputs):
                 nbytes = self._padded_bytes(self.blob_shapes[b])
+                if b in placed:  # a window of a Concat's output
+                    whole, self._blob_offset[b] = placed[b]
+                    if whole not in self._storage_of:
+                        self._storage_of[whole] = new_storage(
+                            whole, self._padded_bytes(self.blob_shapes[whole]), step)
+                    sid = self._storage_of[whole]
+                    self._storages[sid].blobs.append(b)
+                    self._storage_of[b] = sid
+                    continue
                 sid = inplace_source(layer, vl, b, step) if j == 0 else None
                 if sid is None:
                     sid = new_storage(b, nbytes, step)
@@ -382,6 +397,30 @@ class Plan:
         for st, off in zip(self._storages, offsets):
             st.offset = off
         self.arena_bytes = max(total, self.alignment)
+
+    def _place_concat_inputs(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> dict[str, tuple[str, int]]:
+        """Input blob -> (Concat output, byte offset) for every Concat whose inputs can all be
+        written in place by their producers (`self.zero_copy` gets the Concats' indices): each
+        input a window of the output, produced by a layer of its own storage (not an input,
+        alias or host-finished output, nor another such Concat), once in one Concat, at an
+        offset the device can bind, and a whole number of vec4s unless it is the last (blobs
+        are padded to vec4s, and a vec4 shader may write the padding)."""
+        self.zero_copy: set[int] = set()
+        own = {b: vl for layer, vl in vlayers for b in layer.outputs
+               if vl is not None and not vl.aliases_input and not _host_finished(vl)}
+        placed: dict[str, tuple[str, int]] = {}
+        for i, (layer, vl) in enumerate(vlayers):
+            windows = vl.input_windows() if vl is not None else None
+            if windows is None or len(set(layer.inputs)) != len(layer.inputs):
+                continue
+            last = len(layer.inputs) - 1
+            if all(b in own and b not in placed and own[b].input_windows() is None
+                   and (start * self.elem) % self.alignment == 0
+                   and (k == last or math.prod(self.blob_shapes[b]) % 4 == 0)
+                   for k, (b, start) in enumerate(zip(layer.inputs, windows))):
+                placed.update((b, (layer.outputs[0], start * self.elem)) for b, start in zip(layer.inputs, windows))
+                self.zero_copy.add(i)
+        return placed
 
     def _upload_weights(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> None:
         self._weight_at: dict[tuple[int, str], tuple[int, int]] = {}
@@ -454,7 +493,7 @@ class Plan:
             for b in names:
                 shape = self.blob_shapes[b]
                 nbytes = math.prod(shape) * elem
-                out.append(_Transfer(b, shape, self._storages[self._storage_of[b]].offset,
+                out.append(_Transfer(b, shape, self._blob_at(b),
                                      offset, nbytes))
                 offset = align_up(offset + nbytes, STAGING_ALIGN)
         self.copy_raw: list[tuple[int, _Transfer]] = []  # (index in finishers, scratch bytes)
@@ -481,7 +520,7 @@ class Plan:
                 todo.append((i, vlayers[i][0], Dispatch("cast_input", (f"staging:{t.blob}", t.blob),
                                                         (n4, 1, 1), (n4,))))
         for i, (layer, vl) in enumerate(vlayers):
-            if vl is not None and not vl.aliases_input:
+            if vl is not None and not vl.aliases_input and i not in self.zero_copy:
                 todo.extend((i, layer, d) for d in vl.dispatches())
         if self.output_dtype != self.dtype:  # the last dispatches convert the outputs
             for t in self.copy_out:
@@ -566,8 +605,11 @@ class Plan:
             return _Binding("arena", st.offset, st.nbytes)
         if name not in layer.inputs and name not in layer.outputs:
             raise PlanError(f"{label}: binding {name!r} is not a blob of the layer")
-        return _Binding("arena", self._storages[self._storage_of[name]].offset,
-                        self._padded_bytes(self.blob_shapes[name]))
+        return _Binding("arena", self._blob_at(name), self._padded_bytes(self.blob_shapes[name]))
+
+    def _blob_at(self, name: str) -> int:
+        """The blob's first byte in the arena."""
+        return self._storages[self._storage_of[name]].offset + self._blob_offset.get(name, 0)
 
     # -- instances ------------------------------------------------------------------------------
 
@@ -668,6 +710,7 @@ class Plan:
     def summary(self) -> dict[str, Any]:
         return {"precision": self.precision.value, "dispatches": len(self.steps),
                 "barriers": self.barrier_count, "arena_bytes": self.arena_bytes,
+                "zero_copy_concats": len(self.zero_copy),
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
                 "host_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],

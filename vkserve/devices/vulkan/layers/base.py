@@ -72,6 +72,13 @@ class VulkanLayer:
     #: dispatch reads the input after another dispatch of the layer wrote the output.
     inplace_inputs: tuple[int, ...] = ()
 
+    def input_windows(self) -> list[int] | None:
+        """Where each input lies in the output (its first element), when the layer only
+        gathers its inputs into the output unchanged and each is one contiguous run of it
+        (Concat along its outermost axis): the executor may then have the inputs' producers
+        write there and record nothing for the layer. None otherwise."""
+        return None
+
     @property
     def aliases_input(self) -> bool:
         """True when the output is the input's bytes unchanged (Reshape, Flatten, Dropout,

@@ -97,6 +97,17 @@ class Concat(VulkanLayer):
             start += shape[axis]
         return result
 
+    def input_windows(self) -> list[int] | None:
+        out = self.out_shapes[0]
+        axis = positive_axis(self.params.axis, len(out))
+        if math.prod(out[:axis]) != 1:
+            return None
+        starts, start = [], 0
+        for shape in self.in_shapes:
+            starts.append(start)
+            start += math.prod(shape)
+        return starts
+
 
 @register("Slice")
 class Slice(VulkanLayer):

@@ -1,0 +1,60 @@
+"""Concat without copies: when each input is a contiguous run of the output, the executor has
+the inputs' producers write straight into it and records nothing for the Concat; every other
+Concat keeps its copies. Outputs against the CPU engine's kernels in fp32, in every mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.devices.vulkan.test_vulkan_engine import expected
+from tests.support.vulkan_engine import MODES, engine_device, graph_of, storage_round  # noqa: F401 (fixture)
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.device import VulkanDevice
+from vkserve.devices.vulkan.engine.plan import Plan
+
+GRAPH = [
+    # in place: three producers of their own, the last a run of 90 values (not whole vec4s:
+    # allowed last), one of them read again after the Concat and one a requested output
+    "Convolution conv 1 1 x a 0=8 1=3 4=1 5=1 6=576 9=1",
+    "Sigmoid sig 1 1 x b",
+    "Convolution conv2 1 1 x c 0=3 1=1 5=1 6=24",
+    "Concat cat 3 1 a b c d 0=0",
+    "ReLU relu 1 1 b e 0=0.5",
+    "Convolution conv3 1 1 d f 0=4 1=1 5=1 6=76",
+    # copies: a first input of 90 values (its vec4 padding would overlap the next input)
+    "Convolution conv4 1 1 x g 0=3 1=1 5=1 6=24",
+    "TanH tanh 1 1 x k",
+    "Concat cat2 2 1 g k h 0=0",
+    # copies: along rows of 8 channels (each input is 8 runs of the output, not one)
+    "Clip clip 1 1 x m 0=-0.5 1=0.5",
+    "Concat cat3 2 1 m k n 0=1",
+    # copies: an input that is itself a Concat placed in place, and a model input
+    "Concat cat4 2 1 d x o 0=0",
+]
+SHAPES = {"x": (8, 6, 5)}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+def test_concat_inputs_are_written_in_place_where_they_are_runs_of_the_output(
+        engine_device: VulkanDevice, precision: Precision) -> None:  # noqa: F811
+    graph = graph_of(GRAPH, SHAPES, seed=5)
+    feed = {"x": np.random.default_rng(9).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    outputs = ["a", "b", "c", "d", "e", "f", "g", "h", "k", "m", "n", "o"]
+    with Plan(engine_device, graph, None, precision, outputs=outputs) as plan:
+        got = plan.run(feed)
+        summary = plan.summary()
+        copies = {step.label.split(" ")[0] for step in plan.steps if step.shader == "copy_strided"}
+    assert summary["zero_copy_concats"] == 1
+    assert copies == {"cat2", "cat3", "cat4"}
+    # every Concat's output is its inputs' bytes, in place or copied
+    np.testing.assert_array_equal(got["d"], np.concatenate([got["a"], got["b"], got["c"]]))
+    np.testing.assert_array_equal(got["h"], np.concatenate([got["g"], got["k"]]))
+    np.testing.assert_array_equal(got["n"], np.concatenate([got["m"], got["k"]], axis=1))
+    np.testing.assert_array_equal(got["o"], np.concatenate([got["d"], storage_round(feed["x"], precision)]))
+    # and the layers around them compute what the CPU kernels do (the convolutions there
+    # keep bf16 weights, hence one tolerance for every mode)
+    want = expected(graph, feed, precision)
+    for name in outputs:
+        scale = max(float(np.abs(want[name]).max()), 1.0)
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-2, atol=2e-2 * scale, err_msg=name)
