@@ -7,10 +7,12 @@ fails here rather than skipping, so a run on the wrong machine cannot pass unnot
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import vkserve.devices.vulkan.layers.conv as conv_layers
 from tests.conftest import vulkan_caps, vulkan_ctx  # noqa: F401 (fixtures)
+from tests.devices.vulkan.test_vulkan_engine import expected
 from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spirv_for: a fixture)
     CONV,
     check_layer,
@@ -18,8 +20,10 @@ from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spi
     spirv_for,
     write_param,
 )
+from tests.support.vulkan_engine import engine_device, graph_of  # noqa: F401 (fixture)
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.coopmat import fp16_coopmat
+from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
 from vkserve.models.graph import load_model
 
@@ -79,3 +83,27 @@ def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case
     kind, shape, out, params, k, group = CASES[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
                 {"data": shape}, Precision.FP16_STORAGE)
+
+
+RESIDUAL = [
+    # split K (reduce pass adds the residual) and whole K (the epilogue does)
+    "Convolution c1 1 1 x a 0=64 1=3 4=1 5=1 6=36864",
+    "Eltwise s1 2 1 a x b 0=1",
+    "ReLU r1 1 1 b c",
+    "Convolution c2 1 1 c d 0=64 1=1 5=1 6=4096",
+    "BinaryOp s2 2 1 d c e 0=0",
+]
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+def test_coopmat_folds_residual_sums(engine_device, precision):  # noqa: F811
+    shapes = {"x": (64, 14, 14)}
+    graph = graph_of(RESIDUAL, shapes, seed=4)
+    feed = {"x": np.random.default_rng(2).uniform(-1, 1, shapes["x"]).astype(np.float32)}
+    with Plan(engine_device, graph, None, precision) as plan:
+        got = plan.run(feed)
+        assert plan.summary()["folded_residuals"] == 2
+        assert [s.shader for s in plan.steps if s.label.startswith("c")] == ["conv_coopmat"] * 3
+    want = expected(graph, feed, precision)
+    scale = max(float(np.abs(want["e"]).max()), 1.0)
+    np.testing.assert_allclose(got["e"], want["e"], rtol=2e-2, atol=2e-2 * scale)

@@ -72,6 +72,14 @@ class VulkanLayer:
     #: dispatch reads the input after another dispatch of the layer wrote the output.
     inplace_inputs: tuple[int, ...] = ()
 
+    def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """Fold a following ``output = activation(this layer's output + residual)`` (an
+        Eltwise sum or BinaryOp add with the blob `residual` of the output's shape, then an
+        activation in `activation_constants` form) into this layer, which then reads
+        `residual` as its second input and writes `output`: its new Layer, or None where the
+        layer cannot (the default; it is then left unchanged)."""
+        return None
+
     def input_windows(self) -> list[int] | None:
         """Where each input lies in the output (its first element), when the layer only
         gathers its inputs into the output unchanged and each is one contiguous run of it

@@ -29,7 +29,7 @@ import numpy as np
 
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.vulkan.coopmat import coopmat_wanted, fp16_coopmat
-from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
 from vkserve.models.graph import Layer
 
@@ -178,6 +178,19 @@ class VulkanConvolution(VulkanLayer):
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
         self.coop_tile: CoopTile | None = None
+        self.residual = False
+
+    def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """The GEMM kinds add the residual in their epilogue, before the activation; only
+        without an activation of their own (it would come before the sum)."""
+        if self.kind not in ("conv_gemm", "conv_coopmat") or self.activation[0] != 0 or self.residual:
+            return None
+        self.layer = dataclasses.replace(self.layer, inputs=[self.layer.inputs[0], residual], outputs=[output])
+        self.in_shapes = [self.in_shapes[0], self.out_shapes[0]]
+        self.activation = activation
+        self.residual = True
+        self.inplace_inputs = (1,)  # read at the index each output value is written to
+        return self.layer
 
     def specialize(self, caps: DeviceCaps) -> None:
         """On tensor-core devices in the fp16 modes, the conv_gemm layers big enough to fill
@@ -267,7 +280,8 @@ class VulkanConvolution(VulkanLayer):
             t = self.tile
             assert t is not None
             gsize = (_ceil(outw * outh, t.bn) * GEMM_THREADS, mpad // t.bm, self.groups)
-            return [make_dispatch(self.kind, bindings, gsize, psc=psc, fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation,
+            return [make_dispatch(self.kind, bindings + (self._residual_binding(),), gsize, psc=psc,
+                                  fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation + (int(self.residual),),
                                   local_size=(GEMM_THREADS, 1, 1))]
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
@@ -287,11 +301,16 @@ class VulkanConvolution(VulkanLayer):
         n = self.outh * self.outw
         npad = _ceil(n, t.bn) * t.bn
         psc = gemm_psc + (self._coop_cpad(), npad, t.ksplit, t.split_steps)
-        bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias", "s:partial")
+        bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias", "s:partial",
+                    self._residual_binding())
         gemm = make_dispatch("conv_coopmat", bindings, (npad // t.bn * GEMM_THREADS, self._padded_km()[1] // t.bm,
                                                         self.groups * t.ksplit),
-                             psc=psc, fixed=(t.fm, t.fn) + self.activation + (0,), local_size=(GEMM_THREADS, 1, 1))
+                             psc=psc, fixed=(t.fm, t.fn) + self.activation + (0, int(self.residual)), local_size=(GEMM_THREADS, 1, 1))
         if t.ksplit == 1:
             return [gemm]
         return [gemm, make_dispatch("conv_coopmat", bindings, (n, self.ocg, self.groups), psc=psc,
-                                    fixed=(t.fm, t.fn) + self.activation + (1,), local_size=(GEMM_THREADS, 1, 1))]
+                                    fixed=(t.fm, t.fn) + self.activation + (1, int(self.residual)), local_size=(GEMM_THREADS, 1, 1))]
+
+    def _residual_binding(self) -> str:
+        """The GEMM shaders' residual binding: the folded residual, else the input (unread)."""
+        return self.layer.inputs[1] if self.residual else self.layer.inputs[0]

@@ -1,7 +1,7 @@
 #version 450
 // Convolution as an implicit GEMM on the tensor cores: VK_KHR_cooperative_matrix products of
 // 16 x 16 x 16 fp16 tiles with fp32 accumulators. Same GEMM as conv_gemm.comp (per group g:
-// top[m][n] = activate(bias[m] + sum_k A[m][k] * B[k][n]), m an output channel of the group,
+// top[m][n] = activate(bias[m] + sum_k A[m][k] * B[k][n] [+ residual[m][n]]), m an output channel of the group,
 // n an output pixel, B the im2col of the input, never stored); used in the fp16 storage modes
 // on devices with 32-wide subgroups that offer the 16 x 16 x 16 float16_t -> float product
 // (the layer checks, conv.py).
@@ -61,12 +61,16 @@ layout (constant_id = 23) const int activation_type = 0;
 layout (constant_id = 24) const float activation_param_0 = 0;
 layout (constant_id = 25) const float activation_param_1 = 0;
 layout (constant_id = 26) const int reduce = 0;    // 1: the split-K pass adding the partials
+layout (constant_id = 27) const int residual = 0;  // 1: add residual_blob before the activation
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
 layout (binding = 2) readonly buffer weight_blob { sfpvec4 weight_data[]; };
 layout (binding = 3) readonly buffer bias_blob { sfp bias_data[]; };
 layout (binding = 4) buffer partial_blob { float partial_data[]; };
+// a folded Eltwise sum / BinaryOp add: the other operand, in the output's layout (with
+// residual = 0 another blob of the layer is bound here, never read)
+layout (binding = 5) readonly buffer residual_blob { sfp residual_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -126,6 +130,14 @@ float activate(float v)
     return v;
 }
 
+// output value i: the residual added (a folded residual connection), then the activation
+float finish(float v, int i)
+{
+    if (residual == 1)
+        v += float(buffer_ld1(residual_data, i));
+    return activate(v);
+}
+
 // The split-K pass: output (g, m, n) = activate(bias + the partials' sum), in split order.
 void reduce_partials()
 {
@@ -146,7 +158,7 @@ void reduce_partials()
         at += groups * plane;
     }
     const int oc = grp * OCG + m;
-    buffer_st1(top_blob_data, oc * N + n, activate(sum + float(buffer_ld1(bias_data, oc))));
+    buffer_st1(top_blob_data, oc * N + n, finish(sum + float(buffer_ld1(bias_data, oc)), oc * N + n));
 }
 
 // per invocation, fixed for the work group's tile (set once by main)
@@ -313,7 +325,7 @@ void main()
                 {
                     const int oc = g * OCG + m;
                     const float v = tile_c[sg * 256 + e] + float(buffer_ld1(bias_data, oc));
-                    buffer_st1(top_blob_data, oc * N + nn, activate(v));
+                    buffer_st1(top_blob_data, oc * N + nn, finish(v, oc * N + nn));
                 }
             }
             subgroupMemoryBarrierShared();

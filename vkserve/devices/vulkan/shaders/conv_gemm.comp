@@ -1,6 +1,6 @@
 #version 450
 // Convolution as an implicit GEMM with shared-memory tiles and an in-work-group split of K.
-// Per group g: top[m][n] = activate(bias[m] + sum_k A[k][m] * B[k][n]) with m an output
+// Per group g: top[m][n] = activate(bias[m] + sum_k A[k][m] * B[k][n] [+ residual[m][n]]) with m an output
 // channel of the group, n = out y * outw + out x, k = ic * kernel_h * kernel_w + ky * kernel_w
 // + kx, and B the im2col of the input (never stored: each tile is gathered from the input,
 // with pad_value in the padding). Handles every kernel, stride, dilation, pad and group; 1x1
@@ -48,11 +48,15 @@ layout (constant_id = 20) const int BK = 16;       // KS * BK * (BM + BN) <= 409
 layout (constant_id = 21) const int activation_type = 0;
 layout (constant_id = 22) const float activation_param_0 = 0;
 layout (constant_id = 23) const float activation_param_1 = 0;
+layout (constant_id = 24) const int residual = 0;  // 1: add residual_blob before the activation
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
 layout (binding = 2) readonly buffer weight_blob { sfpvec4 weight_data[]; };
 layout (binding = 3) readonly buffer bias_blob { sfp bias_data[]; };
+// a folded Eltwise sum / BinaryOp add: the other operand, in the output's layout (with
+// residual = 0 another blob of the layer is bound here, never read)
+layout (binding = 4) readonly buffer residual_blob { sfp residual_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -106,6 +110,14 @@ float activate(float v)
     if (activation_type == 6)
         return v * clamp(v * activation_param_0 + activation_param_1, 0.0, 1.0);
     return v;
+}
+
+// output value i: the residual added (a folded residual connection), then the activation
+float finish(float v, int i)
+{
+    if (residual == 1)
+        v += float(buffer_ld1(residual_data, i));
+    return activate(v);
 }
 
 // Row k of the im2col matrix is input channel c, kernel row y, kernel column x: the digits
@@ -285,7 +297,7 @@ void main()
                     const int nj = n0 + tx * 4 + j;
                     if (nj < N)
                     {
-                        buffer_st1(top_blob_data, oc * N + nj, activate(s[j] + bias));
+                        buffer_st1(top_blob_data, oc * N + nj, finish(s[j] + bias, oc * N + nj));
                     }
                 }
             }
@@ -314,7 +326,7 @@ void main()
             {
                 if (nb + j < N)
                 {
-                    buffer_st1(top_blob_data, oc * N + nb + j, activate(s[j] + bias));
+                    buffer_st1(top_blob_data, oc * N + nb + j, finish(s[j] + bias, oc * N + nb + j));
                 }
             }
         }
