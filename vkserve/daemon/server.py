@@ -645,7 +645,8 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
         # the CPU kernels are compiled for this machine now (or loaded from their cache), not
         # by the first job that needs them
         log.info("CPU kernels: compiling them for this machine, or loading them from numba's "
-                 "cache (a first start takes about 15 s)")
+                 "cache (a first start compiles ~50 kernels: 1-2 minutes on a 2-core box, under a "
+                 "second once cached)")
         log.info("%s", cpu_threads.configure(config.cpu.threads))
         kernels = await trio.to_thread.run_sync(compile_kernels)
         log.info("%s", kernels.describe())
