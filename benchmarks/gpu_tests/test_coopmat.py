@@ -12,7 +12,6 @@ import pytest
 
 import vkserve.devices.vulkan.layers.conv as conv_layers
 from tests.conftest import vulkan_caps, vulkan_ctx  # noqa: F401 (fixtures)
-from tests.devices.vulkan.test_vulkan_engine import expected
 from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spirv_for: a fixture)
     CONV,
     check_layer,
@@ -20,10 +19,14 @@ from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spi
     spirv_for,
     write_param,
 )
-from tests.support.vulkan_engine import engine_device, graph_of  # noqa: F401 (fixture)
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    assert_near_cpu_kernels,
+    engine_device,
+    graph_of,
+    run_plan,
+)
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.coopmat import fp16_coopmat
-from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
 from vkserve.models.graph import load_model
 
@@ -100,10 +103,7 @@ def test_coopmat_folds_residual_sums(engine_device, precision):  # noqa: F811
     shapes = {"x": (64, 14, 14)}
     graph = graph_of(RESIDUAL, shapes, seed=4)
     feed = {"x": np.random.default_rng(2).uniform(-1, 1, shapes["x"]).astype(np.float32)}
-    with Plan(engine_device, graph, None, precision) as plan:
-        got = plan.run(feed)
-        assert plan.summary()["folded_residuals"] == 2
-        assert [s.label.split(" ")[0] for s in plan.steps if s.shader == "conv_coopmat"] == ["c1", "c1", "c2"]
-    want = expected(graph, feed, precision)
-    scale = max(float(np.abs(want["e"]).max()), 1.0)
-    np.testing.assert_allclose(got["e"], want["e"], rtol=2e-2, atol=2e-2 * scale)
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["e"])
+    assert summary["folded_residuals"] == 2
+    assert [name for name, shader in steps if shader == "conv_coopmat"] == ["c1", "c1", "c2"]
+    assert_near_cpu_kernels(got, graph, feed, precision)

@@ -95,3 +95,22 @@ def check_against_ncnn(tmp_path: Path, device: VulkanDevice, line: str, shapes: 
     scale = float(np.max(np.abs(want)))
     err = float(np.max(np.abs(got - want)))  # NaN fails too
     assert err <= tolerance(precision) * scale + 1e-6, (err, scale)
+
+
+def run_plan(device: VulkanDevice, graph: Graph, feed: Mapping[str, np.ndarray], precision: Precision,
+             outputs: Sequence[str]) -> tuple[dict[str, np.ndarray], dict, list[tuple[str, str]]]:
+    """One run of a Plan for `outputs`: the outputs, the Plan's summary and its steps as
+    (layer name, shader)."""
+    with Plan(device, graph, None, precision, outputs=list(outputs)) as plan:
+        got = plan.run(dict(feed))
+        return got, plan.summary(), [(step.label.split(" ")[0], step.shader) for step in plan.steps]
+
+
+def assert_near_cpu_kernels(got: Mapping[str, np.ndarray], graph: Graph, feed: Mapping[str, np.ndarray],
+                            precision: Precision) -> None:
+    """`got` against the CPU kernels in fp32 on the same inputs (as stored), at fp16's
+    tolerance in every mode: the CPU convolutions keep bf16 weights."""
+    want = cpu_forward(graph, {k: storage_round(v, precision) for k, v in feed.items()})
+    for name, value in got.items():
+        scale = max(float(np.abs(want[name]).max()), 1.0)
+        np.testing.assert_allclose(value, want[name], rtol=2e-2, atol=2e-2 * scale, err_msg=name)

@@ -7,11 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.devices.vulkan.test_vulkan_engine import expected
-from tests.support.vulkan_engine import MODES, engine_device, graph_of, storage_round  # noqa: F401 (fixture)
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    MODES,
+    assert_near_cpu_kernels,
+    engine_device,
+    graph_of,
+    run_plan,
+    storage_round,
+)
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.device import VulkanDevice
-from vkserve.devices.vulkan.engine.plan import Plan
 
 GRAPH = [
     # in place: three producers of their own, the last a run of 90 values (not whole vec4s:
@@ -41,10 +46,8 @@ def test_concat_inputs_are_written_in_place_where_they_are_runs_of_the_output(
     graph = graph_of(GRAPH, SHAPES, seed=5)
     feed = {"x": np.random.default_rng(9).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
     outputs = ["a", "b", "c", "d", "e", "f", "g", "h", "k", "m", "n", "o"]
-    with Plan(engine_device, graph, None, precision, outputs=outputs) as plan:
-        got = plan.run(feed)
-        summary = plan.summary()
-        copies = {step.label.split(" ")[0] for step in plan.steps if step.shader == "copy_strided"}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, outputs)
+    copies = {name for name, shader in steps if shader == "copy_strided"}
     assert summary["zero_copy_concats"] == 1
     assert copies == {"cat2", "cat3", "cat4"}
     # every Concat's output is its inputs' bytes, in place or copied
@@ -52,9 +55,5 @@ def test_concat_inputs_are_written_in_place_where_they_are_runs_of_the_output(
     np.testing.assert_array_equal(got["h"], np.concatenate([got["g"], got["k"]]))
     np.testing.assert_array_equal(got["n"], np.concatenate([got["m"], got["k"]], axis=1))
     np.testing.assert_array_equal(got["o"], np.concatenate([got["d"], storage_round(feed["x"], precision)]))
-    # and the layers around them compute what the CPU kernels do (the convolutions there
-    # keep bf16 weights, hence one tolerance for every mode)
-    want = expected(graph, feed, precision)
-    for name in outputs:
-        scale = max(float(np.abs(want[name]).max()), 1.0)
-        np.testing.assert_allclose(got[name], want[name], rtol=2e-2, atol=2e-2 * scale, err_msg=name)
+    # and the layers around them compute what the CPU kernels do
+    assert_near_cpu_kernels(got, graph, feed, precision)

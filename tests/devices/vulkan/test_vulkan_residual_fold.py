@@ -6,11 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.devices.vulkan.test_vulkan_engine import expected
-from tests.support.vulkan_engine import MODES, engine_device, graph_of  # noqa: F401 (fixture)
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    MODES,
+    assert_near_cpu_kernels,
+    engine_device,
+    graph_of,
+    run_plan,
+)
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.device import VulkanDevice
-from vkserve.devices.vulkan.engine.plan import Plan
 
 # conv2's (1x1, 256 weights) and conv1's (3x3) GEMM shaders take the residual; comments say
 # what each block checks
@@ -55,16 +59,10 @@ def test_residual_sums_fold_into_the_convolution_only_where_nothing_is_lost(
     graph = graph_of(RESIDUAL_GRAPH, SHAPES, seed=4)
     feed = {"x": np.random.default_rng(2).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
     outputs = ["k", "q", "u", "v", "f", "h"]
-    with Plan(engine_device, graph, None, precision, outputs=outputs) as plan:
-        got = plan.run(feed)
-        summary = plan.summary()
-        labels = [step.label for step in plan.steps]
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, outputs)
     assert summary["folded_residuals"] == 3
     # the folded sums and activations record nothing; every kept one does
-    recorded = {label.split(" ")[0] for label in labels}
+    recorded = {name for name, _ in steps}
     assert not recorded & {"s1", "r1", "s2", "r2", "s8"}
     assert {"s3", "s4", "s5", "s6", "s7", "r8", "sg8"} <= recorded
-    want = expected(graph, feed, precision)
-    for name in outputs:  # the CPU convolutions keep bf16 weights: one tolerance for all modes
-        scale = max(float(np.abs(want[name]).max()), 1.0)
-        np.testing.assert_allclose(got[name], want[name], rtol=2e-2, atol=2e-2 * scale, err_msg=name)
+    assert_near_cpu_kernels(got, graph, feed, precision)
