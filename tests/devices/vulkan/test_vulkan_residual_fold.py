@@ -3,9 +3,12 @@ fold applies and where it must not, outputs against the CPU kernels in every mod
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from tests.support.params import param_text
 from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
     MODES,
     assert_near_cpu_kernels,
@@ -13,6 +16,7 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
     graph_of,
     run_plan,
 )
+from vkserve.cli.main import main as cli_main
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.device import VulkanDevice
 
@@ -66,3 +70,14 @@ def test_residual_sums_fold_into_the_convolution_only_where_nothing_is_lost(
     assert not recorded & {"s1", "r1", "s2", "r2", "s8"}
     assert {"s3", "s4", "s5", "s6", "s7", "r8", "sg8"} <= recorded
     assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+def test_profile_says_what_was_folded(vulkan_caps, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vkserve profile` counts fewer dispatches than layers: it says why."""
+    param = tmp_path / "model.param"
+    param.write_text(param_text(SHAPES, RESIDUAL_GRAPH[:6]))  # c1 + s1 + r1, c2 + s2 + r2
+    assert cli_main(["profile", str(param), "--device", str(vulkan_caps.index), "--runs", "1",
+                     "--shape", "x=16,6,5", "--cache-dir", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    assert "in 2 dispatches" in out  # six layers: c1 and c2 (fp32: the input is copied, not cast)
+    assert "2 residual sums (and their ReLU) in the convolution before them, 0 Concats in place" in out
