@@ -340,14 +340,16 @@ class Plan:
 
         def inplace_source(layer: Layer, vl: VulkanLayer, out: str, step: int) -> int | None:
             """The storage of an input that `out` may take over: same element count, bound
-            to one input of this layer only, and no blob of it read after this step."""
+            to one input of this layer only, at the storage's start (`out` will be: element i
+            read and written at one address; a Concat's later inputs are not), and no blob of
+            it read after this step."""
             bound = [self._storage_of[b] for b in layer.inputs]
             for k in vl.inplace_inputs:
                 if k >= len(layer.inputs):
                     continue
                 src = layer.inputs[k]
                 sid = bound[k]
-                if (bound.count(sid) == 1
+                if (bound.count(sid) == 1 and not self._blob_offset.get(src, 0)
                         and math.prod(self.blob_shapes[src]) == math.prod(self.blob_shapes[out])
                         and max(last_read.get(b, 0) for b in self._storages[sid].blobs) <= step):
                     return sid
