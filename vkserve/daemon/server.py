@@ -403,24 +403,25 @@ START_EXTENSION = 30.0
 START_LIMIT = 900.0
 
 
-async def _systemd_pings(server: Server, interval: float | None) -> None:
+async def _systemd_pings(interval: float | None, started: float, server: Server | None = None) -> None:
     """WATCHDOG=1 every ``interval`` (half of ``$WATCHDOG_USEC``) from the trio loop itself,
     so a stuck loop stops the pings and systemd restarts the daemon; a STATUS= line when the
-    devices' or models' state changed. Until READY, each round also pushes systemd's start
-    timeout (TimeoutStartSec=, 90 s by default) :data:`START_EXTENSION` ahead, for at most
-    :data:`START_LIMIT` in all: a first start compiles every CPU kernel, which took 60-100 s
-    on a 2-core box and more on a Raspberry Pi-class one (the unit's start timed out)."""
+    devices' or models' state changed. Until READY (and while the backend is built, before
+    there is a ``server``), each round also pushes systemd's start timeout (TimeoutStartSec=,
+    90 s by default) :data:`START_EXTENSION` ahead, for at most :data:`START_LIMIT` from
+    ``started``: a first start compiles every CPU kernel, 90-110 s on a 2-core box and more on
+    a Raspberry Pi-class one (the unit's start timed out)."""
     last_status = ""
     next_status = 0.0
-    started = trio.current_time()
     while True:
         now = trio.current_time()
+        ready = server is not None and server.ready_announced
         lines = []
         if interval:
             lines.append("WATCHDOG=1")
-        if not server.ready_announced and now - started < START_LIMIT:
+        if not ready and now - started < START_LIMIT:
             lines.append(f"EXTEND_TIMEOUT_USEC={int(START_EXTENSION * 1e6)}")
-        if now >= next_status and server.ready_announced:
+        if now >= next_status and server is not None and ready:
             text = server.systemd_status()
             if text != last_status:
                 lines.append(f"STATUS={text}")
@@ -429,6 +430,23 @@ async def _systemd_pings(server: Server, interval: float | None) -> None:
         if lines:
             systemd.notify("\n".join(lines))
         await trio.sleep(min(interval or STATUS_INTERVAL, STATUS_INTERVAL))
+
+
+async def _build_backend(factory: Callable[[], Awaitable[Backend]], started: float) -> Backend:
+    """``factory()`` (the CPU kernels compile in there: minutes on a first start), with the
+    systemd pings running meanwhile; its errors come out as they are (not in a group)."""
+    failed: Exception | None = None
+    async with trio.open_nursery() as building:
+        if os.environ.get("NOTIFY_SOCKET"):
+            building.start_soon(_systemd_pings, systemd.watchdog_interval(), started)
+        try:
+            backend = await factory()
+        except Exception as exc:  # re-raised below, outside the nursery
+            failed = exc
+        building.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return backend
 
 
 @dataclasses.dataclass
@@ -572,8 +590,9 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Backend]
     if backend_factory is None:
         backend_factory = _default_backend_factory(config, repo_path)
     where, token = await _open_listeners(config)
+    started = trio.current_time()
     try:
-        backend = await backend_factory()
+        backend = await _build_backend(backend_factory, started)
         server = Server(config, backend, token)
         server.repository = repo_path
         server.listening = list(where.described)
@@ -585,7 +604,7 @@ async def serve(config: Config, backend_factory: Callable[[], Awaitable[Backend]
         frontends = _kserve_frontends(config, server, where)
         if frontends.http is not None:
             listeners.append((frontends.http.handle, where.http))
-        return await _run(config, server, backend, where, listeners, frontends, say)
+        return await _run(config, server, backend, where, listeners, frontends, say, started)
     finally:
         where.close()
 
@@ -711,6 +730,7 @@ async def _run(
     listeners: list[tuple[Handler, list[trio.SocketListener]]],
     frontends: _Frontends,
     say: Callable[[str], None],
+    started: float,
 ) -> int:
     stop = trio.Event()
     startup = trio.CancelScope()
@@ -718,7 +738,7 @@ async def _run(
         async with trio.open_nursery() as root:
             root.start_soon(_watch_signals, signals, stop, startup, root, backend)
             if os.environ.get("NOTIFY_SOCKET"):
-                root.start_soon(_systemd_pings, server, systemd.watchdog_interval())
+                root.start_soon(_systemd_pings, systemd.watchdog_interval(), started, server)
             if where.metrics:
                 from vkserve.daemon.metrics_http import serve_metrics  # noqa: PLC0415
 

@@ -139,7 +139,8 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
     dispatches = coop.dispatches()
     assert [d.shader for d in dispatches] == ["conv_coopmat"] * (1 if t.ksplit == 1 else 2)
     main = dispatches[0]
-    assert main.bindings[-1] == "s:partial" and main.spec_constants[-1] == 0
+    assert main.bindings[4:] == ("s:partial", coop.layer.inputs[0])  # no residual folded: the input, unread
+    assert main.spec_constants[-2:] == (0, 0)  # the GEMM pass, no residual
     assert main.global_size == (npad // t.bn * 256, mpad // t.bm, coop.groups * t.ksplit)
     assert t.ksplit * t.split_steps >= coop._padded_km()[0] // conv_layers.COOP_BK
     partial_halves = coop.scratch()["partial"]
@@ -147,7 +148,7 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
         # fp32 partials [split][group][mpad][npad], counted in fp16 storage elements
         assert partial_halves == 2 * t.ksplit * coop.groups * mpad * npad
         reduce = dispatches[1]
-        assert reduce.spec_constants[-1] == 1 and reduce.bindings == main.bindings
+        assert reduce.spec_constants[-2:] == (1, 0) and reduce.bindings == main.bindings
         assert reduce.global_size == (n, coop.ocg, coop.groups)
     else:
         assert partial_halves == 2
