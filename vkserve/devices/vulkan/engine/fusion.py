@@ -73,7 +73,8 @@ def fold_residuals(entries: Sequence[Entry], shapes: Mapping[str, Shape],
         pairs = [(add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])]
         for operand, shortcut in sorted(pairs, key=lambda pair: -producer.get(pair[0], -1)):
             p = producer.get(operand)
-            if (p is None or entries[p][1] is None or readers.get(operand) != [j] or operand in keep
+            vl = entries[p][1] if p is not None else None
+            if (p is None or vl is None or readers.get(operand) != [j] or operand in keep
                     or producer.get(shortcut, -1) >= p):
                 continue
             output, activation, also = total, activation_constants(0, ()), None
@@ -82,14 +83,12 @@ def fold_residuals(entries: Sequence[Entry], shapes: Mapping[str, Shape],
                 act = _activation(entries[after[0]][0])
                 if act is not None:
                     output, activation, also = entries[after[0]][0].outputs[0], act, after[0]
-            vl = entries[p][1]
-            assert vl is not None
             layer = vl.take_residual(shortcut, activation, output)
             if layer is None:
                 continue
             entries[p] = (layer, vl)
             gone.add(j)
-            readers.setdefault(shortcut, []).append(p)
+            readers[shortcut] = [p if r == j else r for r in readers[shortcut]]  # p reads it now
             producer[output] = p
             if also is not None:
                 gone.add(also)

@@ -85,28 +85,27 @@ class MemoryData(VulkanLayer):
 class Concat(VulkanLayer):
     """One copy per input into its window of the output."""
 
-    def dispatches(self) -> list[Dispatch]:
+    def _starts(self) -> list[int]:
+        """Each input's first element in the output."""
         out = self.out_shapes[0]
         axis = positive_axis(self.params.axis, len(out))
-        out_strides = contiguous_strides(out)
-        result, start = [], 0
-        for blob, shape in zip(self.layer.inputs, self.in_shapes):
-            result.append(strided_copy(blob, self.layer.outputs[0], shape,
-                                       contiguous_strides(shape), out_strides,
-                                       dst_offset=start * out_strides[axis]))
+        step = contiguous_strides(out)[axis]
+        starts, start = [], 0
+        for shape in self.in_shapes:
+            starts.append(start * step)
             start += shape[axis]
-        return result
+        return starts
+
+    def dispatches(self) -> list[Dispatch]:
+        out_strides = contiguous_strides(self.out_shapes[0])
+        return [strided_copy(blob, self.layer.outputs[0], shape, contiguous_strides(shape), out_strides,
+                             dst_offset=start)
+                for blob, shape, start in zip(self.layer.inputs, self.in_shapes, self._starts())]
 
     def input_windows(self) -> list[int] | None:
         out = self.out_shapes[0]
-        axis = positive_axis(self.params.axis, len(out))
-        if math.prod(out[:axis]) != 1:
-            return None
-        starts, start = [], 0
-        for shape in self.in_shapes:
-            starts.append(start)
-            start += math.prod(shape)
-        return starts
+        # each input is one run of the output when the axes before the concat axis are all 1
+        return self._starts() if math.prod(out[:positive_axis(self.params.axis, len(out))]) == 1 else None
 
 
 @register("Slice")
