@@ -1,4 +1,4 @@
-"""Per convolution: conv_gemm (FMA) against conv_coopmat (cooperative matrices), GPU time side by side.
+"""Per layer: the FMA shaders against the cooperative-matrix ones, GPU time side by side.
 
     python benchmarks/coopmat_layers.py [--models DIR] [--only resnet50 vgg16] [--runs 20]
         [--tiles auto 1,1 2,2 2,2,1 ...] [--json OUT]
@@ -10,8 +10,9 @@ setting (`auto`: the layer's own choice; `FM,FN`: that tile with K split by the 
 aiming at T work groups instead of conv.COOP_TARGET_GROUPS), and every convolution that took
 conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels per
 group, N output pixels, K = input channels per group x kernel taps, groups) and its tile
-(a split layer's two dispatches summed): the data for a per-layer choice between the kernels
-and tiles. Needs a device with VK_KHR_cooperative_matrix.
+(a split layer's two dispatches summed), and so is every Gemm / MatMul / MultiHeadAttention
+layer with a product on gemm_coopmat (against gemm.comp; M x N x K for a Gemm): the data for a
+per-layer choice between the kernels and tiles. Needs a device with VK_KHR_cooperative_matrix.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict[str, tuple[str, float]]:
-    """Layer label -> (shader, GPU ms of its dispatches) of one Plan."""
+def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict[str, tuple[set[str], float]]:
+    """Layer label -> (its shaders, GPU ms of its dispatches) of one Plan."""
     from vkserve.devices.vulkan.engine import load_plan
     from vkserve.devices.vulkan.engine.profile import profile_plan
 
@@ -42,10 +43,11 @@ def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict
                 loaded.close()
     finally:
         os.environ.pop("VKSERVE_COOPMAT", None)
-    out: dict[str, tuple[str, float]] = {}
+    out: dict[str, tuple[set[str], float]] = {}
     for s in steps:
         label = s.label.rsplit(" ", 1)[0]
-        out[label] = (s.shader, out.get(label, ("", 0.0))[1] + s.ms)
+        shaders, ms = out.get(label, (set(), 0.0))
+        out[label] = (shaders | {s.shader}, ms + s.ms)
     return out
 
 
@@ -79,9 +81,12 @@ def force_tile(setting: str) -> None:
 
 
 def gemm_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
-    """Convolution layer label prefix -> (M, N, K, groups)."""
+    """Convolution and Gemm layer label prefix -> (M, N, K, groups)."""
     out = {}
     for layer in graph.layers:
+        if layer.type == "Gemm":
+            m, n, k, _ = layer.params.dims([graph.blob_shapes[b] for b in layer.inputs])
+            out[f"{layer.name} ({layer.type})"] = (m, n, k, 1)
         if layer.type not in ("Convolution", "ConvolutionDepthWise"):
             continue
         c = graph.blob_shapes[layer.inputs[0]][0]
@@ -115,24 +120,24 @@ def main() -> int:
             coop[setting] = profiled(graph, inputs, args.device, True, args.runs)
         force_tile("auto")
         shapes = gemm_shapes(graph)
-        totals = {"model": name, "layer": "(whole model, GPU)", "conv_gemm_ms": round(sum(v[1] for v in fma.values()), 4)}
+        totals = {"model": name, "layer": "(whole model, GPU)", "fma_ms": round(sum(v[1] for v in fma.values()), 4)}
         for setting, layers in coop.items():
             totals[setting] = round(sum(v[1] for v in layers.values()), 4)
-        for label, (shader, _) in coop[args.tiles[0]].items():
-            if shader != "conv_coopmat" or label not in fma:
+        for label, (shaders, _) in coop[args.tiles[0]].items():
+            if not shaders & {"conv_coopmat", "gemm_coopmat"} or label not in fma:
                 continue
-            m, n, k, g = shapes[label]
+            m, n, k, g = shapes.get(label, ("", "", "", ""))
             rows.append({"model": name, "layer": label, "m": m, "n": n, "k": k, "groups": g,
-                         "conv_gemm_ms": round(fma[label][1], 4),
+                         "fma_ms": round(fma[label][1], 4),
                          **{setting: round(layers[label][1], 4) for setting, layers in coop.items()}})
             print(json.dumps(rows[-1]), flush=True)
         rows.append(totals)
         print(json.dumps(totals), flush=True)
-    print("| model | layer | M | N | K | groups | conv_gemm ms | " + " | ".join(f"coopmat {t} ms" for t in args.tiles) + " |")
+    print("| model | layer | M | N | K | groups | FMA shaders ms | " + " | ".join(f"coopmat {t} ms" for t in args.tiles) + " |")
     print("|---|---|---|---|---|---|---|" + "---|" * len(args.tiles))
     for r in rows:
         print(f"| {r['model']} | {r['layer']} | {r.get('m', '')} | {r.get('n', '')} | {r.get('k', '')} | "
-              f"{r.get('groups', '')} | {r['conv_gemm_ms']} | " + " | ".join(str(r[t]) for t in args.tiles) + " |")
+              f"{r.get('groups', '')} | {r['fma_ms']} | " + " | ".join(str(r[t]) for t in args.tiles) + " |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

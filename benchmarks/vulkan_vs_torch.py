@@ -37,6 +37,7 @@ TWINS = {
     "mobilenet_v3": ("mobilenet_v3_large", {}),
     "shufflenet_v2": ("shufflenet_v2_x1_0", {}),
     "mobilenet_v2": ("mobilenet_v2", {}),
+    "pnnx/convnext_tiny": ("convnext_tiny", {}),
 }
 
 
@@ -72,7 +73,7 @@ def torch_ms(name: str, shape: tuple[int, ...], repeat: int) -> float:
 
 
 def vkserve_ms(graph, inputs: dict, device: int, repeat: int, coopmat: str) -> tuple[float, int]:
-    """Median ms and the number of conv_coopmat dispatches in the Plan."""
+    """Median ms and the number of cooperative-matrix dispatches in the Plan."""
     import tempfile
 
     from vkserve.devices.vulkan.engine import load_plan
@@ -82,7 +83,7 @@ def vkserve_ms(graph, inputs: dict, device: int, repeat: int, coopmat: str) -> t
         with tempfile.TemporaryDirectory() as cache_dir:
             loaded = load_plan(graph, device, "fp16", cache_dir=Path(cache_dir))
             try:
-                n_coop = sum(1 for step in loaded.plan.steps if step.shader == "conv_coopmat")
+                n_coop = sum(1 for step in loaded.plan.steps if step.shader in ("conv_coopmat", "gemm_coopmat"))
                 return median_ms(lambda: loaded.plan.run(inputs), repeat), n_coop
             finally:
                 loaded.close()
@@ -142,7 +143,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
-    print("| model | PyTorch CUDA graph fp16 ms | vkserve fp16 ms (coopmat convs) | vkserve fp16 ms "
+    print("| model | PyTorch CUDA graph fp16 ms | vkserve fp16 ms (coopmat dispatches) | vkserve fp16 ms "
           "without coopmat | vkserve / PyTorch |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -42,14 +42,32 @@ AUTO_MIN_K = 512
 AUTO_MIN_MACS = 15_000_000
 
 
+AUTO_GEMM_MIN_K = 64
+AUTO_GEMM_MIN_MACS = 15_000_000
+
+
+def _mode() -> str:
+    mode = os.environ.get("VKSERVE_COOPMAT", "auto")
+    if mode not in ("auto", "0", "1"):
+        log.warning("VKSERVE_COOPMAT=%r is not auto, 0 or 1: taken as auto", mode)
+        return "auto"
+    return mode
+
+
 def coopmat_wanted(icg: int, cpad: int, m: int, n: int, k: int) -> bool:
     """Whether a convolution that conv_coopmat can run (`icg` input channels per group,
     padded to `cpad` per kernel tap; GEMM M x N x K per group) should, by
     ``VKSERVE_COOPMAT`` (see above)."""
-    mode = os.environ.get("VKSERVE_COOPMAT", "auto")
-    if mode not in ("auto", "0", "1"):
-        log.warning("VKSERVE_COOPMAT=%r is not auto, 0 or 1: taken as auto", mode)
-        mode = "auto"
+    mode = _mode()
     if mode != "auto":
         return mode == "1"
     return icg >= AUTO_MIN_CHANNEL_USE * cpad and k >= AUTO_MIN_K and m * n * k >= AUTO_MIN_MACS
+
+
+def coop_gemm_wanted(m: int, n: int, k: int, batches: int) -> bool:
+    """Whether a Gemm / MatMul / attention product of `batches` times M x N x K should run
+    as gemm_coopmat on a device that has it, by ``VKSERVE_COOPMAT``."""
+    mode = _mode()
+    if mode != "auto":
+        return mode == "1"
+    return k >= AUTO_GEMM_MIN_K and m * n * k * batches >= AUTO_GEMM_MIN_MACS

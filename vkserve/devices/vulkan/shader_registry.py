@@ -25,7 +25,7 @@ def builtin_shader_ids() -> list[str]:
 
 
 # Shaders that need more than every Vulkan device has; the others build everywhere.
-_NEEDS = {"conv_coopmat": fp16_coopmat}
+_NEEDS = {"conv_coopmat": fp16_coopmat, "gemm_coopmat": fp16_coopmat}
 
 
 def buildable(shader_id: str, caps: DeviceCaps, precision: Precision) -> bool:

@@ -11,6 +11,11 @@ slice and step, A and B staged through shared memory. ``choose_gemm_tile`` picks
 shape by a cost model fitted on an H100 (conv_gemm's target GPU, ``layers.conv``), so that small
 M (49 tokens) or few columns still give a big GPU enough work groups, or split K over more
 slices when K is long.
+
+``gemm_coopmat.comp`` is the same product on the tensor cores (VK_KHR_cooperative_matrix, fp16
+modes; ``vulkan.coopmat``): same push constants, a 32 FM x 64 FN tile per work group of 8
+subgroups, chosen per shape by ``coop_gemm_wanted`` for the layers that were given a device
+with it (``GemmLayer.specialize``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vkserve.devices.capabilities import Precision
+from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.vulkan.coopmat import coop_gemm_wanted, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS
 from vkserve.models.graph import Layer
@@ -107,33 +113,66 @@ def choose_gemm_tile(m: int, n: int, k: int, batches: int) -> MatmulTile | None:
     return min(fits, key=lambda t: (t.cost(m, n, k, batches), t.ks), default=None)
 
 
+#: gemm_coopmat's FM x FN (BM = 32 FM rows by BN = 64 FN columns), largest first
+COOP_GEMM_TILES = ((2, 2), (2, 1), (1, 1))
+
+
+def choose_coop_gemm_tile(m: int, n: int, batches: int) -> tuple[int, int] | None:
+    """gemm_coopmat's tile: the largest that still gives every compute unit a work group
+    (GEMM_UNITS), else the smallest; None when no grid fits Vulkan's 65535 per dimension."""
+    fits = [t for t in COOP_GEMM_TILES
+            if max(_ceil(n, 64 * t[1]), _ceil(m, 32 * t[0]), batches) <= MAX_GROUPS]
+    for fm, fn in fits:
+        if _ceil(n, 64 * fn) * _ceil(m, 32 * fm) * batches >= GEMM_UNITS:
+            return fm, fn
+    return fits[-1] if fits else None
+
+
 def gemm_dispatch(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                   a: tuple[int, int], b: tuple[int, int], c: tuple[int, int] | None,
                   out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
                   batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
                   b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
-                  what: str = "Gemm") -> Dispatch:
+                  what: str = "Gemm", coop: bool = False) -> Dispatch:
     """One ``gemm`` dispatch: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)), over
     ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k stride,
     column stride), c = (row, column strides) or None, out = (row, column strides); batch z is
     (z // batch_inner, z % batch_inner), with those two strides in a_batch / b_batch and
-    out_batch between output batches."""
+    out_batch between output batches. ``coop``: the device and mode can run
+    ``gemm_coopmat``, which then runs the shapes ``coop_gemm_wanted`` gives it."""
+    c_si, c_sj = c if c is not None else (0, 0)
+    push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
+            batch_inner, *a_batch, *b_batch, out_batch)
+    coop_tile = choose_coop_gemm_tile(m, n, batches) if coop and coop_gemm_wanted(m, n, k, batches) else None
+    if coop_tile is not None:
+        fm, fn = coop_tile
+        return Dispatch("gemm_coopmat", bindings, (_ceil(n, 64 * fn) * GEMM_THREADS, _ceil(m, 32 * fm), batches),
+                        push_constants=push,
+                        spec_constants=(int(c is not None), fm, fn, int(a[1] == 1), int(b[0] == 1),
+                                        int(out[1] == 1)),
+                        local_size=(GEMM_THREADS, 1, 1))
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:
         raise UnsupportedError(f"{what} {m}x{n} over {batches} batches: too many work groups")
     gx, gy, gz = tile.grid(m, n, batches)
-    c_si, c_sj = c if c is not None else (0, 0)
-    return Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz),
-                    push_constants=(m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1],
-                                    float(alpha), float(beta), batch_inner, *a_batch, *b_batch,
-                                    out_batch),
+    return Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz), push_constants=push,
                     spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
                                     int(a[1] == 1), int(b[0] == 1)),
                     local_size=(GEMM_THREADS, 1, 1))
 
 
+class GemmLayer(VulkanLayer):
+    """A layer of ``gemm_dispatch`` products: on a device and in a mode where
+    ``gemm_coopmat`` runs, its products may run there (``coop``)."""
+
+    coop = False
+
+    def specialize(self, caps: DeviceCaps) -> None:
+        self.coop = fp16_coopmat(caps, self.precision)
+
+
 @register("Gemm")
-class VulkanGemm(VulkanLayer):
+class VulkanGemm(GemmLayer):
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
@@ -168,11 +207,11 @@ class VulkanGemm(VulkanLayer):
         out = (1, m) if p.output_transpose else (n, 1)
         return [gemm_dispatch((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                               c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
-                              beta=float(p.beta))]
+                              beta=float(p.beta), coop=self.coop)]
 
 
 @register("MatMul")
-class VulkanMatMul(VulkanLayer):
+class VulkanMatMul(GemmLayer):
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:
         super().__init__(layer, in_shapes, out_shapes, precision)
@@ -199,4 +238,4 @@ class VulkanMatMul(VulkanLayer):
                                self.layer.outputs[0]), m, n, k, (k, 1), b, None, (n, 1),
                               batches=self.out_batch[0] * self.out_batch[1],
                               batch_inner=self.out_batch[1], a_batch=a_batch, b_batch=b_batch,
-                              out_batch=m * n, what="MatMul")]
+                              out_batch=m * n, what="MatMul", coop=self.coop)]

@@ -1,0 +1,69 @@
+"""gemm_coopmat.comp (tensor-core Gemm / MatMul / attention products) against ncnn, on a device
+that has VK_KHR_cooperative_matrix.
+
+Not part of the CI suite (lavapipe offers no cooperative matrices): run on the GPU machine by
+benchmarks/gpu_coopmat.sh. With ``VKSERVE_COOPMAT=1`` every product runs on gemm_coopmat, so the
+CI suite's Gemm, MatMul and attention cases (every stride order, C broadcast, batch broadcast,
+odd sizes, pnnx's Linear shapes) check it; each tile too. A device without the extension fails
+here rather than skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import vkserve.devices.vulkan.layers.matmul as matmul_layers
+from tests.conftest import vulkan_caps  # noqa: F401 (fixture)
+from tests.devices.cpu.test_cpu_attention import CASES as ATTENTION_CASES
+from tests.devices.cpu.test_cpu_attention import line_for
+from tests.devices.cpu.test_cpu_matmul import GEMM_CASES, MATMUL_CASES, PNNX_GEMM
+from tests.support.vulkan_engine import check_against_ncnn, engine_device, graph_of  # noqa: F401 (fixture)
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.coopmat import fp16_coopmat
+from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
+
+FP16 = [Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
+
+
+@pytest.fixture(autouse=True)
+def coopmat_on(monkeypatch):
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
+
+
+def test_device_offers_fp16_products(vulkan_caps):  # noqa: F811
+    assert fp16_coopmat(vulkan_caps, Precision.FP16_STORAGE), vulkan_caps.cooperative_matrix_shapes
+
+
+def test_products_take_the_coopmat_shader(vulkan_caps):  # noqa: F811
+    graph = graph_of(["Gemm g 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7=3136 8=384 9=96"], {"a": (3136, 96)})
+    vl = VULKAN_LAYERS["Gemm"](graph.layers[-1], [(3136, 96)], [(3136, 384)], Precision.FP16_STORAGE)
+    vl.specialize(vulkan_caps)
+    assert [d.shader for d in vl.dispatches()] == ["gemm_coopmat"]
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+@pytest.mark.parametrize("line, shapes", GEMM_CASES,
+                         ids=[c[0][8:] + str(list(c[1].values())) for c in GEMM_CASES])
+def test_gemm(tmp_path, engine_device, line, shapes, precision):  # noqa: F811
+    check_against_ncnn(tmp_path, engine_device, line, shapes, precision)
+
+
+@pytest.mark.parametrize("tile", matmul_layers.COOP_GEMM_TILES, ids=lambda t: f"fm{t[0]}fn{t[1]}")
+@pytest.mark.parametrize("m, n, k", [*PNNX_GEMM, (77, 130, 45)], ids=str)
+def test_pnnx_linear_every_tile(tmp_path, engine_device, monkeypatch, m, n, k, tile):  # noqa: F811
+    monkeypatch.setattr(matmul_layers, "choose_coop_gemm_tile", lambda *_: tile)
+    check_against_ncnn(tmp_path, engine_device,
+                       f"Gemm gemm_0 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}", {"a": (m, k)},
+                       Precision.FP16_STORAGE)
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+@pytest.mark.parametrize("line, shapes", MATMUL_CASES,
+                         ids=[c[0][10:] + str(list(c[1].values())) for c in MATMUL_CASES])
+def test_matmul(tmp_path, engine_device, line, shapes, precision):  # noqa: F811
+    check_against_ncnn(tmp_path, engine_device, line, shapes, precision)
+
+
+@pytest.mark.parametrize("params, shapes", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention(tmp_path, engine_device, params, shapes):  # noqa: F811
+    check_against_ncnn(tmp_path, engine_device, line_for(params, shapes), shapes, Precision.FP16_STORAGE)

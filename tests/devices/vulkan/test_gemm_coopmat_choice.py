@@ -1,0 +1,93 @@
+"""gemm_coopmat's host side: which products take it (device, mode, ``VKSERVE_COOPMAT``, shape),
+its tile, its spec constants, and that the shader compiles in both fp16 modes.
+
+The shader runs only where the device has VK_KHR_cooperative_matrix (lavapipe has not):
+benchmarks/gpu_tests/test_gemm_coopmat.py checks its outputs against ncnn on the GPU machine
+(every Gemm / MatMul / attention case of the CI suite, forced onto it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import vkserve.devices.vulkan.layers.attention  # noqa: F401 (registers MultiHeadAttention)
+from tests.devices.vulkan.test_coopmat_choice import coop_caps  # noqa: F401 (fixture)
+from tests.support.vulkan_engine import graph_of
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.compiler import compile_glsl
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS
+from vkserve.devices.vulkan.layers.conv import GEMM_UNITS
+from vkserve.devices.vulkan.layers.matmul import choose_coop_gemm_tile
+from vkserve.devices.vulkan.shader_registry import buildable, builtin_shader
+
+FP16 = [Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
+LINEAR = "Gemm g 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}"
+
+
+def shaders(caps, line: str, shapes: dict, precision: Precision) -> list:
+    graph = graph_of([line], shapes)
+    layer = graph.layers[-1]
+    vl = VULKAN_LAYERS[layer.type](layer, [graph.blob_shapes[b] for b in layer.inputs],
+                                   [graph.blob_shapes[b] for b in layer.outputs], precision)
+    vl.specialize(caps)
+    return vl.dispatches()
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+def test_the_shader_compiles_in_both_fp16_modes(coop_caps, precision):  # noqa: F811
+    spirv = compile_glsl(builtin_shader("gemm_coopmat").source, caps=coop_caps, precision=precision,
+                         name="gemm_coopmat.comp")
+    assert spirv[:4] == b"\x03\x02\x23\x07"  # SPIR-V magic, little-endian
+    assert buildable("gemm_coopmat", coop_caps, precision)
+    assert not buildable("gemm_coopmat", coop_caps, Precision.FP32)
+
+
+def test_large_products_take_it_small_ones_and_fp32_do_not(coop_caps, vulkan_caps, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
+    big = LINEAR.format(m=3136, n=384, k=96)
+    small = LINEAR.format(m=49, n=64, k=32)
+    fp16 = Precision.FP16_STORAGE
+    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm_coopmat"]
+    assert [d.shader for d in shaders(coop_caps, small, {"a": (49, 32)}, fp16)] == ["gemm"]
+    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, Precision.FP32)] == ["gemm"]
+    assert [d.shader for d in shaders(vulkan_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm"]  # no extension
+    monkeypatch.setenv("VKSERVE_COOPMAT", "0")
+    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm"]
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
+    assert [d.shader for d in shaders(coop_caps, small, {"a": (49, 32)}, fp16)] == ["gemm_coopmat"]
+
+
+def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_caps, monkeypatch):  # noqa: F811
+    """transA / transB / output_transpose: which operand is k-contiguous, which output axis is."""
+    line = "Gemm g 2 1 a b out 2=1 3=1 14=1"
+    shapes = {"a": (40, 30), "b": (50, 40)}
+    monkeypatch.setenv("VKSERVE_COOPMAT", "0")
+    (fma,) = shaders(coop_caps, line, shapes, Precision.FP16_STORAGE)
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
+    (coop,) = shaders(coop_caps, line, shapes, Precision.FP16_STORAGE)
+    assert coop.shader == "gemm_coopmat" and coop.push_constants == fma.push_constants
+    assert coop.bindings == fma.bindings
+    has_c, fm, fn, a_kfast, b_kfast, o_jfast = coop.spec_constants
+    assert (has_c, a_kfast, b_kfast, o_jfast) == (0, 0, 1, 0)
+    assert coop.global_size == (-(-50 // (64 * fn)) * 256, -(-30 // (32 * fm)), 1)  # M 30, N 50
+
+
+def test_attention_products_follow_the_rule(coop_caps, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
+    line = "MultiHeadAttention att 1 1 q out 0=192 1=3 2=36864 3=192 4=192"
+    used = [d.shader for d in shaders(coop_caps, line, {"q": (197, 192)}, Precision.FP16_STORAGE)]
+    assert used.count("gemm_coopmat") == 6  # q, k, v, scores, mix, out
+
+
+@pytest.mark.parametrize("m, n, batches", [(3136, 384, 1), (197, 768, 1), (197, 192, 1), (16, 16, 1),
+                                           (197, 197, 3), (10, 10, 70000), (5_000_000, 8, 1)])
+def test_the_tile_fills_the_device_and_the_grid_fits(m, n, batches):
+    tile = choose_coop_gemm_tile(m, n, batches)
+    if batches > MAX_GROUPS or -(-m // 64) > MAX_GROUPS:
+        assert tile is None
+        return
+    fm, fn = tile
+    groups = -(-n // (64 * fn)) * -(-m // (32 * fm)) * batches
+    assert groups >= GEMM_UNITS or (fm, fn) == (1, 1)
+    if (fm, fn) != (2, 2):  # a larger tile would have left units idle
+        assert -(-n // 128) * -(-m // 64) * batches < GEMM_UNITS
