@@ -80,6 +80,17 @@ def force_tile(setting: str) -> None:
     conv.choose_coop_tile = choose
 
 
+def load_graph(models: Path, name: str):
+    """The model `name` (a .param under `models`, e.g. ``pnnx/convnext_tiny``) with seeded random
+    weights; a pnnx export's shapeless input is given 3 x 224 x 224 (the size its twin takes)."""
+    from vkserve.models.graph import load_model, read_param
+
+    layers = read_param(models / f"{name}.param")
+    shapes = {lr.outputs[0]: (3, 224, 224) for lr in layers
+              if lr.type == "Input" and lr.params.declared_shape() is None} or None
+    return load_model(models / f"{name}.param", None, shapes, seed=0)
+
+
 def gemm_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
     """Convolution and Gemm layer label prefix -> (M, N, K, groups)."""
     out = {}
@@ -107,11 +118,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from vkserve.devices.reference import random_inputs
-    from vkserve.models.graph import load_model
 
     rows = []
     for name in args.only:
-        graph = load_model(args.models / f"{name}.param", None, None, seed=0)
+        graph = load_graph(args.models, name)
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
         fma = profiled(graph, inputs, args.device, False, args.runs)
         coop = {}

@@ -108,9 +108,9 @@ def main() -> int:
 
     import torch
 
+    from benchmarks.coopmat_layers import load_graph
     from vkserve.devices.discovery import discover_devices
     from vkserve.devices.reference import random_inputs
-    from vkserve.models.graph import load_model
 
     caps = discover_devices()[args.device]
     header = {"device": caps.name, "torch": torch.__version__, "cuda_device": torch.cuda.get_device_name(0),
@@ -121,7 +121,7 @@ def main() -> int:
         param = args.models / f"{name}.param"
         if (args.only and name not in args.only) or not param.is_file():
             continue
-        graph = load_model(param, None, None, seed=0)
+        graph = load_graph(args.models, name)
         (input_name,) = graph.input_names
         shape = tuple(graph.blob_shapes[input_name])
         inputs = random_inputs({input_name: shape})
