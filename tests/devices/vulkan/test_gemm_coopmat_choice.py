@@ -42,19 +42,29 @@ def test_the_shader_compiles_in_both_fp16_modes(coop_caps, precision):  # noqa: 
     assert not buildable("gemm_coopmat", coop_caps, Precision.FP32)
 
 
-def test_large_products_take_it_small_ones_and_fp32_do_not(coop_caps, vulkan_caps, monkeypatch):  # noqa: F811
+def linear(caps, m: int, n: int, k: int, precision: Precision = Precision.FP16_STORAGE) -> list[str]:
+    return [d.shader for d in shaders(caps, LINEAR.format(m=m, n=n, k=k), {"a": (m, k)}, precision)]
+
+
+@pytest.mark.parametrize("m, n, k, coop", [
+    (3136, 96, 384, True), (784, 768, 192, True), (196, 1536, 384, True),  # measured faster
+    (3136, 384, 96, False),  # three steps of K
+    (196, 384, 1536, False), (49, 768, 3072, False), (197, 192, 768, False),  # few work groups, long K
+    (49, 64, 32, False),
+])
+def test_the_rule_takes_the_shapes_measured_faster(coop_caps, monkeypatch, m, n, k, coop):  # noqa: F811
     monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
-    big = LINEAR.format(m=3136, n=384, k=96)
-    small = LINEAR.format(m=49, n=64, k=32)
-    fp16 = Precision.FP16_STORAGE
-    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm_coopmat"]
-    assert [d.shader for d in shaders(coop_caps, small, {"a": (49, 32)}, fp16)] == ["gemm"]
-    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, Precision.FP32)] == ["gemm"]
-    assert [d.shader for d in shaders(vulkan_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm"]  # no extension
+    assert linear(coop_caps, m, n, k) == ["gemm_coopmat" if coop else "gemm"]
+
+
+def test_never_in_fp32_or_without_the_extension_or_when_off(coop_caps, vulkan_caps, monkeypatch):  # noqa: F811
+    monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
+    assert linear(coop_caps, 3136, 96, 384, Precision.FP32) == ["gemm"]
+    assert linear(vulkan_caps, 3136, 96, 384) == ["gemm"]  # lavapipe: no cooperative matrices
     monkeypatch.setenv("VKSERVE_COOPMAT", "0")
-    assert [d.shader for d in shaders(coop_caps, big, {"a": (3136, 96)}, fp16)] == ["gemm"]
-    monkeypatch.setenv("VKSERVE_COOPMAT", "1")
-    assert [d.shader for d in shaders(coop_caps, small, {"a": (49, 32)}, fp16)] == ["gemm_coopmat"]
+    assert linear(coop_caps, 3136, 96, 384) == ["gemm"]
+    monkeypatch.setenv("VKSERVE_COOPMAT", "1")  # every product it can run (for measuring)
+    assert linear(coop_caps, 49, 64, 32) == ["gemm_coopmat"]
 
 
 def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_caps, monkeypatch):  # noqa: F811

@@ -14,8 +14,9 @@ mobile models' 1x1 layers) ran up to 1.8x slower, as did layers whose K is mostl
 (3 input channels padded to 32: 1.6-2.4x). Of the rules tried on that table, "K >= 512 and
 M x N x K >= 15 M" came within 1.5 % of the per-layer best sum (2.84 vs 2.80 ms; conv_gemm
 everywhere 4.57, conv_coopmat everywhere 3.18). ``VKSERVE_COOPMAT``: unset or ``auto`` = that
-rule, for convolutions whose padded channels are at least `AUTO_MIN_CHANNEL_USE` real; ``1`` =
-every convolution it can run (for measuring); ``0`` = never.
+rule, for convolutions whose padded channels are at least `AUTO_MIN_CHANNEL_USE` real, and
+`coop_gemm_wanted`'s for products; ``1`` = every convolution and product they can run (for
+measuring); ``0`` = never.
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ AUTO_MIN_K = 512
 AUTO_MIN_MACS = 15_000_000
 
 
-AUTO_GEMM_MIN_K = 64
-AUTO_GEMM_MIN_MACS = 15_000_000
+#: gemm_coopmat (Gemm / MatMul / attention products) has no split K: on the H200, per layer
+#: (benchmarks/coopmat_layers.py on convnext_tiny and vit_tiny; RESULTS.md, issue 17) it was
+#: 0.83-0.93x of gemm.comp's time where K >= 192 and its tile gave >= 156 work groups, about
+#: even at 75-96 groups, and 1.9-2.3x slower with 21-42 groups and K of 768-3072 (a long K
+#: loop on few compute units, which gemm.comp splits over slices), 1.1-1.3x slower with K = 96
+#: (three steps: the prologue and epilogue dominate).
+AUTO_GEMM_MIN_K = 128
+AUTO_GEMM_MIN_GROUPS = 132
 
 
 def _mode() -> str:
@@ -64,10 +71,11 @@ def coopmat_wanted(icg: int, cpad: int, m: int, n: int, k: int) -> bool:
     return icg >= AUTO_MIN_CHANNEL_USE * cpad and k >= AUTO_MIN_K and m * n * k >= AUTO_MIN_MACS
 
 
-def coop_gemm_wanted(m: int, n: int, k: int, batches: int) -> bool:
-    """Whether a Gemm / MatMul / attention product of `batches` times M x N x K should run
-    as gemm_coopmat on a device that has it, by ``VKSERVE_COOPMAT``."""
+def coop_gemm_wanted(k: int, work_groups: int) -> bool:
+    """Whether a Gemm / MatMul / attention product with a K of `k` whose gemm_coopmat tile
+    makes `work_groups` work groups should run as gemm_coopmat on a device that has it, by
+    ``VKSERVE_COOPMAT``."""
     mode = _mode()
     if mode != "auto":
         return mode == "1"
-    return k >= AUTO_GEMM_MIN_K and m * n * k * batches >= AUTO_GEMM_MIN_MACS
+    return k >= AUTO_GEMM_MIN_K and work_groups >= AUTO_GEMM_MIN_GROUPS

@@ -21,6 +21,7 @@ with it (``GemmLayer.specialize``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -139,14 +140,16 @@ def gemm_dispatch(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     column stride), c = (row, column strides) or None, out = (row, column strides); batch z is
     (z // batch_inner, z % batch_inner), with those two strides in a_batch / b_batch and
     out_batch between output batches. ``coop``: the device and mode can run
-    ``gemm_coopmat``, which then runs the shapes ``coop_gemm_wanted`` gives it."""
+    ``gemm_coopmat``, which then runs the shapes ``coop_gemm_wanted`` gives it (by K and
+    the work groups of the tile ``choose_coop_gemm_tile`` picks)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
-    coop_tile = choose_coop_gemm_tile(m, n, batches) if coop and coop_gemm_wanted(m, n, k, batches) else None
-    if coop_tile is not None:
+    coop_tile = choose_coop_gemm_tile(m, n, batches) if coop else None
+    coop_grid = (0, 0, 0) if coop_tile is None else (_ceil(n, 64 * coop_tile[1]), _ceil(m, 32 * coop_tile[0]), batches)
+    if coop_tile is not None and coop_gemm_wanted(k, math.prod(coop_grid)):
         fm, fn = coop_tile
-        return Dispatch("gemm_coopmat", bindings, (_ceil(n, 64 * fn) * GEMM_THREADS, _ceil(m, 32 * fm), batches),
+        return Dispatch("gemm_coopmat", bindings, (coop_grid[0] * GEMM_THREADS, coop_grid[1], batches),
                         push_constants=push,
                         spec_constants=(int(c is not None), fm, fn, int(a[1] == 1), int(b[0] == 1),
                                         int(out[1] == 1)),
