@@ -48,13 +48,41 @@ def test_gemm(tmp_path, engine_device, line, shapes, precision):  # noqa: F811
     check_against_ncnn(tmp_path, engine_device, line, shapes, precision)
 
 
+def force(monkeypatch, tile: tuple[int, int], ksplit: int) -> None:
+    """Every product on `tile` with K in `ksplit` splits (fewer when the steps run out; the
+    last split shorter when they do not divide); products that cannot split keep K whole."""
+    def choose(m, n, k, batches, split):
+        steps = -(-k // matmul_layers.COOP_GEMM_BK)
+        per = -(-steps // (ksplit if split else 1))
+        return matmul_layers.CoopGemm(*tile, -(-steps // per), per)
+
+    monkeypatch.setattr(matmul_layers, "choose_coop_gemm", choose)
+
+
+@pytest.mark.parametrize("ksplit", [1, 3], ids=lambda s: f"ksplit{s}")
 @pytest.mark.parametrize("tile", matmul_layers.COOP_GEMM_TILES, ids=lambda t: f"fm{t[0]}fn{t[1]}")
 @pytest.mark.parametrize("m, n, k", [*PNNX_GEMM, (77, 130, 45)], ids=str)
-def test_pnnx_linear_every_tile(tmp_path, engine_device, monkeypatch, m, n, k, tile):  # noqa: F811
-    monkeypatch.setattr(matmul_layers, "choose_coop_gemm_tile", lambda *_: tile)
+def test_pnnx_linear_every_tile(tmp_path, engine_device, monkeypatch, m, n, k, tile, ksplit):  # noqa: F811
+    force(monkeypatch, tile, ksplit)
     check_against_ncnn(tmp_path, engine_device,
                        f"Gemm gemm_0 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}", {"a": (m, k)},
                        Precision.FP16_STORAGE)
+
+
+# C (full, per row, per column), alpha / beta, transposed operands and output, with K split
+SPLIT_GEMMS = [
+    ("Gemm op 3 1 a b c out 0=0.5 1=2.0", {"a": (70, 200), "b": (200, 90), "c": (70, 90)}),
+    ("Gemm op 3 1 a b c out 2=1 3=1 14=1", {"a": (200, 70), "b": (90, 200), "c": (70,)}),
+    ("Gemm op 3 1 a b c out 0=1.5", {"a": (70, 200), "b": (200, 90), "c": (1, 90)}),
+    ("Gemm op 1 1 a out 5=1 6=1 10=4 7=70 8=90 9=200 11=1", {"a": (70, 200)}),
+]
+
+
+@pytest.mark.parametrize("ksplit", [1, 2, 5], ids=lambda s: f"ksplit{s}")
+@pytest.mark.parametrize("line, shapes", SPLIT_GEMMS, ids=[c[0][8:] for c in SPLIT_GEMMS])
+def test_gemm_with_k_split(tmp_path, engine_device, monkeypatch, line, shapes, ksplit):  # noqa: F811
+    force(monkeypatch, (1, 1), ksplit)
+    check_against_ncnn(tmp_path, engine_device, line, shapes, Precision.FP16_STORAGE)
 
 
 @pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)

@@ -77,7 +77,7 @@ def test_gemm_tiles_and_choice():
     small = matmul.choose_gemm_tile(49, 768, 3072, 1)
     assert small.ks > 1 and small.bm <= 32
     assert matmul.choose_gemm_tile(64 * MAX_GROUPS + 1, 64 * MAX_GROUPS + 1, 4, 1) is None
-    d = matmul.gemm_dispatch(("a", "b", "c", "out"), 49, 768, 3072, (3072, 1), (1, 3072), (0, 1),
-                             (768, 1))
+    (d,) = matmul.gemm_dispatches(("a", "b", "c", "out"), 49, 768, 3072, (3072, 1), (1, 3072), (0, 1),
+                                  (768, 1))
     assert d.local_size == (256, 1, 1) and not tunable(d)
     assert d.global_size[0] % 256 == 0 and d.spec_constants[1:5] == (small.bm, small.bn, small.ks, small.bk)

@@ -26,7 +26,7 @@ from vkserve.devices.capabilities import Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL, make_dispatch
-from vkserve.devices.vulkan.layers.matmul import GemmLayer, gemm_dispatch
+from vkserve.devices.vulkan.layers.matmul import GemmLayer, gemm_dispatches
 from vkserve.devices.vulkan.layers.shape import LOCAL, linear_grid
 from vkserve.models.graph import Layer
 
@@ -58,12 +58,12 @@ class VulkanMultiHeadAttention(GemmLayer):
 
     def _gemm(self, bindings: tuple[str, str, str, str], m: int, n: int, k: int,
               a: tuple[int, int, int], b: tuple[int, int, int], c: tuple[int, int] | None,
-              out: tuple[int, int, int], heads: int = 1, alpha: float = 1.0) -> Dispatch:
-        """One ``gemm`` dispatch (``matmul.gemm_dispatch``: the tile picked for the shape):
+              out: tuple[int, int, int], heads: int = 1, alpha: float = 1.0) -> list[Dispatch]:
+        """One product (``matmul.gemm_dispatches``: the shader and tile picked for the shape):
         (M, N) = A (M, K) @ B (K, N) (+ C), times alpha, over ``heads`` batches. a = (row stride,
         k stride, head stride), b = (k stride, column stride, head stride), c = (row, column
         strides) or None, out = (row, column, head strides)."""
-        return gemm_dispatch(bindings, m, n, k, a[:2], b[:2], c, out[:2], alpha=alpha,
+        return gemm_dispatches(bindings, m, n, k, a[:2], b[:2], c, out[:2], alpha=alpha,
                              batches=heads, batch_inner=heads, a_batch=(0, a[2]),
                              b_batch=(0, b[2]), out_batch=out[2],
                              what="MultiHeadAttention product", coop=self.coop)
@@ -76,11 +76,11 @@ class VulkanMultiHeadAttention(GemmLayer):
         for name, blob, rows, width, alpha in (("q", layer.inputs[qi], src, p.qdim(), p.qk_scale()),
                                                ("k", layer.inputs[ki], dst, p.kdim, 1.0),
                                                ("v", layer.inputs[vi], dst, p.vdim, 1.0)):
-            out.append(self._gemm((blob, f"w:{name}w", f"w:{name}b", f"s:{name}"), rows, e, width,
+            out.extend(self._gemm((blob, f"w:{name}w", f"w:{name}b", f"s:{name}"), rows, e, width,
                                   a=(width, 1, 0), b=(1, width, 0), c=(0, 1), out=(e, 1, 0),
                                   alpha=alpha))
         shared_mask = mi is not None and self.mask_heads == 1
-        out.append(self._gemm(("s:q", "s:k", layer.inputs[mi] if shared_mask else "w:none", "s:scores"),
+        out.extend(self._gemm(("s:q", "s:k", layer.inputs[mi] if shared_mask else "w:none", "s:scores"),
                               src, dst, hd, a=(e, 1, hd), b=(1, e, hd),
                               c=(dst, 1) if shared_mask else None, out=(dst, 1, src * dst), heads=heads))
         if mi is not None and not shared_mask:
@@ -93,8 +93,8 @@ class VulkanMultiHeadAttention(GemmLayer):
                                  (REDUCE_LOCAL if cooperative else 1, heads * src, 1),
                                  psc=(dst, 1, heads * src), fixed=(int(cooperative),),
                                  local_size=(REDUCE_LOCAL, 1, 1)))
-        out.append(self._gemm(("s:scores", "s:v", "w:none", "s:mixed"), src, hd, dst,
+        out.extend(self._gemm(("s:scores", "s:v", "w:none", "s:mixed"), src, hd, dst,
                               a=(dst, 1, src * dst), b=(e, 1, hd), c=None, out=(e, 1, hd), heads=heads))
-        out.append(self._gemm(("s:mixed", "w:ow", "w:ob", layer.outputs[0]), src, p.qdim(), e,
+        out.extend(self._gemm(("s:mixed", "w:ow", "w:ob", layer.outputs[0]), src, p.qdim(), e,
                               a=(e, 1, 0), b=(1, e, 0), c=(0, 1), out=(p.qdim(), 1, 0)))
         return out

@@ -1,4 +1,4 @@
-"""Gemm and MatMul on Vulkan: one ``gemm`` dispatch each (``gemm_dispatch``, which
+"""Gemm and MatMul on Vulkan: one ``gemm`` dispatch each (``gemm_dispatches``, which
 MultiHeadAttention's products use too), float accumulation in every mode. A, B and C are read
 through strides (``gemm.comp``), so transA / transB, output_transpose and C's broadcasts need no
 copies. Constant operands are weights in ncnn's stored orders; the sizes and C's broadcast come
@@ -14,14 +14,14 @@ slices when K is long.
 
 ``gemm_coopmat.comp`` is the same product on the tensor cores (VK_KHR_cooperative_matrix, fp16
 modes; ``vulkan.coopmat``): same push constants, a 32 FM x 64 FN tile per work group of 8
-subgroups, chosen per shape by ``coop_gemm_wanted`` for the layers that were given a device
+subgroups, K split over work groups (fp32 partials and a reduce pass) for a Gemm with few
+output tiles; chosen per shape by ``choose_coop_gemm`` for the layers that were given a device
 with it (``GemmLayer.specialize``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,7 +30,7 @@ from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.coopmat import coop_gemm_wanted, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
-from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS
+from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS, split_k
 from vkserve.models.graph import Layer
 
 _DUMMY = np.zeros(2, np.float32)
@@ -116,6 +116,7 @@ def choose_gemm_tile(m: int, n: int, k: int, batches: int) -> MatmulTile | None:
 
 #: gemm_coopmat's FM x FN (BM = 32 FM rows by BN = 64 FN columns), largest first
 COOP_GEMM_TILES = ((2, 2), (2, 1), (1, 1))
+COOP_GEMM_BK = 32  # gemm_coopmat's values of K per step
 
 
 def choose_coop_gemm_tile(m: int, n: int, batches: int) -> tuple[int, int] | None:
@@ -129,43 +130,85 @@ def choose_coop_gemm_tile(m: int, n: int, batches: int) -> tuple[int, int] | Non
     return fits[-1] if fits else None
 
 
-def gemm_dispatch(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
-                  a: tuple[int, int], b: tuple[int, int], c: tuple[int, int] | None,
-                  out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
-                  batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
-                  b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
-                  what: str = "Gemm", coop: bool = False) -> Dispatch:
-    """One ``gemm`` dispatch: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)), over
-    ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k stride,
-    column stride), c = (row, column strides) or None, out = (row, column strides); batch z is
-    (z // batch_inner, z % batch_inner), with those two strides in a_batch / b_batch and
-    out_batch between output batches. ``coop``: the device and mode can run
-    ``gemm_coopmat``, which then runs the shapes ``coop_gemm_wanted`` gives it (by K and
-    the work groups of the tile ``choose_coop_gemm_tile`` picks)."""
+@dataclasses.dataclass(frozen=True)
+class CoopGemm:
+    """gemm_coopmat's launch for one product: an FM x FN tile, K in `ksplit` work groups of
+    `split_steps` steps each (1 split: K whole, no partials)."""
+
+    fm: int
+    fn: int
+    ksplit: int
+    split_steps: int
+
+    def padded(self, m: int, n: int) -> tuple[int, int]:
+        """M and N rounded up to the tile: the rows and columns of a partial."""
+        return _ceil(m, 32 * self.fm) * 32 * self.fm, _ceil(n, 64 * self.fn) * 64 * self.fn
+
+    def partial_floats(self, m: int, n: int, batches: int) -> int:
+        mpad, npad = self.padded(m, n)
+        return self.ksplit * batches * mpad * npad
+
+
+def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool) -> CoopGemm | None:
+    """gemm_coopmat's launch for the product, or None where gemm.comp should run it
+    (``coop_gemm_wanted``). With `split` (the layer has room for partials) K is split over
+    work groups as conv_coopmat's is when the output tiles are too few (``conv.split_k``)."""
+    tile = choose_coop_gemm_tile(m, n, batches)
+    if tile is None:
+        return None
+    fm, fn = tile
+    tiles = _ceil(n, 64 * fn) * _ceil(m, 32 * fm) * batches
+    steps = _ceil(k, COOP_GEMM_BK)
+    ksplit, per = split_k(tiles, steps) if split else (1, steps)
+    if ksplit * batches > MAX_GROUPS:
+        ksplit, per = 1, steps
+    if not coop_gemm_wanted(k, tiles * ksplit):
+        return None
+    return CoopGemm(fm, fn, ksplit, per)
+
+
+def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
+                    a: tuple[int, int], b: tuple[int, int], c: tuple[int, int] | None,
+                    out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
+                    batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
+                    b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
+                    what: str = "Gemm", coop: bool = False, partial: str | None = None) -> list[Dispatch]:
+    """The dispatches of one product: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)),
+    over ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k
+    stride, column stride), c = (row, column strides) or None, out = (row, column strides);
+    batch z is (z // batch_inner, z % batch_inner), with those two strides in a_batch /
+    b_batch and out_batch between output batches. One ``gemm`` dispatch, or with ``coop``
+    (the device and mode can run gemm_coopmat) the ``choose_coop_gemm`` launch where it
+    takes the product: one ``gemm_coopmat`` dispatch, two with K split, which needs
+    ``partial`` (a scratch blob of `CoopGemm.partial_floats`)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
-    coop_tile = choose_coop_gemm_tile(m, n, batches) if coop else None
-    coop_grid = (0, 0, 0) if coop_tile is None else (_ceil(n, 64 * coop_tile[1]), _ceil(m, 32 * coop_tile[0]), batches)
-    if coop_tile is not None and coop_gemm_wanted(k, math.prod(coop_grid)):
-        fm, fn = coop_tile
-        return Dispatch("gemm_coopmat", bindings, (coop_grid[0] * GEMM_THREADS, coop_grid[1], batches),
-                        push_constants=push,
-                        spec_constants=(int(c is not None), fm, fn, int(a[1] == 1), int(b[0] == 1),
-                                        int(out[1] == 1)),
-                        local_size=(GEMM_THREADS, 1, 1))
+    launch = choose_coop_gemm(m, n, k, batches, partial is not None) if coop else None
+    if launch is not None:
+        mpad, npad = launch.padded(m, n)
+        spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
+                launch.ksplit, launch.split_steps, mpad, npad)
+        coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3])
+        product = Dispatch("gemm_coopmat", coop_bindings,
+                           (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
+                           push_constants=push, spec_constants=(*spec, 0), local_size=(GEMM_THREADS, 1, 1))
+        if launch.ksplit == 1:
+            return [product]
+        return [product, Dispatch("gemm_coopmat", coop_bindings, (n, m, batches), push_constants=push,
+                                  spec_constants=(*spec, 1), local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:
         raise UnsupportedError(f"{what} {m}x{n} over {batches} batches: too many work groups")
     gx, gy, gz = tile.grid(m, n, batches)
-    return Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz), push_constants=push,
-                    spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
-                                    int(a[1] == 1), int(b[0] == 1)),
-                    local_size=(GEMM_THREADS, 1, 1))
+    return [Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz), push_constants=push,
+                     spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
+                                     int(a[1] == 1), int(b[0] == 1)),
+                     local_size=(GEMM_THREADS, 1, 1))]
 
 
 class GemmLayer(VulkanLayer):
-    """A layer of ``gemm_dispatch`` products: on a device and in a mode where
+    """A layer of ``gemm_dispatches`` products: on a device and in a mode where
     ``gemm_coopmat`` runs, its products may run there (``coop``)."""
 
     coop = False
@@ -201,6 +244,14 @@ class VulkanGemm(GemmLayer):
     def weights(self) -> dict[str, np.ndarray]:
         return dict(self._weights)
 
+    def scratch(self) -> dict[str, int]:
+        """gemm_coopmat's fp32 partials when it splits K, counted in the fp16 storage elements
+        of the modes it runs in."""
+        launch = choose_coop_gemm(self.m, self.n, self.k, 1, split=True) if self.coop else None
+        if launch is None or launch.ksplit == 1:
+            return {}
+        return {"partial": launch.partial_floats(self.m, self.n, 1) * 2}
+
     def dispatches(self) -> list[Dispatch]:
         p = self.params
         m, n, k = self.m, self.n, self.k
@@ -208,9 +259,9 @@ class VulkanGemm(GemmLayer):
         b = (1, k) if p.transB else (n, 1)
         c = (n, 1) if self.c_kind == 3 else _C_STRIDES.get(self.c_kind, (0, 0))
         out = (1, m) if p.output_transpose else (n, 1)
-        return [gemm_dispatch((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
-                              c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
-                              beta=float(p.beta), coop=self.coop)]
+        return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
+                               c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
+                               beta=float(p.beta), coop=self.coop, partial="s:partial")
 
 
 @register("MatMul")
@@ -237,8 +288,8 @@ class VulkanMatMul(GemmLayer):
                    0 if self.a_batch[1] == 1 else a_mat)
         b_batch = (0 if self.b_batch[0] == 1 else self.b_batch[1] * b_mat,
                    0 if self.b_batch[1] == 1 else b_mat)
-        return [gemm_dispatch((self.layer.inputs[0], self.layer.inputs[1], "w:C",
-                               self.layer.outputs[0]), m, n, k, (k, 1), b, None, (n, 1),
-                              batches=self.out_batch[0] * self.out_batch[1],
-                              batch_inner=self.out_batch[1], a_batch=a_batch, b_batch=b_batch,
-                              out_batch=m * n, what="MatMul", coop=self.coop)]
+        return gemm_dispatches((self.layer.inputs[0], self.layer.inputs[1], "w:C",
+                                self.layer.outputs[0]), m, n, k, (k, 1), b, None, (n, 1),
+                               batches=self.out_batch[0] * self.out_batch[1],
+                               batch_inner=self.out_batch[1], a_batch=a_batch, b_batch=b_batch,
+                               out_batch=m * n, what="MatMul", coop=self.coop)

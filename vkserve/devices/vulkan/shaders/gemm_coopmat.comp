@@ -19,6 +19,11 @@
 // read 32 consecutive k of one row, else consecutive rows; B_KFAST likewise for columns).
 // Values past M, N or K are staged as zeros (their loads read element 0), so any sizes work;
 // only in-range outputs are stored, in the order of the output's unit stride (O_JFAST).
+//
+// Split K (a Gemm with few output tiles and a long K): the grid's z is batches x KSPLIT and
+// each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD],
+// stored straight from the accumulators); a second dispatch of this shader with REDUCE = 1
+// adds them in split order and applies C, beta and alpha, one output per invocation.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -32,11 +37,18 @@ layout (constant_id = 2) const int FN = 1;        // along N: 1, 2
 layout (constant_id = 3) const int A_KFAST = 1;   // a_sk == 1
 layout (constant_id = 4) const int B_KFAST = 1;   // b_sk == 1
 layout (constant_id = 5) const int O_JFAST = 1;   // o_sj == 1
+layout (constant_id = 6) const int KSPLIT = 1;    // work groups along K
+layout (constant_id = 7) const int SPLIT_STEPS = 1;  // steps of BK per split (KSPLIT > 1)
+layout (constant_id = 8) const int MPAD = 0;      // rows of a partial: M rounded up to BM
+layout (constant_id = 9) const int NPAD = 0;      // its columns: N rounded up to BN
+layout (constant_id = 10) const int REDUCE = 0;   // 1: the split-K pass adding the partials
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
 layout (binding = 2) readonly buffer c_blob { sfp c_data[]; };
 layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
+// split K's fp32 partials (with KSPLIT = 1 another blob is bound here, never read)
+layout (binding = 4) buffer partial_blob { float partial_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -125,11 +137,45 @@ void store_step(int b)
     }
 }
 
+// top(m, n) of batch z from its value before C, beta and alpha
+void store_output(int z, int m, int n, float v)
+{
+    if (has_c == 1)
+        v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
+    buffer_st1(top_blob_data, z * p.o_b + m * p.o_si + n * p.o_sj, v * p.alpha);
+}
+
+// The split-K pass: output (z, m, n) = the partials' sum, in split order.
+void reduce_partials()
+{
+    const int n = int(gl_GlobalInvocationID.x);
+    const int m = int(gl_GlobalInvocationID.y);
+    const int z = int(gl_GlobalInvocationID.z);
+    if (n >= p.N || m >= p.M)
+        return;
+    const int plane = MPAD * NPAD;
+    const int batches = int(gl_NumWorkGroups.z);
+    int at = z * plane + m * NPAD + n;
+    float sum = 0.0;
+    for (int s = 0; s < KSPLIT; s++)
+    {
+        sum += partial_data[at];
+        at += batches * plane;
+    }
+    store_output(z, m, n, sum);
+}
+
 void main()
 {
+    if (REDUCE == 1)
+    {
+        reduce_partials();
+        return;
+    }
     const int lid = int(gl_LocalInvocationIndex);
     const int sg = int(gl_SubgroupID);
-    const int z = int(gl_WorkGroupID.z);
+    const int z = int(gl_WorkGroupID.z) / KSPLIT;
+    const int split = int(gl_WorkGroupID.z) - z * KSPLIT;
     const int m0 = int(gl_WorkGroupID.y) * BM;
     const int n0 = int(gl_WorkGroupID.x) * BN;
     const int z1 = z / p.batch_inner;
@@ -162,15 +208,17 @@ void main()
     [[unroll]] for (int i = 0; i < FM * FN; i++)
         acc[i] = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
 
-    const int steps = (p.K + BK - 1) / BK;
-    load_step(0);
+    const int all_steps = (p.K + BK - 1) / BK;
+    const int first = KSPLIT > 1 ? split * SPLIT_STEPS : 0;
+    const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
+    load_step(first * BK);
     store_step(0);
     barrier();
     for (int s = 0; s < steps; s++)
     {
         const int cur = s & 1;
         if (s + 1 < steps)
-            load_step((s + 1) * BK);
+            load_step((first + s + 1) * BK);
         [[unroll]] for (int kk = 0; kk < BK / 4; kk += 4)
         {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
@@ -191,9 +239,20 @@ void main()
         barrier();
     }
 
+    if (KSPLIT > 1)
+    {
+        // partials: every tile lies inside [MPAD] x [NPAD], so no bounds checks
+        const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
+        const int at = ((split * batches + z) * MPAD + m0 + sm) * NPAD + n0 + sn;
+        [[unroll]] for (int i = 0; i < FM; i++)
+            [[unroll]] for (int j = 0; j < FN; j++)
+                coopMatStore(acc[i * FN + j], partial_data, uint(at + 16 * i * NPAD + 16 * j), uint(NPAD),
+                             gl_CooperativeMatrixLayoutRowMajor);
+        return;
+    }
+
     // epilogue: each accumulator through shared memory, stored in the output's unit-stride
     // order (tile_c row-major when columns are contiguous in the output, else column-major)
-    const int ob = z * p.o_b;
     const int lane = int(gl_SubgroupInvocationID);
     const int lanes = int(gl_SubgroupSize);
     [[unroll]] for (int i = 0; i < FM; i++)
@@ -209,12 +268,7 @@ void main()
                 const int m = m0 + sm + 16 * i + (O_JFAST == 1 ? e / 16 : e % 16);
                 const int n = n0 + sn + 16 * j + (O_JFAST == 1 ? e % 16 : e / 16);
                 if (m < p.M && n < p.N)
-                {
-                    float v = tile_c[sg * 256 + e];
-                    if (has_c == 1)
-                        v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
-                    buffer_st1(top_blob_data, ob + m * p.o_si + n * p.o_sj, v * p.alpha);
-                }
+                    store_output(z, m, n, tile_c[sg * 256 + e]);
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
