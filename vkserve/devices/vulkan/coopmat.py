@@ -43,12 +43,14 @@ AUTO_MIN_K = 512
 AUTO_MIN_MACS = 15_000_000
 
 
-#: gemm_coopmat (Gemm / MatMul / attention products) has no split K: on the H200, per layer
-#: (benchmarks/coopmat_layers.py on convnext_tiny and vit_tiny; RESULTS.md, issue 17) it was
-#: 0.83-0.93x of gemm.comp's time where K >= 192 and its tile gave >= 156 work groups, about
-#: even at 75-96 groups, and 1.9-2.3x slower with 21-42 groups and K of 768-3072 (a long K
+#: gemm_coopmat (Gemm / MatMul / attention products), per layer on the H200
+#: (benchmarks/coopmat_layers.py on convnext_tiny and vit_tiny; RESULTS.md, issue 17): without
+#: split K, 0.83-0.93x of gemm.comp's time where K >= 192 and its tile gave >= 156 work groups,
+#: about even at 75-96 groups, 1.9-2.3x slower with 21-42 groups and K of 768-3072 (a long K
 #: loop on few compute units, which gemm.comp splits over slices), 1.1-1.3x slower with K = 96
-#: (three steps: the prologue and epilogue dominate).
+#: (three steps: the prologue and epilogue dominate). A Gemm splits K over work groups (its
+#: partials in scratch); then those long-K layers took 0.44-0.70x of gemm.comp's time. The rule:
+#: K >= 128 and, split included, a work group for every compute unit.
 AUTO_GEMM_MIN_K = 128
 AUTO_GEMM_MIN_GROUPS = 132
 
