@@ -66,9 +66,10 @@ def main(args: argparse.Namespace) -> int:
           f"{loaded.plan.precision.value}: {total:.3f} ms of GPU time in {len(steps)} dispatches "
           f"({loaded.plan.barrier_count} barriers), median of {args.runs}")
     summary = loaded.plan.summary()
-    if summary["folded_residuals"] or summary["zero_copy_concats"]:
+    if summary["folded_residuals"] or summary["zero_copy_concats"] or summary["folded_permutes"]:
         print(f"  recorded as fewer dispatches: {summary['folded_residuals']} residual sums (and their "
-              f"ReLU) in the convolution before them, {summary['zero_copy_concats']} Concats in place")
+              f"ReLU) in the convolution before them, {summary['zero_copy_concats']} Concats in place, "
+              f"{summary['folded_permutes']} Permutes written by the layer before them")
     _print_groups("by shader", shaders, total, "dispatches")
     print(f"\nslowest {args.top} dispatches:")
     for s in sorted(steps, key=lambda s: -s.ms)[:args.top]:

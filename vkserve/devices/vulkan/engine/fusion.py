@@ -1,4 +1,5 @@
-"""Residual connections folded into the convolution before them (Vulkan plans).
+"""Layers folded into the one before them (Vulkan plans): residual connections into the
+convolution, Permutes into the layer whose output they reorder.
 
 ``y = ReLU(conv(x) + r)`` in ncnn's form is three layers: a Convolution without an
 activation, an Eltwise sum (or a BinaryOp add) of its output and the shortcut r, and an
@@ -13,16 +14,25 @@ Folded only when nothing else needs what disappears: the convolution's output an
 read by no other layer and not requested, the shortcut produced before the convolution runs
 (the folded layer takes the convolution's place), shapes equal (no broadcast), the sum's
 coefficients all 1.
+
+A Permute costs a dispatch and a pass over its blob; pnnx writes one after every Linear of a
+channels-last block (convnext_tiny: 18 of its 50 copies). When the layer that produced the
+Permute's input (through layers that only alias it: pnnx's Reshapes) can write the permuted
+order itself (`VulkanLayer.take_permuted_output`: a Gemm transposes its output matrix by
+swapping its output strides), it writes the Permute's output and the Permute records nothing.
+Only when nothing else reads the blobs that disappear.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
+
 from vkserve.devices.vulkan.layers.base import Scalar, Shape, VulkanLayer
 from vkserve.devices.vulkan.layers.compute_util import activation_constants
 from vkserve.models.graph import Layer
-from vkserve.models.layers import BinaryOpParams, EltwiseParams, ReLUParams
+from vkserve.models.layers import BinaryOpParams, EltwiseParams, PermuteParams, ReLUParams
 
 Entry = tuple[Layer, VulkanLayer | None]
 
@@ -52,17 +62,62 @@ def _activation(layer: Layer) -> tuple[Scalar, ...] | None:
     return None
 
 
+def _links(entries: Sequence[Entry]) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Each blob's producing entry and its reading entries, by index."""
+    producer = {b: i for i, (layer, _) in enumerate(entries) for b in layer.outputs}
+    readers: dict[str, list[int]] = {}
+    for i, (layer, _) in enumerate(entries):
+        for b in layer.inputs:
+            readers.setdefault(b, []).append(i)
+    return producer, readers
+
+
+def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
+                  keep: Collection[str]) -> tuple[list[Entry], int]:
+    """`entries` with every Permute that its producer can write itself folded into it, and
+    how many were folded. `keep`: blobs that must exist (requested outputs)."""
+    entries = list(entries)
+    producer, readers = _links(entries)
+    gone: set[int] = set()
+    folded = 0
+    for j, (permute, _) in enumerate(entries):
+        if not isinstance(permute.params, PermuteParams):
+            continue
+        chain: list[int] = []  # aliasing layers between the producer and the Permute
+        blob, reader = permute.inputs[0], j
+        while True:
+            i = producer.get(blob)
+            if i is None or blob in keep or readers.get(blob) != [reader]:
+                break
+            layer, vl = entries[i]
+            if vl is not None and vl.aliases_input and len(layer.outputs) == 1:
+                chain.append(i)
+                blob, reader = layer.inputs[0], i
+                continue
+            shape = shapes[permute.inputs[0]]
+            order = np.arange(int(np.prod(shape))).reshape(shape).transpose(
+                permute.params.numpy_axes(len(shape))).ravel()
+            new = None if vl is None else vl.take_permuted_output(
+                order, permute.outputs[0], shapes[permute.outputs[0]])
+            if new is not None:
+                entries[i] = (new, vl)
+                producer[permute.outputs[0]] = i
+                for c in chain:  # the aliases' other inputs (pnnx's shape references) lose a reader
+                    for b in entries[c][0].inputs:
+                        readers[b] = [r for r in readers[b] if r != c]
+                gone.update(chain, [j])
+                folded += 1
+            break
+    return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
 def fold_residuals(entries: Sequence[Entry], shapes: Mapping[str, Shape],
                    keep: Collection[str]) -> tuple[list[Entry], int]:
     """`entries` (a Plan's layers in order, None for Input) with every foldable
     convolution + sum [+ activation] as one layer, and how many were folded. `keep`: blobs
     that must exist (requested outputs)."""
     entries = list(entries)
-    producer = {b: i for i, (layer, _) in enumerate(entries) for b in layer.outputs}
-    readers: dict[str, list[int]] = {}
-    for i, (layer, _) in enumerate(entries):
-        for b in layer.inputs:
-            readers.setdefault(b, []).append(i)
+    producer, readers = _links(entries)
     gone: set[int] = set()
     folded = 0
     for j, (add, _) in enumerate(entries):

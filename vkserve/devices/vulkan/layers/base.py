@@ -80,6 +80,13 @@ class VulkanLayer:
         layer cannot (the default; it is then left unchanged)."""
         return None
 
+    def take_permuted_output(self, order: np.ndarray, output: str, shape: Shape) -> Layer | None:
+        """Write this layer's output permuted: element i of `output` (of `shape`) is element
+        ``order[i]`` of what the layer writes now (a following Permute, through layers that
+        only alias the output), so that the Permute records nothing: its new Layer, or None
+        where the layer cannot write that order (the default; it is then left unchanged)."""
+        return None
+
     def input_windows(self) -> list[int] | None:
         """Where each input lies in the output (its first element), when the layer only
         gathers its inputs into the output unchanged and each is one contiguous run of it

@@ -179,6 +179,7 @@ class VulkanConvolution(VulkanLayer):
             self.kind = "conv" if self.tile is None else "conv_gemm"
         self.coop_tile: CoopTile | None = None
         self.residual = False
+        self.out_hwc = False  # convdw: the output stored channels-last (a Permute folded in)
 
     def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
         """The GEMM kinds add the residual in their epilogue, before the activation; only
@@ -190,6 +191,19 @@ class VulkanConvolution(VulkanLayer):
         self.activation = activation
         self.residual = True
         self.inplace_inputs = (1,)  # read at the index each output value is written to
+        return self.layer
+
+    def take_permuted_output(self, order: np.ndarray, output: str, shape: Shape) -> Layer | None:
+        """convdw stores channels-last where a Permute to that order follows (pnnx's
+        convnext blocks: depthwise, then channels-last for LayerNorm and the Linears)."""
+        oc = self.groups * self.ocg
+        pixels = self.outh * self.outw
+        if (self.kind != "convdw" or self.out_hwc or order.size != oc * pixels
+                or not np.array_equal(order, np.arange(oc * pixels).reshape(oc, pixels).T.ravel())):
+            return None
+        self.out_hwc = True
+        self.layer = dataclasses.replace(self.layer, outputs=[output])
+        self.out_shapes = [shape]
         return self.layer
 
     def specialize(self, caps: DeviceCaps) -> None:
@@ -208,7 +222,7 @@ class VulkanConvolution(VulkanLayer):
         p = self.params
         weight = np.asarray(self.layer.weights[0], dtype=np.float32).ravel()
         bias = (np.asarray(self.layer.weights[1], dtype=np.float32).ravel() if p.bias_term
-                else np.zeros(self.out_shapes[0][0], np.float32))
+                else np.zeros(self.groups * self.ocg, np.float32))
         return self._layout(weight, bias, p.kernel_h * p.kernel_w)
 
     def _layout(self, weight: np.ndarray, bias: np.ndarray, maxk: int) -> dict[str, np.ndarray]:
@@ -268,7 +282,7 @@ class VulkanConvolution(VulkanLayer):
     def dispatches(self) -> list[Dispatch]:
         p = self.params
         c, h, w = self.in_shapes[0]
-        oc, outh, outw = self.out_shapes[0]
+        outh, outw = self.outh, self.outw  # (out_shapes[0] is channels-last after a fold)
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias")
         if self.kind in ("conv_gemm", "conv_coopmat"):
             kpad, mpad = self._padded_km()
@@ -286,7 +300,8 @@ class VulkanConvolution(VulkanLayer):
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
                    p.stride_w, p.stride_h, self.pad_left, self.pad_top, float(p.pad_value))
-            return [make_dispatch("convdw", bindings, (outw, outh, c), psc=psc, fixed=self.activation)]
+            return [make_dispatch("convdw", bindings, (outw, outh, c), psc=psc,
+                                  fixed=self.activation + (int(self.out_hwc),))]
         tiles = _tiles(self.ocg)
         psc = (w, h, outw, outh, self.icg, self.ocg, tiles, self.groups, p.kernel_w, p.kernel_h,
                p.dilation_w, p.dilation_h, p.stride_w, p.stride_h, self.pad_left, self.pad_top,

@@ -244,6 +244,21 @@ class VulkanGemm(GemmLayer):
     def weights(self) -> dict[str, np.ndarray]:
         return dict(self._weights)
 
+    #: the output matrix is written transposed (a following Permute folded in)
+    transposed_out = False
+
+    def take_permuted_output(self, order: np.ndarray, output: str, shape: Shape) -> Layer | None:
+        """A transpose of the output matrix (pnnx's Permute after a Linear, through its
+        Reshape): the shaders write through strides, so swapping them is free."""
+        rows, cols = (self.m, self.n) if self.params.output_transpose == self.transposed_out else (self.n, self.m)
+        if order.size != rows * cols or not np.array_equal(
+                order, np.arange(rows * cols).reshape(rows, cols).T.ravel()):
+            return None
+        self.transposed_out = not self.transposed_out
+        self.layer = dataclasses.replace(self.layer, outputs=[output])
+        self.out_shapes = [shape]
+        return self.layer
+
     def scratch(self) -> dict[str, int]:
         """gemm_coopmat's fp32 partials when it splits K, counted in the fp16 storage elements
         of the modes it runs in."""
@@ -258,7 +273,7 @@ class VulkanGemm(GemmLayer):
         a = (1, m) if p.transA else (k, 1)
         b = (1, k) if p.transB else (n, 1)
         c = (n, 1) if self.c_kind == 3 else _C_STRIDES.get(self.c_kind, (0, 0))
-        out = (1, m) if p.output_transpose else (n, 1)
+        out = (1, m) if p.output_transpose != self.transposed_out else (n, 1)
         return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                                c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
                                beta=float(p.beta), coop=self.coop, partial="s:partial")

@@ -3,7 +3,8 @@
 // One invocation computes one output element: gl_GlobalInvocationID = (out x, out y, channel).
 //
 // weight: sfp [channel][kernel_h * kernel_w] (ncnn's order), bias: sfp [channel] (zeros
-// without bias). Sums are float in every mode.
+// without bias). Sums are float in every mode. With out_hwc = 1 the output is stored
+// channels-last ([out y][out x][channel]: a following Permute folded in, engine.fusion).
 
 layout (constant_id = 0) const int w = 0;
 layout (constant_id = 1) const int h = 0;
@@ -22,6 +23,7 @@ layout (constant_id = 13) const float pad_value = 0;
 layout (constant_id = 14) const int activation_type = 0;
 layout (constant_id = 15) const float activation_param_0 = 0;
 layout (constant_id = 16) const float activation_param_1 = 0;
+layout (constant_id = 17) const int out_hwc = 0;
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -107,5 +109,6 @@ void main()
         }
     }
 
-    buffer_st1(top_blob_data, (gz * OUTH + gy) * OUTW + gx, activate(sum));
+    const int at = out_hwc == 1 ? (gy * OUTW + gx) * psc(c) + gz : (gz * OUTH + gy) * OUTW + gx;
+    buffer_st1(top_blob_data, at, activate(sum));
 }

@@ -1,0 +1,100 @@
+"""Permutes written by the layer before them (engine.fusion.fold_permutes): pnnx's Linear in a
+channels-last block (Gemm, Reshape with a shape reference, Permute back to channels-first)
+becomes one Gemm writing its output transposed, and a depthwise convolution followed by a
+Permute to channels-last stores that way itself. Where the fold applies and where it must not,
+outputs against the CPU kernels in every mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    MODES,
+    assert_near_cpu_kernels,
+    engine_device,
+    graph_of,
+    run_plan,
+)
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.device import VulkanDevice
+
+SHAPES = {"x": (24, 5, 7)}  # channels-first, 35 pixels, as after convnext's depthwise layer
+HEAD = [
+    "Permute p0 1 1 x hwc 0=3",              # (24, 5, 7) -> (5, 7, 24): kept (an input)
+    "Split sp 1 2 hwc hwc1 hwc2",
+    "Reshape r0 1 1 hwc1 rows 6=\"0w,-1\"",   # (35, 24): pixels x channels
+]
+LINEAR = [
+    *HEAD,
+    "Gemm g1 1 1 rows y 10=4 2=0 3=1 4=0 5=1 6=1 7=35 8=40 9=24",
+    "Reshape r1 2 1 y hwc2 y3 6=\"0w,1h,1c\"",  # (5, 7, 40), the shape of hwc2's h and c
+    "Permute p1 1 1 y3 out 0=4",                # -> (40, 5, 7): channels-first again
+]
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+def test_a_linear_writes_its_output_channels_first(engine_device: VulkanDevice,  # noqa: F811
+                                                   precision: Precision) -> None:
+    graph = graph_of(LINEAR, SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out"])
+    assert summary["folded_permutes"] == 1
+    assert got["out"].shape == (40, 5, 7)
+    recorded = [name for name, _ in steps]
+    assert "p1" not in recorded and "g1" in recorded and "p0" in recorded
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+DEPTHWISE = [
+    # convnext's block head: depthwise 7x7 (here 3x3, with a ReLU), then channels-last
+    "ConvolutionDepthWise dw 1 1 x d 0=24 1=3 4=1 5=1 6=216 7=24 9=1",
+    "Permute p1 1 1 d out 0=3",
+    "LayerNorm ln 1 1 out normed 0=24 1=0.000001 2=1",
+]
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+def test_a_depthwise_convolution_stores_channels_last(engine_device: VulkanDevice,  # noqa: F811
+                                                      precision: Precision) -> None:
+    graph = graph_of(DEPTHWISE, SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out", "normed"])
+    assert summary["folded_permutes"] == 1
+    assert got["out"].shape == (5, 7, 24)
+    assert "p1" not in [name for name, _ in steps] and ("dw", "convdw") in steps
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+KEPT = {
+    # the Gemm's output is read by another layer too: it must exist in its own order
+    "read twice": [*LINEAR[:-1], "Permute p1 1 1 y3 out 0=4", "Sigmoid s 1 1 y other"],
+    # the Permute is not a transpose of the (35, 40) matrix
+    "not a transpose": [*LINEAR[:-1], "Permute p1 1 1 y3 out 0=1"],
+    # the Gemm already writes transposed (output_transpose): folding flips it back
+    # a convolution other than depthwise does not write channels-last
+    "full convolution": ["Convolution c 1 1 x d 0=8 1=3 4=1 5=1 6=1728", "Permute p1 1 1 d out 0=3"],
+    # a depthwise convolution's output read before the Permute too
+    "depthwise read twice": [*DEPTHWISE[:2], "Sigmoid s 1 1 d other"],
+    "output_transpose": [*HEAD, "Gemm g1 1 1 rows y 10=4 2=0 3=1 4=0 5=1 6=1 7=35 8=40 9=24 14=1",
+                         "Permute p1 1 1 y out 0=1"],
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_folds_only_a_transpose_nobody_else_needs(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
+    graph = graph_of(KEPT[case], SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    outputs = ["out", "other"] if case.endswith("read twice") else ["out"]
+    got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
+    assert summary["folded_permutes"] == (1 if case == "output_transpose" else 0)
+    assert ("p1" in [name for name, _ in steps]) == (case != "output_transpose")
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
+
+
+def test_a_requested_intermediate_stays(engine_device: VulkanDevice) -> None:  # noqa: F811
+    graph = graph_of(LINEAR, SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, ["out", "y"])
+    assert summary["folded_permutes"] == 0
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
