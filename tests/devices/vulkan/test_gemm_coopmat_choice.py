@@ -74,8 +74,8 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     assert (mpad, npad) == (224, 384)  # 7 x 32 rows, 6 x 64 columns
     assert vl.scratch() == {"partial": launch.ksplit * mpad * npad * 2}  # fp32 in fp16 elements
     assert product.global_size == (npad // 64 * 256, mpad // 32, launch.ksplit)
-    assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0)
-    assert reduce.spec_constants[:-1] == product.spec_constants[:-1] and reduce.spec_constants[-1] == 1
+    assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0)  # .., reduce, residual
+    assert reduce.spec_constants[:-2] == product.spec_constants[:-2] and reduce.spec_constants[-2:] == (1, 0)
     assert reduce.global_size == (n, m, 1)
 
 
@@ -107,9 +107,10 @@ def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_ca
     monkeypatch.setenv("VKSERVE_COOPMAT", "1")
     (coop,) = shaders(coop_caps, line, shapes, Precision.FP16_STORAGE)
     assert coop.shader == "gemm_coopmat" and coop.push_constants == fma.push_constants
-    assert coop.bindings == (*fma.bindings, fma.bindings[3])  # + the partial slot (K whole: the output, unread)
-    has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce = coop.spec_constants
-    assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce) == (0, 0, 1, 0, 1, 0)
+    # + the partial slot (K whole: the output, unread) before the residual slot (none: input 0)
+    assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4])
+    has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual = coop.spec_constants
+    assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce, residual) == (0, 0, 1, 0, 1, 0, 0)
     assert coop.global_size == (-(-50 // (64 * fn)) * 256, -(-30 // (32 * fm)), 1)  # M 30, N 50
 
 

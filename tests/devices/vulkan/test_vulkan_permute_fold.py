@@ -1,8 +1,9 @@
-"""Permutes written by the layer before them (engine.fusion.fold_permutes): pnnx's Linear in a
-channels-last block (Gemm, Reshape with a shape reference, Permute back to channels-first)
-becomes one Gemm writing its output transposed, and a depthwise convolution followed by a
-Permute to channels-last stores that way itself. Where the fold applies and where it must not,
-outputs against the CPU kernels in every mode."""
+"""The folds of pnnx's channels-last blocks (engine.fusion): a Linear (Gemm, Reshape with a
+shape reference, Permute back to channels-first) becomes one Gemm writing its output
+transposed, a depthwise convolution followed by a Permute to channels-last stores that way
+itself, and convnext's block tail ``x + scale * Linear(y)`` becomes that one Gemm (the scale in
+its weights, the sum in its epilogue). Where the folds apply and where they must not, outputs
+against the CPU kernels in every mode."""
 
 from __future__ import annotations
 
@@ -97,4 +98,48 @@ def test_a_requested_intermediate_stays(engine_device: VulkanDevice) -> None:  #
     feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
     got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, ["out", "y"])
     assert summary["folded_permutes"] == 0
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
+
+
+TAIL = [
+    *LINEAR,
+    "MemoryData ls 0 1 s 0=1 1=1 2=40",          # a per-channel layer scale (40, 1, 1)
+    "BinaryOp m1 2 1 s out scaled 0=2",
+    "BinaryOp a1 2 1 scaled r sum 0=0",          # + the block's shortcut
+]
+TAIL_SHAPES = {**SHAPES, "r": (40, 5, 7)}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+def test_a_block_tail_is_one_gemm(engine_device: VulkanDevice, precision: Precision) -> None:  # noqa: F811
+    graph = graph_of(TAIL, TAIL_SHAPES, seed=3)
+    rng = np.random.default_rng(1)
+    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in TAIL_SHAPES.items()}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
+    assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
+    recorded = {name for name, _ in steps}
+    assert "g1" in recorded and not recorded & {"p1", "m1", "a1"}
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+TAIL_KEPT = {
+    # a scale per element, not per output column: the multiply stays, and so does the sum
+    "per element": [*LINEAR, "MemoryData ls 0 1 s 0=7 1=5 2=40", *TAIL[-2:]],
+    # the scaled output is requested: the multiply and the sum stay apart
+    "requested": TAIL,
+}
+
+
+@pytest.mark.parametrize("case", list(TAIL_KEPT))
+def test_a_scale_folds_only_per_output_column(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
+    graph = graph_of(TAIL_KEPT[case], TAIL_SHAPES, seed=3)
+    rng = np.random.default_rng(1)
+    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in TAIL_SHAPES.items()}
+    outputs = ["sum", "scaled"] if case == "requested" else ["sum"]
+    got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
+    assert summary["folded_permutes"] == 1
+    if case == "per element":
+        assert (summary["folded_scales"], summary["folded_residuals"]) == (0, 0)
+    else:  # the scale folds (the Gemm writes "scaled"); the sum cannot take a requested operand
+        assert (summary["folded_scales"], summary["folded_residuals"]) == (1, 0)
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)

@@ -1,5 +1,6 @@
 """Layers folded into the one before them (Vulkan plans): residual connections into the
-convolution, Permutes into the layer whose output they reorder.
+convolution or Gemm, Permutes into the layer whose output they reorder, constant scales into
+the Gemm's weights.
 
 ``y = ReLU(conv(x) + r)`` in ncnn's form is three layers: a Convolution without an
 activation, an Eltwise sum (or a BinaryOp add) of its output and the shortcut r, and an
@@ -21,6 +22,11 @@ Permute's input (through layers that only alias it: pnnx's Reshapes) can write t
 order itself (`VulkanLayer.take_permuted_output`: a Gemm transposes its output matrix by
 swapping its output strides), it writes the Permute's output and the Permute records nothing.
 Only when nothing else reads the blobs that disappear.
+
+pnnx's convnext blocks end in ``x + scale * Linear(y)`` with a constant per-channel scale (a
+MemoryData): the multiply folds into the Gemm's weights (B's column and C's value of each
+output column, `VulkanLayer.take_output_scale`), after which the sum folds into the Gemm as a
+residual. The Gemm's results differ from the unfolded layers' by rounding only.
 """
 
 from __future__ import annotations
@@ -32,12 +38,21 @@ import numpy as np
 from vkserve.devices.vulkan.layers.base import Scalar, Shape, VulkanLayer
 from vkserve.devices.vulkan.layers.compute_util import activation_constants
 from vkserve.models.graph import Layer
-from vkserve.models.layers import BinaryOpParams, EltwiseParams, PermuteParams, ReLUParams
+from vkserve.models.layers import (
+    BinaryOpParams,
+    EltwiseParams,
+    MemoryDataParams,
+    PermuteParams,
+    ReLUParams,
+    ShapeError,
+    binary_broadcast_shape,
+)
 
 Entry = tuple[Layer, VulkanLayer | None]
 
 ELTWISE_SUM = 1
 BINARY_ADD = 0
+BINARY_MUL = 2
 
 
 def _is_sum(layer: Layer, shapes: Mapping[str, Shape]) -> bool:
@@ -109,6 +124,54 @@ def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
                 folded += 1
             break
     return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
+def _constant(blob: str, entries: Sequence[Entry], producer: Mapping[str, int]) -> np.ndarray | None:
+    """The values of `blob` when a MemoryData layer holds them (through aliasing layers)."""
+    while (i := producer.get(blob)) is not None:
+        layer, vl = entries[i]
+        if isinstance(layer.params, MemoryDataParams) and layer.weights:
+            return np.asarray(layer.weights[0], np.float32).ravel()
+        if vl is None or not vl.aliases_input:
+            return None
+        blob = layer.inputs[0]
+    return None
+
+
+def fold_scales(entries: Sequence[Entry], shapes: Mapping[str, Shape],
+                keep: Collection[str]) -> tuple[list[Entry], int]:
+    """`entries` with every multiply of a layer's output by a constant that the layer can
+    take into its weights folded into it, and how many were folded. `keep`: blobs that must
+    exist (requested outputs)."""
+    entries = list(entries)
+    producer, readers = _links(entries)
+    gone: set[int] = set()
+    for j, (mul, _) in enumerate(entries):
+        p = mul.params
+        if (not isinstance(p, BinaryOpParams) or p.op_type != BINARY_MUL or p.with_scalar
+                or len(mul.inputs) != 2 or mul.inputs[0] == mul.inputs[1]):
+            continue
+        try:
+            first, second, out = binary_broadcast_shape(shapes[mul.inputs[0]], shapes[mul.inputs[1]])
+        except ShapeError:
+            continue
+        for operand, other, other_shape in ((mul.inputs[0], mul.inputs[1], second),
+                                            (mul.inputs[1], mul.inputs[0], first)):
+            i = producer.get(operand)
+            vl = entries[i][1] if i is not None else None
+            values = _constant(other, entries, producer)
+            if (vl is None or readers.get(operand) != [j] or operand in keep or values is None
+                    or tuple(out) != tuple(shapes[operand]) or values.size != int(np.prod(other_shape))):
+                continue
+            new = vl.take_output_scale(np.broadcast_to(values.reshape(other_shape), out).ravel(),
+                                       mul.outputs[0])
+            if new is not None:
+                entries[i] = (new, vl)
+                producer[mul.outputs[0]] = i
+                readers[other] = [r for r in readers[other] if r != j]
+                gone.add(j)
+                break
+    return [e for i, e in enumerate(entries) if i not in gone], len(gone)
 
 
 def fold_residuals(entries: Sequence[Entry], shapes: Mapping[str, Shape],

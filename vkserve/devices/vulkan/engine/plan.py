@@ -15,8 +15,9 @@ Compile (once per Plan):
   their input's bytes, an elementwise layer takes over an input that dies there, and a
   Concat whose inputs are contiguous runs of its output (`VulkanLayer.input_windows`) has
   their producers write straight into its output and records no copies;
-- a convolution followed by a residual sum (and ReLU) becomes one layer, and a Permute is
-  written by the layer before it where that layer can (engine.fusion);
+- a convolution or Gemm followed by a residual sum (and ReLU) becomes one layer, a Permute
+  is written by the layer before it where that layer can, a constant scale after a Gemm goes
+  into its weights (engine.fusion);
 - a barrier is placed only before a dispatch that touches arena bytes another dispatch
   since the previous barrier wrote (or writes bytes one read).
 
@@ -62,7 +63,7 @@ from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind
 from vkserve.devices.vulkan.descriptors import DescriptorPool
-from vkserve.devices.vulkan.engine.fusion import fold_permutes, fold_residuals
+from vkserve.devices.vulkan.engine.fusion import fold_permutes, fold_residuals, fold_scales
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
@@ -283,10 +284,11 @@ class Plan:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
             vlayers.append((layer, vl))
-        self.folded_residuals = self.folded_permutes = 0
+        self.folded_residuals = self.folded_permutes = self.folded_scales = 0
         if not problems:
             keep = set(self.output_names) | {b for lay in tail_layers for b in lay.inputs}
             vlayers, self.folded_permutes = fold_permutes(vlayers, self.blob_shapes, keep)
+            vlayers, self.folded_scales = fold_scales(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_residuals = fold_residuals(vlayers, self.blob_shapes, keep)
         self.finishers = [(i, layer, vl) for i, (layer, vl) in enumerate(vlayers)
                           if _host_finished(vl)]
@@ -723,6 +725,7 @@ class Plan:
                 "zero_copy_concats": len(self.zero_copy),
                 "folded_residuals": self.folded_residuals,
                 "folded_permutes": self.folded_permutes,
+                "folded_scales": self.folded_scales,
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
                 "host_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],

@@ -87,6 +87,12 @@ class VulkanLayer:
         where the layer cannot write that order (the default; it is then left unchanged)."""
         return None
 
+    def take_output_scale(self, scales: np.ndarray, output: str) -> Layer | None:
+        """Fold a following multiply by a constant (`scales`: its value for each element of
+        this layer's output, in the order the layer writes it) into this layer, which then
+        writes `output`: its new Layer, or None where it cannot (the default)."""
+        return None
+
     def input_windows(self) -> list[int] | None:
         """Where each input lies in the output (its first element), when the layer only
         gathers its inputs into the output unchanged and each is one contiguous run of it

@@ -29,7 +29,8 @@ import numpy as np
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.coopmat import coop_gemm_wanted, fp16_coopmat
-from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.compute_util import activation_constants
 from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS, split_k
 from vkserve.models.graph import Layer
 
@@ -172,7 +173,8 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                     out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
                     batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
                     b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
-                    what: str = "Gemm", coop: bool = False, partial: str | None = None) -> list[Dispatch]:
+                    what: str = "Gemm", coop: bool = False, partial: str | None = None,
+                    residual: str | None = None) -> list[Dispatch]:
     """The dispatches of one product: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)),
     over ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k
     stride, column stride), c = (row, column strides) or None, out = (row, column strides);
@@ -180,7 +182,8 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     b_batch and out_batch between output batches. One ``gemm`` dispatch, or with ``coop``
     (the device and mode can run gemm_coopmat) the ``choose_coop_gemm`` launch where it
     takes the product: one ``gemm_coopmat`` dispatch, two with K split, which needs
-    ``partial`` (a scratch blob of `CoopGemm.partial_floats`)."""
+    ``partial`` (a scratch blob of `CoopGemm.partial_floats`). ``residual``: a blob in the
+    output's layout added to every output value last (a folded residual sum)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
@@ -189,21 +192,25 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
         mpad, npad = launch.padded(m, n)
         spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
                 launch.ksplit, launch.split_steps, mpad, npad)
-        coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3])
+        coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3],
+                         residual or bindings[0])
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
-                           push_constants=push, spec_constants=(*spec, 0), local_size=(GEMM_THREADS, 1, 1))
+                           push_constants=push, spec_constants=(*spec, 0, int(residual is not None)),
+                           local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         return [product, Dispatch("gemm_coopmat", coop_bindings, (n, m, batches), push_constants=push,
-                                  spec_constants=(*spec, 1), local_size=(GEMM_THREADS, 1, 1))]
+                                  spec_constants=(*spec, 1, int(residual is not None)),
+                                  local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:
         raise UnsupportedError(f"{what} {m}x{n} over {batches} batches: too many work groups")
     gx, gy, gz = tile.grid(m, n, batches)
-    return [Dispatch("gemm", bindings, (gx * GEMM_THREADS, gy, gz), push_constants=push,
+    return [Dispatch("gemm", (*bindings, residual or bindings[0]), (gx * GEMM_THREADS, gy, gz),
+                     push_constants=push,
                      spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
-                                     int(a[1] == 1), int(b[0] == 1)),
+                                     int(a[1] == 1), int(b[0] == 1), int(residual is not None)),
                      local_size=(GEMM_THREADS, 1, 1))]
 
 
@@ -246,12 +253,46 @@ class VulkanGemm(GemmLayer):
 
     #: the output matrix is written transposed (a following Permute folded in)
     transposed_out = False
+    #: a blob of the output's layout added last (a following residual sum folded in)
+    residual: str | None = None
+
+    def _rows_are_m(self) -> bool:
+        """Whether the shaders store the output matrix as M rows of N (else N rows of M)."""
+        return self.params.output_transpose == self.transposed_out
+
+    def take_output_scale(self, scales: np.ndarray, output: str) -> Layer | None:
+        """Scale each output column n by one value (pnnx's layer scale after a Linear): B's
+        column n and C's value n are multiplied instead, where both are weights (B constant,
+        C per column or none) and before a residual is folded in."""
+        if (self.b != "w:B" or self.c_kind not in (-1, 4) or self.c != "w:C" or self.residual
+                or scales.size != self.m * self.n):
+            return None
+        by_m = scales.reshape(self.m, self.n) if self._rows_are_m() else scales.reshape(self.n, self.m).T
+        per_n = by_m[0]
+        if not np.array_equal(by_m, np.broadcast_to(per_n, by_m.shape)):
+            return None  # not one value per column
+        b = self._weights["B"].reshape((self.n, self.k) if self.params.transB else (self.k, self.n))
+        self._weights["B"] = (b * (per_n[:, None] if self.params.transB else per_n[None, :])).ravel()
+        if self.c_kind == 4:
+            self._weights["C"] = self._weights["C"] * per_n
+        self.layer = dataclasses.replace(self.layer, outputs=[output])
+        return self.layer
+
+    def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """The GEMM shaders add the residual last; they apply no activation after it."""
+        if self.residual is not None or activation != activation_constants(0, ()):
+            return None
+        self.residual = residual
+        self.layer = dataclasses.replace(self.layer, inputs=[*self.layer.inputs, residual], outputs=[output])
+        self.in_shapes = [*self.in_shapes, self.out_shapes[0]]
+        self.inplace_inputs = (len(self.layer.inputs) - 1,)  # read where each value is written
+        return self.layer
 
     def take_permuted_output(self, order: np.ndarray, output: str, shape: Shape) -> Layer | None:
         """A transpose of the output matrix (pnnx's Permute after a Linear, through its
         Reshape): the shaders write through strides, so swapping them is free."""
-        rows, cols = (self.m, self.n) if self.params.output_transpose == self.transposed_out else (self.n, self.m)
-        if order.size != rows * cols or not np.array_equal(
+        rows, cols = (self.m, self.n) if self._rows_are_m() else (self.n, self.m)
+        if self.residual is not None or order.size != rows * cols or not np.array_equal(
                 order, np.arange(rows * cols).reshape(rows, cols).T.ravel()):
             return None
         self.transposed_out = not self.transposed_out
@@ -276,7 +317,8 @@ class VulkanGemm(GemmLayer):
         out = (1, m) if p.output_transpose != self.transposed_out else (n, 1)
         return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                                c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
-                               beta=float(p.beta), coop=self.coop, partial="s:partial")
+                               beta=float(p.beta), coop=self.coop, partial="s:partial",
+                               residual=self.residual)
 
 
 @register("MatMul")

@@ -24,7 +24,8 @@
 // A_KFAST (a_sk == 1) 8 consecutive invocations read 8 consecutive k of one row (a 32-byte
 // sector; with the shared tile's row padding their stores hit 32 distinct banks), otherwise
 // consecutive invocations read consecutive rows i. The same for B with B_KFAST (b_sk == 1).
-// Sums are float in every mode.
+// Sums are float in every mode. With residual = 1, residual_blob (the output's layout) is added
+// to every output value last (a following residual sum folded in, engine.fusion).
 #extension GL_EXT_control_flow_attributes : require
 layout (local_size_x = 256) in;
 
@@ -36,11 +37,14 @@ layout (constant_id = 3) const int KS = 1;        // 4096 / (BM * BN)
 layout (constant_id = 4) const int BK = 16;       // KS * BK % 8 == 0, BK * 16 % BM == BK * 16 % BN == 0
 layout (constant_id = 5) const int A_KFAST = 1;   // a_sk == 1
 layout (constant_id = 6) const int B_KFAST = 1;   // b_sk == 1
+layout (constant_id = 7) const int residual = 0;
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
 layout (binding = 2) readonly buffer c_blob { sfp c_data[]; };
 layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
+// with residual = 0 another blob of the layer is bound here, never read
+layout (binding = 4) readonly buffer residual_blob { sfp residual_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -89,6 +93,17 @@ ivec2 staged(int lid, int r, int ROWS, int kfast)
         return ivec2((rest / ROWS) * 8 + e % 8, row);
     }
     return ivec2(e / ROWS, e % ROWS);
+}
+
+// top value (m, n) at index `at` from its sum: C, beta, alpha, then the residual
+void store_output(int at, int m, int n, float v)
+{
+    if (has_c == 1)
+        v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
+    v *= p.alpha;
+    if (residual == 1)
+        v += float(buffer_ld1(residual_data, at));
+    buffer_st1(top_blob_data, at, v);
 }
 
 void main()
@@ -218,10 +233,7 @@ void main()
                     const int n = n0 + tx * 4 + j;
                     if (n < N)
                     {
-                        float v = s[j];
-                        if (has_c == 1)
-                            v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
-                        buffer_st1(top_blob_data, ob + m * p.o_si + n * p.o_sj, v * p.alpha);
+                        store_output(ob + m * p.o_si + n * p.o_sj, m, n, s[j]);
                     }
                 }
             }
@@ -249,10 +261,7 @@ void main()
                 const int n = nb + j;
                 if (n < N)
                 {
-                    float v = s[j];
-                    if (has_c == 1)
-                        v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
-                    buffer_st1(top_blob_data, ob + m * p.o_si + n * p.o_sj, v * p.alpha);
+                    store_output(ob + m * p.o_si + n * p.o_sj, m, n, s[j]);
                 }
             }
         }

@@ -23,7 +23,9 @@
 // Split K (a Gemm with few output tiles and a long K): the grid's z is batches x KSPLIT and
 // each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD],
 // stored straight from the accumulators); a second dispatch of this shader with REDUCE = 1
-// adds them in split order and applies C, beta and alpha, one output per invocation.
+// adds them in split order and applies C, beta and alpha, one output per invocation. With
+// residual = 1, residual_blob (the output's layout) is added to every output value last (a
+// following residual sum folded in, engine.fusion).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -42,6 +44,7 @@ layout (constant_id = 7) const int SPLIT_STEPS = 1;  // steps of BK per split (K
 layout (constant_id = 8) const int MPAD = 0;      // rows of a partial: M rounded up to BM
 layout (constant_id = 9) const int NPAD = 0;      // its columns: N rounded up to BN
 layout (constant_id = 10) const int REDUCE = 0;   // 1: the split-K pass adding the partials
+layout (constant_id = 11) const int residual = 0;
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -49,6 +52,8 @@ layout (binding = 2) readonly buffer c_blob { sfp c_data[]; };
 layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
 // split K's fp32 partials (with KSPLIT = 1 another blob is bound here, never read)
 layout (binding = 4) buffer partial_blob { float partial_data[]; };
+// with residual = 0 another blob of the layer is bound here, never read
+layout (binding = 5) readonly buffer residual_blob { sfp residual_data[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -137,12 +142,16 @@ void store_step(int b)
     }
 }
 
-// top(m, n) of batch z from its value before C, beta and alpha
+// top(m, n) of batch z from its sum: C, beta, alpha, then the residual
 void store_output(int z, int m, int n, float v)
 {
     if (has_c == 1)
         v += float(buffer_ld1(c_data, m * p.c_si + n * p.c_sj)) * p.beta;
-    buffer_st1(top_blob_data, z * p.o_b + m * p.o_si + n * p.o_sj, v * p.alpha);
+    v *= p.alpha;
+    const int at = z * p.o_b + m * p.o_si + n * p.o_sj;
+    if (residual == 1)
+        v += float(buffer_ld1(residual_data, at));
+    buffer_st1(top_blob_data, at, v);
 }
 
 // The split-K pass: output (z, m, n) = the partials' sum, in split order.
