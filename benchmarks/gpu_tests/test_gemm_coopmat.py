@@ -10,6 +10,7 @@ here rather than skipping.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import vkserve.devices.vulkan.layers.matmul as matmul_layers
@@ -17,7 +18,14 @@ from tests.conftest import vulkan_caps  # noqa: F401 (fixture)
 from tests.devices.cpu.test_cpu_attention import CASES as ATTENTION_CASES
 from tests.devices.cpu.test_cpu_attention import line_for
 from tests.devices.cpu.test_cpu_matmul import GEMM_CASES, MATMUL_CASES, PNNX_GEMM
-from tests.support.vulkan_engine import check_against_ncnn, engine_device, graph_of  # noqa: F401 (fixture)
+from tests.devices.vulkan.test_vulkan_permute_fold import TAIL, TAIL_SHAPES
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    assert_near_cpu_kernels,
+    check_against_ncnn,
+    engine_device,
+    graph_of,
+    run_plan,
+)
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.coopmat import fp16_coopmat
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
@@ -95,3 +103,20 @@ def test_matmul(tmp_path, engine_device, line, shapes, precision):  # noqa: F811
 @pytest.mark.parametrize("params, shapes", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
 def test_attention(tmp_path, engine_device, params, shapes):  # noqa: F811
     check_against_ncnn(tmp_path, engine_device, line_for(params, shapes), shapes, Precision.FP16_STORAGE)
+
+
+@pytest.mark.parametrize("ksplit", [1, 3], ids=lambda s: f"ksplit{s}")
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+def test_convnext_block_tail_in_one_product(engine_device, monkeypatch, precision, ksplit):  # noqa: F811
+    """Linear + Permute + layer scale + residual sum as one gemm_coopmat launch (the fold
+    tests of the CI suite, here on the tensor cores, with K whole and split)."""
+    force(monkeypatch, (1, 1), ksplit)
+    channels = 200  # K: 7 steps, split in 3
+    shapes = {**TAIL_SHAPES, "x": (channels, *TAIL_SHAPES["x"][1:])}
+    graph = graph_of([line.replace("9=24", f"9={channels}") for line in TAIL], shapes, seed=3)
+    rng = np.random.default_rng(1)
+    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in shapes.items()}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
+    assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
+    assert [shader for name, shader in steps if name == "g1"] == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    assert_near_cpu_kernels(got, graph, feed, precision)
