@@ -118,5 +118,6 @@ def test_convnext_block_tail_in_one_product(engine_device, monkeypatch, precisio
     feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in shapes.items()}
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
     assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
-    assert [shader for name, shader in steps if name == "g1"] == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    products = [shader for name, shader in steps if name == "g1" and shader != "cast_output"]
+    assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
     assert_near_cpu_kernels(got, graph, feed, precision)
