@@ -18,7 +18,7 @@ from tests.conftest import vulkan_caps  # noqa: F401 (fixture)
 from tests.devices.cpu.test_cpu_attention import CASES as ATTENTION_CASES
 from tests.devices.cpu.test_cpu_attention import line_for
 from tests.devices.cpu.test_cpu_matmul import GEMM_CASES, MATMUL_CASES, PNNX_GEMM
-from tests.devices.vulkan.test_vulkan_permute_fold import TAIL, TAIL_SHAPES
+from tests.devices.vulkan.test_vulkan_pnnx_folds import TAIL, TAIL_SHAPES
 from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
     assert_near_cpu_kernels,
     check_against_ncnn,

@@ -104,17 +104,37 @@ def expand_glsl(source: str, *, caps: DeviceCaps, precision: ShaderOptions | Pre
     return expand(source, caps=caps, options=options, defines=defines).text
 
 
+_LINE_DIRECTIVE = re.compile(r"\s*#\s*line\s+(\d+)(?:\s+(\d+))?\s*$")
+
+
+def _source_line(source: str, string_no: int, line: int) -> str | None:
+    """The text glslang calls line `line` of source string `string_no`, following the
+    ``#line`` directives in `source` (built-in shaders' expanded headers: string 2)."""
+    at_string, at_line = 0, 1
+    for text in source.splitlines():
+        m = _LINE_DIRECTIVE.match(text)
+        if m is not None:
+            at_line = int(m.group(1))
+            at_string = int(m.group(2)) if m.group(2) is not None else at_string
+            continue
+        if (at_string, at_line) == (string_no, line):
+            return text.strip()
+        at_line += 1
+    return None
+
+
 def _error_from_log(log: str, source: str, name: str, expanded: ExpandedShader) -> ShaderCompileError:
     m = _ERROR_LINE.search(log)
     if m is not None:
         string_no, line, msg = int(m.group(1)), int(m.group(2)), m.group(3)
-        if string_no == 0:
-            lines = source.splitlines()
-            text = lines[line - 1].strip() if 1 <= line <= len(lines) else None
-            message = f"shader {name!r} line {line}: {msg}"
+        if string_no != 1:  # the shader (0) or a header it includes (2)
+            text = _source_line(source, string_no, line)
+            where = f"line {line}" if string_no == 0 else f"included header line {line}"
+            message = f"shader {name!r} {where}: {msg}"
             if text is not None:
                 message += f"\n    {line} | {text}"
-            return ShaderCompileError(message, shader_name=name, line=line, source_line=text, log=log)
+            return ShaderCompileError(message, shader_name=name, line=line if string_no == 0 else None,
+                                      source_line=text, log=log)
         plines = expanded.preamble.splitlines()
         text = plines[line - 1].strip() if 1 <= line <= len(plines) else None
         message = f"shader {name!r}, generated preamble line {line}: {msg}"

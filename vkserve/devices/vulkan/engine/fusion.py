@@ -1,6 +1,6 @@
 """Layers folded into the one before them (Vulkan plans): residual connections into the
 convolution or Gemm, Permutes into the layer whose output they reorder, constant scales into
-the Gemm's weights.
+the Gemm's weights, activation layers (GELU after pnnx's Linear) into the Gemm's epilogue.
 
 ``y = ReLU(conv(x) + r)`` in ncnn's form is three layers: a Convolution without an
 activation, an Eltwise sum (or a BinaryOp add) of its output and the shortcut r, and an
@@ -36,15 +36,17 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from vkserve.devices.vulkan.layers.base import Scalar, Shape, VulkanLayer
-from vkserve.devices.vulkan.layers.compute_util import activation_constants
+from vkserve.devices.vulkan.layers.compute_util import GELU_ERF, GELU_TANH, activation_constants
 from vkserve.models.graph import Layer
 from vkserve.models.layers import (
     BinaryOpParams,
     EltwiseParams,
+    GELUParams,
     MemoryDataParams,
     PermuteParams,
     ReLUParams,
     ShapeError,
+    SigmoidParams,
     binary_broadcast_shape,
 )
 
@@ -87,6 +89,33 @@ def _links(entries: Sequence[Entry]) -> tuple[dict[str, int], dict[str, list[int
     return producer, readers
 
 
+def _source(blob: str, reader: int, entries: Sequence[Entry], producer: Mapping[str, int],
+            readers: Mapping[str, list[int]], keep: Collection[str]) -> tuple[int, list[int]] | None:
+    """The layer whose output `blob` is (through layers that only alias it: pnnx's Reshapes)
+    and those aliasing layers, when every blob on the way is read by the next layer alone
+    (the last by `reader`) and none must exist; else None."""
+    chain: list[int] = []
+    while True:
+        i = producer.get(blob)
+        if i is None or blob in keep or readers.get(blob) != [reader]:
+            return None
+        layer, vl = entries[i]
+        if vl is None:
+            return None
+        if not (vl.aliases_input and len(layer.outputs) == 1):
+            return i, chain
+        chain.append(i)
+        blob, reader = layer.inputs[0], i
+
+
+def _drop_aliases(chain: Sequence[int], entries: Sequence[Entry], readers: dict[str, list[int]]) -> None:
+    """The aliasing layers of a fold are gone: their other inputs (pnnx's shape references)
+    lose them as readers."""
+    for c in chain:
+        for b in entries[c][0].inputs:
+            readers[b] = [r for r in readers[b] if r != c]
+
+
 def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
                   keep: Collection[str]) -> tuple[list[Entry], int]:
     """`entries` with every Permute that its producer can write itself folded into it, and
@@ -98,31 +127,59 @@ def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
     for j, (permute, _) in enumerate(entries):
         if not isinstance(permute.params, PermuteParams):
             continue
-        chain: list[int] = []  # aliasing layers between the producer and the Permute
-        blob, reader = permute.inputs[0], j
-        while True:
-            i = producer.get(blob)
-            if i is None or blob in keep or readers.get(blob) != [reader]:
-                break
-            layer, vl = entries[i]
-            if vl is not None and vl.aliases_input and len(layer.outputs) == 1:
-                chain.append(i)
-                blob, reader = layer.inputs[0], i
-                continue
-            shape = shapes[permute.inputs[0]]
-            order = np.arange(int(np.prod(shape))).reshape(shape).transpose(
-                permute.params.numpy_axes(len(shape))).ravel()
-            new = None if vl is None else vl.take_permuted_output(
-                order, permute.outputs[0], shapes[permute.outputs[0]])
-            if new is not None:
-                entries[i] = (new, vl)
-                producer[permute.outputs[0]] = i
-                for c in chain:  # the aliases' other inputs (pnnx's shape references) lose a reader
-                    for b in entries[c][0].inputs:
-                        readers[b] = [r for r in readers[b] if r != c]
-                gone.update(chain, [j])
-                folded += 1
-            break
+        found = _source(permute.inputs[0], j, entries, producer, readers, keep)
+        if found is None:
+            continue
+        i, chain = found
+        shape = shapes[permute.inputs[0]]
+        order = np.arange(int(np.prod(shape))).reshape(shape).transpose(
+            permute.params.numpy_axes(len(shape))).ravel()
+        vl = entries[i][1]
+        assert vl is not None
+        new = vl.take_permuted_output(order, permute.outputs[0], shapes[permute.outputs[0]])
+        if new is not None:
+            entries[i] = (new, vl)
+            producer[permute.outputs[0]] = i
+            _drop_aliases(chain, entries, readers)
+            gone.update(chain, [j])
+            folded += 1
+    return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
+def _folded_activation(layer: Layer) -> tuple[Scalar, ...] | None:
+    """An activation layer in the GEMM shaders' `activate()` form (activate.h), or None."""
+    p = layer.params
+    if isinstance(p, GELUParams):
+        return (GELU_TANH if p.fast_gelu else GELU_ERF, 0.0, 0.0)
+    if isinstance(p, SigmoidParams):
+        return activation_constants(4, ())
+    return _activation(layer)
+
+
+def fold_activations(entries: Sequence[Entry], keep: Collection[str]) -> tuple[list[Entry], int]:
+    """`entries` with every activation layer that the layer before it (through aliasing
+    layers) can apply itself folded into it, and how many were folded."""
+    entries = list(entries)
+    producer, readers = _links(entries)
+    gone: set[int] = set()
+    folded = 0
+    for j, (act, _) in enumerate(entries):
+        constants = _folded_activation(act)
+        if constants is None or len(act.inputs) != 1:
+            continue
+        found = _source(act.inputs[0], j, entries, producer, readers, keep)
+        if found is None:
+            continue
+        i, chain = found
+        vl = entries[i][1]
+        assert vl is not None
+        new = vl.take_activation(constants, act.outputs[0])
+        if new is not None:
+            entries[i] = (new, vl)
+            producer[act.outputs[0]] = i
+            _drop_aliases(chain, entries, readers)
+            gone.update(chain, [j])
+            folded += 1
     return [e for i, e in enumerate(entries) if i not in gone], folded
 
 

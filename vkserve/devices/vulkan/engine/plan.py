@@ -17,7 +17,7 @@ Compile (once per Plan):
   their producers write straight into its output and records no copies;
 - a convolution or Gemm followed by a residual sum (and ReLU) becomes one layer, a Permute
   is written by the layer before it where that layer can, a constant scale after a Gemm goes
-  into its weights (engine.fusion);
+  into its weights and an activation layer into its epilogue (engine.fusion);
 - a barrier is placed only before a dispatch that touches arena bytes another dispatch
   since the previous barrier wrote (or writes bytes one read).
 
@@ -63,7 +63,7 @@ from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind
 from vkserve.devices.vulkan.descriptors import DescriptorPool
-from vkserve.devices.vulkan.engine.fusion import fold_permutes, fold_residuals, fold_scales
+from vkserve.devices.vulkan.engine.fusion import fold_activations, fold_permutes, fold_residuals, fold_scales
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
@@ -284,11 +284,12 @@ class Plan:
                 problems.append(f"{layer.name} ({layer.type}, line {layer.line}): {e}")
                 continue
             vlayers.append((layer, vl))
-        self.folded_residuals = self.folded_permutes = self.folded_scales = 0
+        self.folded_residuals = self.folded_permutes = self.folded_scales = self.folded_activations = 0
         if not problems:
             keep = set(self.output_names) | {b for lay in tail_layers for b in lay.inputs}
             vlayers, self.folded_permutes = fold_permutes(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_scales = fold_scales(vlayers, self.blob_shapes, keep)
+            vlayers, self.folded_activations = fold_activations(vlayers, keep)
             vlayers, self.folded_residuals = fold_residuals(vlayers, self.blob_shapes, keep)
         self.finishers = [(i, layer, vl) for i, (layer, vl) in enumerate(vlayers)
                           if _host_finished(vl)]
@@ -726,6 +727,7 @@ class Plan:
                 "folded_residuals": self.folded_residuals,
                 "folded_permutes": self.folded_permutes,
                 "folded_scales": self.folded_scales,
+                "folded_activations": self.folded_activations,
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
                 "host_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],

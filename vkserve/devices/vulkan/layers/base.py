@@ -87,6 +87,12 @@ class VulkanLayer:
         where the layer cannot write that order (the default; it is then left unchanged)."""
         return None
 
+    def take_activation(self, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """Fold a following activation layer (`activation` in `activation_constants` form)
+        into this layer, which then writes `output`: its new Layer, or None where it cannot
+        (the default)."""
+        return None
+
     def take_output_scale(self, scales: np.ndarray, output: str) -> Layer | None:
         """Fold a following multiply by a constant (`scales`: its value for each element of
         this layer's output, in the order the layer writes it) into this layer, which then

@@ -24,6 +24,12 @@ def activation_constants(activation_type: int, activation_params: Sequence[float
     return (int(activation_type), *activation_values(activation_type, tuple(activation_params)))
 
 
+#: activate.h's types past ncnn's 0-6: a GELU layer folded into the layer before it
+GELU_ERF = 7
+GELU_TANH = 8
+NO_ACTIVATION: tuple[Scalar, ...] = (0, 0.0, 0.0)
+
+
 def _pow2ceil(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 

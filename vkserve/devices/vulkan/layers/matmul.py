@@ -30,7 +30,7 @@ from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.coopmat import coop_gemm_wanted, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar, Shape, VulkanLayer, register
-from vkserve.devices.vulkan.layers.compute_util import activation_constants
+from vkserve.devices.vulkan.layers.compute_util import NO_ACTIVATION
 from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS, split_k
 from vkserve.models.graph import Layer
 
@@ -174,7 +174,8 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                     batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
                     b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
                     what: str = "Gemm", coop: bool = False, partial: str | None = None,
-                    residual: str | None = None) -> list[Dispatch]:
+                    residual: str | None = None, activation: tuple[Scalar, ...] = NO_ACTIVATION,
+                    ) -> list[Dispatch]:
     """The dispatches of one product: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)),
     over ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k
     stride, column stride), c = (row, column strides) or None, out = (row, column strides);
@@ -183,7 +184,8 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     (the device and mode can run gemm_coopmat) the ``choose_coop_gemm`` launch where it
     takes the product: one ``gemm_coopmat`` dispatch, two with K split, which needs
     ``partial`` (a scratch blob of `CoopGemm.partial_floats`). ``residual``: a blob in the
-    output's layout added to every output value last (a folded residual sum)."""
+    output's layout added to every output value (a folded residual sum); ``activation``
+    (``activation_constants`` form) applied last (a folded activation layer)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
@@ -196,12 +198,12 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                          residual or bindings[0])
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
-                           push_constants=push, spec_constants=(*spec, 0, int(residual is not None)),
+                           push_constants=push, spec_constants=(*spec, 0, int(residual is not None), *activation),
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         return [product, Dispatch("gemm_coopmat", coop_bindings, (n, m, batches), push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None)),
+                                  spec_constants=(*spec, 1, int(residual is not None), *activation),
                                   local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:
@@ -210,7 +212,7 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     return [Dispatch("gemm", (*bindings, residual or bindings[0]), (gx * GEMM_THREADS, gy, gz),
                      push_constants=push,
                      spec_constants=(int(c is not None), tile.bm, tile.bn, tile.ks, tile.bk,
-                                     int(a[1] == 1), int(b[0] == 1), int(residual is not None)),
+                                     int(a[1] == 1), int(b[0] == 1), int(residual is not None), *activation),
                      local_size=(GEMM_THREADS, 1, 1))]
 
 
@@ -253,8 +255,10 @@ class VulkanGemm(GemmLayer):
 
     #: the output matrix is written transposed (a following Permute folded in)
     transposed_out = False
-    #: a blob of the output's layout added last (a following residual sum folded in)
+    #: a blob of the output's layout added to the output (a following residual sum folded in)
     residual: str | None = None
+    #: applied last (a following activation layer folded in)
+    activation: tuple[Scalar, ...] = NO_ACTIVATION
 
     def _rows_are_m(self) -> bool:
         """Whether the shaders store the output matrix as M rows of N (else N rows of M)."""
@@ -265,7 +269,7 @@ class VulkanGemm(GemmLayer):
         column n and C's value n are multiplied instead, where both are weights (B constant,
         C per column or none) and before a residual is folded in."""
         if (self.b != "w:B" or self.c_kind not in (-1, 4) or self.c != "w:C" or self.residual
-                or scales.size != self.m * self.n):
+                or self.activation != NO_ACTIVATION or scales.size != self.m * self.n):
             return None
         by_m = scales.reshape(self.m, self.n) if self._rows_are_m() else scales.reshape(self.n, self.m).T
         per_n = by_m[0]
@@ -278,10 +282,20 @@ class VulkanGemm(GemmLayer):
         self.layer = dataclasses.replace(self.layer, outputs=[output])
         return self.layer
 
-    def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
-        """The GEMM shaders add the residual last; they apply no activation after it."""
-        if self.residual is not None or activation != activation_constants(0, ()):
+    def take_activation(self, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """The GEMM shaders apply the activation last (activate.h)."""
+        if self.activation != NO_ACTIVATION:
             return None
+        self.activation = activation
+        self.layer = dataclasses.replace(self.layer, outputs=[output])
+        return self.layer
+
+    def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
+        """The GEMM shaders add the residual, then apply the activation; not after an
+        activation of their own (it would come before the sum)."""
+        if self.residual is not None or self.activation != NO_ACTIVATION:
+            return None
+        self.activation = activation
         self.residual = residual
         self.layer = dataclasses.replace(self.layer, inputs=[*self.layer.inputs, residual], outputs=[output])
         self.in_shapes = [*self.in_shapes, self.out_shapes[0]]
@@ -318,7 +332,7 @@ class VulkanGemm(GemmLayer):
         return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                                c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
                                beta=float(p.beta), coop=self.coop, partial="s:partial",
-                               residual=self.residual)
+                               residual=self.residual, activation=self.activation)
 
 
 @register("MatMul")

@@ -19,21 +19,16 @@ layout (push_constant) uniform parameter
     float c;
 } p;
 
-// Abramowitz & Stegun 7.1.26: |error| < 1.5e-7
+#include "fmath.h"
+
 vec4 erf4(vec4 x)
 {
-    const vec4 z = abs(x);
-    const vec4 t = 1.0 / (1.0 + 0.3275911 * z);
-    const vec4 poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
-                      + t * (-1.453152027 + t * 1.061405429))));
-    return sign(x) * (1.0 - poly * exp(-z * z));
+    return vec4(erf1(x.x), erf1(x.y), erf1(x.z), erf1(x.w));
 }
 
-// tanh without the inf / inf of (e^2x - 1) / (e^2x + 1) for large |x|
 vec4 tanh4(vec4 x)
 {
-    const vec4 e = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - e) / (1.0 + e);
+    return vec4(tanh1(x.x), tanh1(x.y), tanh1(x.z), tanh1(x.w));
 }
 
 // log(exp(x) + 1) without overflow

@@ -109,26 +109,7 @@ shared f16vec4 tile_a[2 * BM * S4];
 shared f16vec4 tile_b[2 * BN * S4];
 shared float tile_c[8 * 256];          // one 16 x 16 accumulator per subgroup, for the epilogue
 
-float activate(float v)
-{
-    if (activation_type == 1)
-        return max(v, 0.0);
-    if (activation_type == 2)
-        return v < 0.0 ? v * activation_param_0 : v;
-    if (activation_type == 3)
-        return clamp(v, activation_param_0, activation_param_1);
-    if (activation_type == 4)
-        return 1.0 / (1.0 + exp(-v));
-    if (activation_type == 5)
-    {
-        float sp = v > 20.0 ? v : log(1.0 + exp(v));
-        float t = exp(-2.0 * sp);
-        return v * (1.0 - t) / (1.0 + t);
-    }
-    if (activation_type == 6)
-        return v * clamp(v * activation_param_0 + activation_param_1, 0.0, 1.0);
-    return v;
-}
+#include "activate.h"
 
 // output value i: the residual added (a folded residual connection), then the activation
 float finish(float v, int i)

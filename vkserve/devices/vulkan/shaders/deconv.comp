@@ -51,27 +51,7 @@ layout (push_constant) uniform parameter
     int cut_top;
 } p;
 
-float activate(float v)
-{
-    if (activation_type == 1)
-        return max(v, 0.0);
-    if (activation_type == 2)
-        return v < 0.0 ? v * activation_param_0 : v;
-    if (activation_type == 3)
-        return clamp(v, activation_param_0, activation_param_1);
-    if (activation_type == 4)
-        return 1.0 / (1.0 + exp(-v));
-    if (activation_type == 5)
-    {
-        // x * tanh(softplus(x)); tanh from exp(-2 sp) with sp >= 0 cannot overflow
-        float sp = v > 20.0 ? v : log(1.0 + exp(v));
-        float t = exp(-2.0 * sp);
-        return v * (1.0 - t) / (1.0 + t);
-    }
-    if (activation_type == 6)
-        return v * clamp(v * activation_param_0 + activation_param_1, 0.0, 1.0);
-    return v;
-}
+#include "activate.h"
 
 void main()
 {

@@ -25,7 +25,8 @@
 // sector; with the shared tile's row padding their stores hit 32 distinct banks), otherwise
 // consecutive invocations read consecutive rows i. The same for B with B_KFAST (b_sk == 1).
 // Sums are float in every mode. With residual = 1, residual_blob (the output's layout) is added
-// to every output value last (a following residual sum folded in, engine.fusion).
+// to every output value (a following residual sum folded in, engine.fusion), then the
+// activation (activate.h: a following activation layer folded in).
 #extension GL_EXT_control_flow_attributes : require
 layout (local_size_x = 256) in;
 
@@ -38,6 +39,9 @@ layout (constant_id = 4) const int BK = 16;       // KS * BK % 8 == 0, BK * 16 %
 layout (constant_id = 5) const int A_KFAST = 1;   // a_sk == 1
 layout (constant_id = 6) const int B_KFAST = 1;   // b_sk == 1
 layout (constant_id = 7) const int residual = 0;
+layout (constant_id = 8) const int activation_type = 0;
+layout (constant_id = 9) const float activation_param_0 = 0;
+layout (constant_id = 10) const float activation_param_1 = 0;
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -95,7 +99,9 @@ ivec2 staged(int lid, int r, int ROWS, int kfast)
     return ivec2(e / ROWS, e % ROWS);
 }
 
-// top value (m, n) at index `at` from its sum: C, beta, alpha, then the residual
+#include "activate.h"
+
+// top value (m, n) at index `at` from its sum: C, beta, alpha, the residual, the activation
 void store_output(int at, int m, int n, float v)
 {
     if (has_c == 1)
@@ -103,7 +109,7 @@ void store_output(int at, int m, int n, float v)
     v *= p.alpha;
     if (residual == 1)
         v += float(buffer_ld1(residual_data, at));
-    buffer_st1(top_blob_data, at, v);
+    buffer_st1(top_blob_data, at, activate(v));
 }
 
 void main()

@@ -24,8 +24,8 @@
 // each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD],
 // stored straight from the accumulators); a second dispatch of this shader with REDUCE = 1
 // adds them in split order and applies C, beta and alpha, one output per invocation. With
-// residual = 1, residual_blob (the output's layout) is added to every output value last (a
-// following residual sum folded in, engine.fusion).
+// residual = 1, residual_blob (the output's layout) is added to every output value (a
+// following residual sum folded in, engine.fusion), then the activation (activate.h).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -45,6 +45,9 @@ layout (constant_id = 8) const int MPAD = 0;      // rows of a partial: M rounde
 layout (constant_id = 9) const int NPAD = 0;      // its columns: N rounded up to BN
 layout (constant_id = 10) const int REDUCE = 0;   // 1: the split-K pass adding the partials
 layout (constant_id = 11) const int residual = 0;
+layout (constant_id = 12) const int activation_type = 0;
+layout (constant_id = 13) const float activation_param_0 = 0;
+layout (constant_id = 14) const float activation_param_1 = 0;
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -142,7 +145,9 @@ void store_step(int b)
     }
 }
 
-// top(m, n) of batch z from its sum: C, beta, alpha, then the residual
+#include "activate.h"
+
+// top(m, n) of batch z from its sum: C, beta, alpha, the residual, the activation
 void store_output(int z, int m, int n, float v)
 {
     if (has_c == 1)
@@ -151,7 +156,7 @@ void store_output(int z, int m, int n, float v)
     const int at = z * p.o_b + m * p.o_si + n * p.o_sj;
     if (residual == 1)
         v += float(buffer_ld1(residual_data, at));
-    buffer_st1(top_blob_data, at, v);
+    buffer_st1(top_blob_data, at, activate(v));
 }
 
 // The split-K pass: output (z, m, n) = the partials' sum, in split order.

@@ -143,3 +143,53 @@ def test_a_scale_folds_only_per_output_column(engine_device: VulkanDevice, case:
     else:  # the scale folds (the Gemm writes "scaled"); the sum cannot take a requested operand
         assert (summary["folded_scales"], summary["folded_residuals"]) == (1, 0)
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
+
+
+def _mlp(activation: str) -> list[str]:
+    """pnnx's MLP head: Linear, Reshape back (a shape reference), an activation layer."""
+    return [*HEAD, "Gemm g1 1 1 rows y 10=4 2=0 3=1 4=0 5=1 6=1 7=35 8=40 9=24",
+            "Reshape r1 2 1 y hwc2 y3 6=\"0w,1h,1c\"", activation]
+
+
+ACTIVATIONS = {
+    "gelu-erf": "GELU act 1 1 y3 out",
+    "gelu-tanh": "GELU act 1 1 y3 out 0=1",
+    "sigmoid": "Sigmoid act 1 1 y3 out",
+    "relu-leaky": "ReLU act 1 1 y3 out 0=0.1",
+}
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_an_activation_after_a_linear_is_its_epilogue(engine_device: VulkanDevice,  # noqa: F811
+                                                      name: str, precision: Precision) -> None:
+    graph = graph_of(_mlp(ACTIVATIONS[name]), SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out"])
+    assert summary["folded_activations"] == 1
+    recorded = {name for name, _ in steps}
+    assert "g1" in recorded and not recorded & {"act", "r1"}
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+ACTIVATION_KEPT = {
+    # the Gemm's output is read by another layer too
+    "read twice": [*_mlp(ACTIVATIONS["gelu-erf"]), "TanH t 1 1 y3 other"],
+    # an activation the GEMM shaders do not have
+    "tanh": _mlp("TanH act 1 1 y3 out"),
+    # a sum after an activation folded in stays a layer (the sum would come after it)
+    "sum after": [*_mlp(ACTIVATIONS["gelu-erf"]), "BinaryOp a1 2 1 out r other 0=0"],
+}
+
+
+@pytest.mark.parametrize("case", list(ACTIVATION_KEPT))
+def test_an_activation_folds_only_where_nothing_is_lost(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
+    shapes = {**SHAPES, "r": (5, 7, 40)}
+    graph = graph_of(ACTIVATION_KEPT[case], shapes, seed=3)
+    rng = np.random.default_rng(1)
+    feed = {k: rng.uniform(-2, 2, v).astype(np.float32) for k, v in shapes.items()}
+    outputs = {"tanh": ["out"], "read twice": ["out", "other"], "sum after": ["other"]}[case]
+    got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
+    assert summary["folded_activations"] == (1 if case == "sum after" else 0)
+    assert summary["folded_residuals"] == 0
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
