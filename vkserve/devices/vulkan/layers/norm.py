@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-from vkserve.devices.capabilities import DeviceCaps
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL
@@ -89,30 +88,15 @@ class VulkanBias(_ChannelAffine):
         self.shift = _weight(self.layer, 0, self.channels)
 
 
-#: Runs up to this long are normalised one per subgroup (norm.comp's subgroup_rows) on devices
-#: with subgroup arithmetic: a LayerNorm of 3136 runs of 96 (convnext_tiny) spends most of a
-#: work group per run in the shared-memory tree's barriers.
-SUBGROUP_MAX_RUN = 1024
-
-
 class _Norm(VulkanLayer):
     """One ``norm`` dispatch: ``groups`` contiguous runs of ``run`` elements, a work group of
-    64 each, or one subgroup each for short runs where the device has subgroup arithmetic;
-    gamma / beta index (i / aff_div) % aff_mod of the blob index i."""
+    64 each; gamma / beta index (i / aff_div) % aff_mod of the blob index i."""
 
     centered = True
     has_beta = True
     run: int
     aff_div: int
     aff_mod: int
-    #: runs per work group, one per subgroup (0: one run per work group of 64)
-    subgroup_rows = 0
-
-    def specialize(self, caps: DeviceCaps) -> None:
-        size = caps.subgroup_size
-        if caps.subgroup_arithmetic and 1 <= size <= REDUCE_LOCAL and REDUCE_LOCAL % size == 0 \
-                and self.run <= SUBGROUP_MAX_RUN:
-            self.subgroup_rows = REDUCE_LOCAL // size
 
     def weights(self) -> dict[str, np.ndarray]:
         p = self.params
@@ -124,20 +108,19 @@ class _Norm(VulkanLayer):
     def _set_run(self, run: int, aff_div: int, aff_mod: int) -> None:
         self.run, self.aff_div, self.aff_mod = run, aff_div, aff_mod
         self.groups_total = math.prod(self.in_shapes[0]) // run
-        if self.groups_total > MAX_GROUPS * MAX_GROUPS:
+        self.gx = min(self.groups_total, MAX_GROUPS)
+        self.gy = -(-self.groups_total // self.gx)
+        if self.gy > MAX_GROUPS:
             raise UnsupportedError(f"{self.layer.type} over {self.in_shapes[0]}: too many groups")
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
-        work_groups = -(-self.groups_total // max(1, self.subgroup_rows))
-        gx = min(work_groups, MAX_GROUPS)
-        gy = -(-work_groups // gx)
         return [Dispatch("norm", (self.layer.inputs[0], self.layer.outputs[0], "w:gamma", "w:beta"),
-                         (gx * REDUCE_LOCAL, gy, 1),
+                         (self.gx * REDUCE_LOCAL, self.gy, 1),
                          push_constants=(self.run, self.groups_total, self.aff_div, self.aff_mod,
                                          float(p.eps)),
                          spec_constants=(int(self.centered), int(bool(p.affine)),
-                                         int(bool(p.affine) and self.has_beta), self.subgroup_rows),
+                                         int(bool(p.affine) and self.has_beta)),
                          local_size=(REDUCE_LOCAL, 1, 1))]
 
 
