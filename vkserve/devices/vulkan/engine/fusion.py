@@ -31,7 +31,7 @@ residual. The Gemm's results differ from the unfolded layers' by rounding only.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -116,34 +116,45 @@ def _drop_aliases(chain: Sequence[int], entries: Sequence[Entry], readers: dict[
             readers[b] = [r for r in readers[b] if r != c]
 
 
-def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
-                  keep: Collection[str]) -> tuple[list[Entry], int]:
-    """`entries` with every Permute that its producer can write itself folded into it, and
-    how many were folded. `keep`: blobs that must exist (requested outputs)."""
+def _fold_into_producers(entries: Sequence[Entry], keep: Collection[str],
+                         take: Callable[[Layer, VulkanLayer], Layer | None]) -> tuple[list[Entry], int]:
+    """`entries` with every one-input layer folded into the layer that produced its input
+    (through aliasing layers, `_source`) where ``take(layer, producer)`` returns the
+    producer's new Layer (writing the folded layer's output), and how many were folded."""
     entries = list(entries)
     producer, readers = _links(entries)
     gone: set[int] = set()
     folded = 0
-    for j, (permute, _) in enumerate(entries):
-        if not isinstance(permute.params, PermuteParams):
-            continue
-        found = _source(permute.inputs[0], j, entries, producer, readers, keep)
+    for j, (layer, _) in enumerate(entries):
+        found = _source(layer.inputs[0], j, entries, producer, readers, keep) if len(layer.inputs) == 1 else None
         if found is None:
             continue
         i, chain = found
-        shape = shapes[permute.inputs[0]]
-        order = np.arange(int(np.prod(shape))).reshape(shape).transpose(
-            permute.params.numpy_axes(len(shape))).ravel()
         vl = entries[i][1]
         assert vl is not None
-        new = vl.take_permuted_output(order, permute.outputs[0], shapes[permute.outputs[0]])
+        new = take(layer, vl)
         if new is not None:
             entries[i] = (new, vl)
-            producer[permute.outputs[0]] = i
+            producer[layer.outputs[0]] = i
             _drop_aliases(chain, entries, readers)
             gone.update(chain, [j])
             folded += 1
     return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
+def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],
+                  keep: Collection[str]) -> tuple[list[Entry], int]:
+    """`entries` with every Permute that its producer can write itself folded into it, and
+    how many were folded. `keep`: blobs that must exist (requested outputs)."""
+    def take(permute: Layer, vl: VulkanLayer) -> Layer | None:
+        if not isinstance(permute.params, PermuteParams):
+            return None
+        shape = shapes[permute.inputs[0]]
+        order = np.arange(int(np.prod(shape))).reshape(shape).transpose(
+            permute.params.numpy_axes(len(shape))).ravel()
+        return vl.take_permuted_output(order, permute.outputs[0], shapes[permute.outputs[0]])
+
+    return _fold_into_producers(entries, keep, take)
 
 
 def _folded_activation(layer: Layer) -> tuple[Scalar, ...] | None:
@@ -159,28 +170,11 @@ def _folded_activation(layer: Layer) -> tuple[Scalar, ...] | None:
 def fold_activations(entries: Sequence[Entry], keep: Collection[str]) -> tuple[list[Entry], int]:
     """`entries` with every activation layer that the layer before it (through aliasing
     layers) can apply itself folded into it, and how many were folded."""
-    entries = list(entries)
-    producer, readers = _links(entries)
-    gone: set[int] = set()
-    folded = 0
-    for j, (act, _) in enumerate(entries):
-        constants = _folded_activation(act)
-        if constants is None or len(act.inputs) != 1:
-            continue
-        found = _source(act.inputs[0], j, entries, producer, readers, keep)
-        if found is None:
-            continue
-        i, chain = found
-        vl = entries[i][1]
-        assert vl is not None
-        new = vl.take_activation(constants, act.outputs[0])
-        if new is not None:
-            entries[i] = (new, vl)
-            producer[act.outputs[0]] = i
-            _drop_aliases(chain, entries, readers)
-            gone.update(chain, [j])
-            folded += 1
-    return [e for i, e in enumerate(entries) if i not in gone], folded
+    def take(layer: Layer, vl: VulkanLayer) -> Layer | None:
+        constants = _folded_activation(layer)
+        return None if constants is None else vl.take_activation(constants, layer.outputs[0])
+
+    return _fold_into_producers(entries, keep, take)
 
 
 def _constant(blob: str, entries: Sequence[Entry], producer: Mapping[str, int]) -> np.ndarray | None:
