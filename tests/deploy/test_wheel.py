@@ -67,7 +67,9 @@ def test_wheel_holds_one_top_level_package(installed: tuple[Path, Path]) -> None
         assert f"vkserve/{part}/__init__.py" in names
     assert "vkserve/examples/digits/model.param" in names
     assert "vkserve/examples/digits/samples/3.npy" in names
-    assert "vkserve/devices/vulkan/shaders/conv_gemm.comp" in names
+    shaders = REPO / "vkserve" / "devices" / "vulkan" / "shaders"
+    for shader in [*shaders.glob("*.comp"), *shaders.glob("*.h")]:  # the headers they #include too
+        assert f"vkserve/devices/vulkan/shaders/{shader.name}" in names
     assert "vkserve/daemon/vkserve.toml" in names
 
 
