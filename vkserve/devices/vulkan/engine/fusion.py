@@ -27,6 +27,11 @@ pnnx's convnext blocks end in ``x + scale * Linear(y)`` with a constant per-chan
 MemoryData): the multiply folds into the Gemm's weights (B's column and C's value of each
 output column, `VulkanLayer.take_output_scale`), after which the sum folds into the Gemm as a
 residual. The Gemm's results differ from the unfolded layers' by rounding only.
+
+An activation layer after a Gemm (pnnx's GELU after a block's first Linear) folds into the
+Gemm's epilogue (`VulkanLayer.take_activation`; activate.h). A Plan folds Permutes, then
+scales, then activations, then residual sums: a scale cannot move past an activation, and a
+residual sum folded with the activation after it comes before that activation.
 """
 
 from __future__ import annotations
