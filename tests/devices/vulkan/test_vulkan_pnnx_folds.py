@@ -193,3 +193,43 @@ def test_an_activation_folds_only_where_nothing_is_lost(engine_device: VulkanDev
     assert summary["folded_activations"] == (1 if case == "sum after" else 0)
     assert summary["folded_residuals"] == 0
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
+
+
+CHANNEL_NORM = [  # convnext's stem and downsampling: LayerNorm over the channels of (c, h, w)
+    "Permute p1 1 1 x hwc 0=3",
+    "LayerNorm ln 1 1 hwc normed 0=24 1=0.000001 2=1",
+    "Permute p2 1 1 normed out 0=4",
+    "Sigmoid s 1 1 out after",
+]
+
+
+@pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
+def test_a_layernorm_between_permutes_runs_over_the_channels(engine_device: VulkanDevice,  # noqa: F811
+                                                             precision: Precision) -> None:
+    graph = graph_of(CHANNEL_NORM, SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out", "after"])
+    assert summary["folded_permutes"] == 2
+    assert [name for name, shader in steps if shader != "cast_output"][-2:] == ["ln", "s"]
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+CHANNEL_NORM_KEPT = {
+    # the channels-last blob is requested
+    "requested": (CHANNEL_NORM, ["out", "hwc"]),
+    # the second Permute does not go back to channels-first
+    "not the inverse": ([*CHANNEL_NORM[:2], "Permute p2 1 1 normed out 0=1", CHANNEL_NORM[3]], ["after"]),
+    # the LayerNorm runs over more than the channels (w x c)
+    "wider runs": ([CHANNEL_NORM[0], "LayerNorm ln 1 1 hwc normed 0=168 1=0.000001 2=1", *CHANNEL_NORM[2:]],
+                   ["after"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CHANNEL_NORM_KEPT))
+def test_a_channel_norm_folds_only_its_own_pattern(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
+    lines, outputs = CHANNEL_NORM_KEPT[case]
+    graph = graph_of(lines, SHAPES, seed=3)
+    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
+    assert summary["folded_permutes"] == 0
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP32)

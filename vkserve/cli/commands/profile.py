@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
                                 "folded_activations")):
         print(f"  recorded as fewer dispatches: {summary['folded_residuals']} residual sums (and their "
               f"ReLU) in the convolution or Gemm before them, {summary['zero_copy_concats']} Concats in place, "
-              f"{summary['folded_permutes']} Permutes written by the layer before them, "
+              f"{summary['folded_permutes']} Permutes folded into the layers beside them, "
               f"{summary['folded_scales']} constant scales in a Gemm's weights, "
               f"{summary['folded_activations']} activation layers in the Gemm before them")
     _print_groups("by shader", shaders, total, "dispatches")

@@ -29,9 +29,12 @@ output column, `VulkanLayer.take_output_scale`), after which the sum folds into 
 residual. The Gemm's results differ from the unfolded layers' by rounding only.
 
 An activation layer after a Gemm (pnnx's GELU after a block's first Linear) folds into the
-Gemm's epilogue (`VulkanLayer.take_activation`; activate.h). A Plan folds Permutes, then
-scales, then activations, then residual sums: a scale cannot move past an activation, and a
-residual sum folded with the activation after it comes before that activation.
+Gemm's epilogue (`VulkanLayer.take_activation`; activate.h). A Permute to channels-last, a
+LayerNorm over the channels and the Permute back (pnnx's convnext stem and downsampling) are
+one LayerNorm over the channels of the channels-first blob (`VulkanLayerNorm.
+take_channels_first`: strided runs). A Plan folds those LayerNorms, then the other Permutes,
+then scales, then activations, then residual sums: a scale cannot move past an activation,
+and a residual sum folded with the activation after it comes before that activation.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import numpy as np
 
 from vkserve.devices.vulkan.layers.base import Scalar, Shape, VulkanLayer
 from vkserve.devices.vulkan.layers.compute_util import GELU_ERF, GELU_TANH, activation_constants
+from vkserve.devices.vulkan.layers.norm import VulkanLayerNorm
 from vkserve.models.graph import Layer
 from vkserve.models.layers import (
     BinaryOpParams,
@@ -145,6 +149,37 @@ def _fold_into_producers(entries: Sequence[Entry], keep: Collection[str],
             gone.update(chain, [j])
             folded += 1
     return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
+def fold_channel_norms(entries: Sequence[Entry], shapes: Mapping[str, Shape],
+                       keep: Collection[str]) -> tuple[list[Entry], int]:
+    """`entries` with every Permute to channels-last + LayerNorm over the channels + Permute
+    back as one LayerNorm over the channels, and how many were folded."""
+    entries = list(entries)
+    producer, readers = _links(entries)
+    gone: set[int] = set()
+    for j, (norm, vl) in enumerate(entries):
+        if not isinstance(vl, VulkanLayerNorm) or len(norm.inputs) != 1:
+            continue
+        i, after = producer.get(norm.inputs[0]), readers.get(norm.outputs[0], [])
+        if (i is None or len(after) != 1 or readers.get(norm.inputs[0]) != [j]
+                or {norm.inputs[0], norm.outputs[0]} & set(keep)):
+            continue
+        first, back = entries[i][0], entries[after[0]][0]
+        if not (isinstance(first.params, PermuteParams) and isinstance(back.params, PermuteParams)):
+            continue
+        blob = first.inputs[0]
+        n = len(shapes[blob])
+        if (n < 2 or first.params.numpy_axes(n) != (*range(1, n), 0)
+                or back.params.numpy_axes(n) != (n - 1, *range(n - 1))):
+            continue
+        new = vl.take_channels_first(blob, shapes[blob], back.outputs[0])
+        if new is not None:
+            entries[j] = (new, vl)
+            producer[back.outputs[0]] = j
+            readers[blob] = [j if r == i else r for r in readers[blob]]
+            gone.update((i, after[0]))
+    return [e for i, e in enumerate(entries) if i not in gone], len(gone) // 2
 
 
 def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],

@@ -63,7 +63,13 @@ from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind
 from vkserve.devices.vulkan.descriptors import DescriptorPool
-from vkserve.devices.vulkan.engine.fusion import fold_activations, fold_permutes, fold_residuals, fold_scales
+from vkserve.devices.vulkan.engine.fusion import (
+    fold_activations,
+    fold_channel_norms,
+    fold_permutes,
+    fold_residuals,
+    fold_scales,
+)
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
@@ -287,7 +293,9 @@ class Plan:
         self.folded_residuals = self.folded_permutes = self.folded_scales = self.folded_activations = 0
         if not problems:
             keep = set(self.output_names) | {b for lay in tail_layers for b in lay.inputs}
+            vlayers, norms = fold_channel_norms(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_permutes = fold_permutes(vlayers, self.blob_shapes, keep)
+            self.folded_permutes += 2 * norms  # a Permute on each side of the LayerNorm
             vlayers, self.folded_scales = fold_scales(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_activations = fold_activations(vlayers, keep)
             vlayers, self.folded_residuals = fold_residuals(vlayers, self.blob_shapes, keep)

@@ -13,14 +13,16 @@ groups of axis-0 channels.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from vkserve.devices.errors import UnsupportedError
-from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Shape, VulkanLayer, register
 from vkserve.devices.vulkan.layers.compute_util import REDUCE_LOCAL
 from vkserve.devices.vulkan.layers.shape import LOCAL, linear_grid
+from vkserve.models.graph import Layer
 from vkserve.models.layers import affine_channels, batchnorm_affine, bias_channels
 
 _DUMMY = np.zeros(2, np.float32)
@@ -105,8 +107,13 @@ class _Norm(VulkanLayer):
         beta = np.asarray(ws[1], np.float32).ravel() if (p.affine and self.has_beta) else _DUMMY
         return {"gamma": gamma, "beta": beta}
 
+    #: element k of run g is at g * group_step + k * step (contiguous runs: run, 1)
+    group_step = 0
+    step = 1
+
     def _set_run(self, run: int, aff_div: int, aff_mod: int) -> None:
         self.run, self.aff_div, self.aff_mod = run, aff_div, aff_mod
+        self.group_step = run
         self.groups_total = math.prod(self.in_shapes[0]) // run
         self.gx = min(self.groups_total, MAX_GROUPS)
         self.gy = -(-self.groups_total // self.gx)
@@ -118,7 +125,7 @@ class _Norm(VulkanLayer):
         return [Dispatch("norm", (self.layer.inputs[0], self.layer.outputs[0], "w:gamma", "w:beta"),
                          (self.gx * REDUCE_LOCAL, self.gy, 1),
                          push_constants=(self.run, self.groups_total, self.aff_div, self.aff_mod,
-                                         float(p.eps)),
+                                         float(p.eps), self.group_step, self.step),
                          spec_constants=(int(self.centered), int(bool(p.affine)),
                                          int(bool(p.affine) and self.has_beta)),
                          local_size=(REDUCE_LOCAL, 1, 1))]
@@ -134,7 +141,19 @@ class _LastDimsNorm(_Norm):
 
 @register("LayerNorm")
 class VulkanLayerNorm(_LastDimsNorm):
-    pass
+    def take_channels_first(self, blob: str, shape: Shape, output: str) -> Layer | None:
+        """Normalise over the channels of the channels-first `blob` (`shape`) and write
+        `output` in that order: this LayerNorm over the last axis of the blob permuted
+        channels-last, between that Permute and the one back (pnnx's convnext stem and
+        downsampling layers). Only where the run is exactly the moved channel axis."""
+        channels, pixels = shape[0], math.prod(shape[1:])
+        if self.run != channels or tuple(self.in_shapes[0]) != (*shape[1:], channels):
+            return None
+        self.layer = dataclasses.replace(self.layer, inputs=[blob], outputs=[output])
+        self.in_shapes = self.out_shapes = [tuple(shape)]
+        self.aff_div, self.aff_mod = pixels, channels  # blob index i: channel i // pixels
+        self.group_step, self.step = 1, pixels
+        return self.layer
 
 
 @register("RMSNorm")

@@ -1,8 +1,10 @@
 #version 450
-// LayerNorm / RMSNorm / GroupNorm / InstanceNorm: a blob of `groups` contiguous runs of
-// `run` elements, each normalised on its own by one work group of 64 (group index
-// gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; a whole work group past the end
-// returns together, so no barrier is skipped by part of a group):
+// LayerNorm / RMSNorm / GroupNorm / InstanceNorm: a blob of `groups` runs of `run` elements,
+// each normalised on its own by one work group of 64 (group index gl_WorkGroupID.y *
+// gl_NumWorkGroups.x + gl_WorkGroupID.x; a whole work group past the end returns together, so
+// no barrier is skipped by part of a group). Element k of run g is at blob index g * group_step
+// + k * step: contiguous runs (step 1, group_step = run), or a LayerNorm over the channels of a
+// channels-first blob (step = the pixels, group_step 1; a Permute pair folded, engine.fusion):
 //   centered = 1: y = (x - mean) / sqrt(var + eps), var = mean((x - mean)^2) (two passes, as ncnn)
 //   centered = 0: y = x / sqrt(mean(x^2) + eps)
 // then, with affine = 1, y = y * gamma[k] (+ beta[k] when has_beta) for k = (i / aff_div) %
@@ -26,6 +28,8 @@ layout (push_constant) uniform parameter
     int aff_div;
     int aff_mod;
     float eps;
+    int group_step;
+    int step;
 } p;
 
 shared float partial[64];
@@ -52,20 +56,21 @@ void main()
         return;
     const int lid = int(gl_LocalInvocationID.x);
     const int N = p.run;
-    const int base = g * N;
+    const int base = g * p.group_step;
+    const int step = p.step;
 
     float mean = 0.0;
     if (centered == 1)
     {
         float s = 0.0;
         for (int k = lid; k < N; k += 64)
-            s += float(buffer_ld1(bottom_blob_data, base + k));
+            s += float(buffer_ld1(bottom_blob_data, base + k * step));
         mean = group_sum(lid, s) / float(N);
     }
     float sq = 0.0;
     for (int k = lid; k < N; k += 64)
     {
-        const float d = float(buffer_ld1(bottom_blob_data, base + k)) - mean;
+        const float d = float(buffer_ld1(bottom_blob_data, base + k * step)) - mean;
         sq += d * d;
     }
     const float var = group_sum(lid, sq) / float(N);
@@ -74,7 +79,7 @@ void main()
 
     for (int k = lid; k < N; k += 64)
     {
-        const int i = base + k;
+        const int i = base + k * step;
         float y = float(buffer_ld1(bottom_blob_data, i)) * a + b;
         if (affine == 1)
         {
