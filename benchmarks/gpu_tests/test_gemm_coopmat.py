@@ -10,7 +10,6 @@ here rather than skipping.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import vkserve.devices.vulkan.layers.matmul as matmul_layers
@@ -18,7 +17,7 @@ from tests.conftest import vulkan_caps  # noqa: F401 (fixture)
 from tests.devices.cpu.test_cpu_attention import CASES as ATTENTION_CASES
 from tests.devices.cpu.test_cpu_attention import line_for
 from tests.devices.cpu.test_cpu_matmul import GEMM_CASES, MATMUL_CASES, PNNX_GEMM
-from tests.devices.vulkan.test_vulkan_pnnx_folds import TAIL, TAIL_SHAPES
+from tests.devices.vulkan.test_vulkan_pnnx_folds import ACTIVATIONS, TAIL, TAIL_SHAPES, _mlp, feed_for
 from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
     assert_near_cpu_kernels,
     check_against_ncnn,
@@ -114,10 +113,26 @@ def test_convnext_block_tail_in_one_product(engine_device, monkeypatch, precisio
     channels = 200  # K: 7 steps, split in 3
     shapes = {**TAIL_SHAPES, "x": (channels, *TAIL_SHAPES["x"][1:])}
     graph = graph_of([line.replace("9=24", f"9={channels}") for line in TAIL], shapes, seed=3)
-    rng = np.random.default_rng(1)
-    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in shapes.items()}
+    feed = feed_for(shapes)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
     assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
     products = [shader for name, shader in steps if name == "g1" and shader != "cast_output"]
     assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
     assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+@pytest.mark.parametrize("ksplit", [1, 3], ids=lambda s: f"ksplit{s}")
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_activation_in_the_epilogue(engine_device, monkeypatch, name, ksplit):  # noqa: F811
+    """A Linear's activation layer folded into gemm_coopmat (applied in the reduce pass when
+    K is split)."""
+    force(monkeypatch, (1, 1), ksplit)
+    channels = 200
+    shapes = {"x": (channels, *TAIL_SHAPES["x"][1:])}
+    graph = graph_of([line.replace("9=24", f"9={channels}") for line in _mlp(ACTIVATIONS[name])], shapes, seed=3)
+    feed = feed_for(shapes, 2.0)
+    got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP16_STORAGE, ["out"])
+    assert summary["folded_activations"] == 1
+    products = [shader for name_, shader in steps if name_ == "g1" and shader != "cast_output"]
+    assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    assert_near_cpu_kernels(got, graph, feed, Precision.FP16_STORAGE)

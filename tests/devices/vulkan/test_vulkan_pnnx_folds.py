@@ -21,6 +21,12 @@ from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.device import VulkanDevice
 
 SHAPES = {"x": (24, 5, 7)}  # channels-first, 35 pixels, as after convnext's depthwise layer
+def feed_for(shapes: dict[str, tuple[int, ...]], spread: float = 1.0) -> dict[str, np.ndarray]:
+    """Seeded inputs of `shapes`, uniform in [-spread, spread] (one generator, in order)."""
+    rng = np.random.default_rng(1)
+    return {k: rng.uniform(-spread, spread, v).astype(np.float32) for k, v in shapes.items()}
+
+
 HEAD = [
     "Permute p0 1 1 x hwc 0=3",              # (24, 5, 7) -> (5, 7, 24): kept (an input)
     "Split sp 1 2 hwc hwc1 hwc2",
@@ -38,7 +44,7 @@ LINEAR = [
 def test_a_linear_writes_its_output_channels_first(engine_device: VulkanDevice,  # noqa: F811
                                                    precision: Precision) -> None:
     graph = graph_of(LINEAR, SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out"])
     assert summary["folded_permutes"] == 1
     assert got["out"].shape == (40, 5, 7)
@@ -59,7 +65,7 @@ DEPTHWISE = [
 def test_a_depthwise_convolution_stores_channels_last(engine_device: VulkanDevice,  # noqa: F811
                                                       precision: Precision) -> None:
     graph = graph_of(DEPTHWISE, SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out", "normed"])
     assert summary["folded_permutes"] == 1
     assert got["out"].shape == (5, 7, 24)
@@ -85,7 +91,7 @@ KEPT = {
 @pytest.mark.parametrize("case", list(KEPT))
 def test_folds_only_a_transpose_nobody_else_needs(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
     graph = graph_of(KEPT[case], SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES)
     outputs = ["out", "other"] if case.endswith("read twice") else ["out"]
     got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
     assert summary["folded_permutes"] == (1 if case == "output_transpose" else 0)
@@ -95,7 +101,7 @@ def test_folds_only_a_transpose_nobody_else_needs(engine_device: VulkanDevice, c
 
 def test_a_requested_intermediate_stays(engine_device: VulkanDevice) -> None:  # noqa: F811
     graph = graph_of(LINEAR, SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-1, 1, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES)
     got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, ["out", "y"])
     assert summary["folded_permutes"] == 0
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
@@ -113,8 +119,7 @@ TAIL_SHAPES = {**SHAPES, "r": (40, 5, 7)}
 @pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
 def test_a_block_tail_is_one_gemm(engine_device: VulkanDevice, precision: Precision) -> None:  # noqa: F811
     graph = graph_of(TAIL, TAIL_SHAPES, seed=3)
-    rng = np.random.default_rng(1)
-    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in TAIL_SHAPES.items()}
+    feed = feed_for(TAIL_SHAPES)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
     assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
     recorded = {name for name, _ in steps}
@@ -133,8 +138,7 @@ TAIL_KEPT = {
 @pytest.mark.parametrize("case", list(TAIL_KEPT))
 def test_a_scale_folds_only_per_output_column(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
     graph = graph_of(TAIL_KEPT[case], TAIL_SHAPES, seed=3)
-    rng = np.random.default_rng(1)
-    feed = {k: rng.uniform(-1, 1, v).astype(np.float32) for k, v in TAIL_SHAPES.items()}
+    feed = feed_for(TAIL_SHAPES)
     outputs = ["sum", "scaled"] if case == "requested" else ["sum"]
     got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
     assert summary["folded_permutes"] == 1
@@ -164,7 +168,7 @@ ACTIVATIONS = {
 def test_an_activation_after_a_linear_is_its_epilogue(engine_device: VulkanDevice,  # noqa: F811
                                                       name: str, precision: Precision) -> None:
     graph = graph_of(_mlp(ACTIVATIONS[name]), SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES, 2.0)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out"])
     assert summary["folded_activations"] == 1
     recorded = {name for name, _ in steps}
@@ -186,8 +190,7 @@ ACTIVATION_KEPT = {
 def test_an_activation_folds_only_where_nothing_is_lost(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
     shapes = {**SHAPES, "r": (5, 7, 40)}
     graph = graph_of(ACTIVATION_KEPT[case], shapes, seed=3)
-    rng = np.random.default_rng(1)
-    feed = {k: rng.uniform(-2, 2, v).astype(np.float32) for k, v in shapes.items()}
+    feed = feed_for(shapes, 2.0)
     outputs = {"tanh": ["out"], "read twice": ["out", "other"], "sum after": ["other"]}[case]
     got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
     assert summary["folded_activations"] == (1 if case == "sum after" else 0)
@@ -207,7 +210,7 @@ CHANNEL_NORM = [  # convnext's stem and downsampling: LayerNorm over the channel
 def test_a_layernorm_between_permutes_runs_over_the_channels(engine_device: VulkanDevice,  # noqa: F811
                                                              precision: Precision) -> None:
     graph = graph_of(CHANNEL_NORM, SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES, 2.0)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out", "after"])
     assert summary["folded_permutes"] == 2
     assert [name for name, shader in steps if shader != "cast_output"][-2:] == ["ln", "s"]
@@ -229,7 +232,7 @@ CHANNEL_NORM_KEPT = {
 def test_a_channel_norm_folds_only_its_own_pattern(engine_device: VulkanDevice, case: str) -> None:  # noqa: F811
     lines, outputs = CHANNEL_NORM_KEPT[case]
     graph = graph_of(lines, SHAPES, seed=3)
-    feed = {"x": np.random.default_rng(1).uniform(-2, 2, SHAPES["x"]).astype(np.float32)}
+    feed = feed_for(SHAPES, 2.0)
     got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
     assert summary["folded_permutes"] == 0
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
