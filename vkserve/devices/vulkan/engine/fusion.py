@@ -154,7 +154,7 @@ def _fold_into_producers(entries: Sequence[Entry], keep: Collection[str],
 def fold_channel_norms(entries: Sequence[Entry], shapes: Mapping[str, Shape],
                        keep: Collection[str]) -> tuple[list[Entry], int]:
     """`entries` with every Permute to channels-last + LayerNorm over the channels + Permute
-    back as one LayerNorm over the channels, and how many were folded."""
+    back as one LayerNorm over the channels, and how many Permutes were folded (two each)."""
     entries = list(entries)
     producer, readers = _links(entries)
     gone: set[int] = set()
@@ -179,7 +179,7 @@ def fold_channel_norms(entries: Sequence[Entry], shapes: Mapping[str, Shape],
             producer[back.outputs[0]] = j
             readers[blob] = [j if r == i else r for r in readers[blob]]
             gone.update((i, after[0]))
-    return [e for i, e in enumerate(entries) if i not in gone], len(gone) // 2
+    return [e for i, e in enumerate(entries) if i not in gone], len(gone)
 
 
 def fold_permutes(entries: Sequence[Entry], shapes: Mapping[str, Shape],

@@ -293,9 +293,9 @@ class Plan:
         self.folded_residuals = self.folded_permutes = self.folded_scales = self.folded_activations = 0
         if not problems:
             keep = set(self.output_names) | {b for lay in tail_layers for b in lay.inputs}
-            vlayers, norms = fold_channel_norms(vlayers, self.blob_shapes, keep)
+            vlayers, beside_norms = fold_channel_norms(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_permutes = fold_permutes(vlayers, self.blob_shapes, keep)
-            self.folded_permutes += 2 * norms  # a Permute on each side of the LayerNorm
+            self.folded_permutes += beside_norms
             vlayers, self.folded_scales = fold_scales(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_activations = fold_activations(vlayers, keep)
             vlayers, self.folded_residuals = fold_residuals(vlayers, self.blob_shapes, keep)

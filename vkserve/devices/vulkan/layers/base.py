@@ -114,6 +114,11 @@ class VulkanLayer:
         return False
 
 
+def is_transpose(order: np.ndarray, rows: int, cols: int) -> bool:
+    """Whether a `take_permuted_output` order is the transpose of a rows x cols matrix."""
+    return order.size == rows * cols and np.array_equal(order, np.arange(rows * cols).reshape(rows, cols).T.ravel())
+
+
 VULKAN_LAYERS: dict[str, type[VulkanLayer]] = {}
 
 

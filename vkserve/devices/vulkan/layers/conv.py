@@ -29,7 +29,15 @@ import numpy as np
 
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.vulkan.coopmat import coopmat_wanted, fp16_coopmat
-from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import (
+    MAX_GROUPS,
+    Dispatch,
+    Scalar,
+    Shape,
+    VulkanLayer,
+    is_transpose,
+    register,
+)
 from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
 from vkserve.models.graph import Layer
 
@@ -196,10 +204,8 @@ class VulkanConvolution(VulkanLayer):
     def take_permuted_output(self, order: np.ndarray, output: str, shape: Shape) -> Layer | None:
         """convdw stores channels-last where a Permute to that order follows (pnnx's
         convnext blocks: depthwise, then channels-last for LayerNorm and the Linears)."""
-        oc = self.groups * self.ocg
-        pixels = self.outh * self.outw
-        if (self.kind != "convdw" or self.out_hwc or order.size != oc * pixels
-                or not np.array_equal(order, np.arange(oc * pixels).reshape(oc, pixels).T.ravel())):
+        if (self.kind != "convdw" or self.out_hwc
+                or not is_transpose(order, self.groups * self.ocg, self.outh * self.outw)):
             return None
         self.out_hwc = True
         self.layer = dataclasses.replace(self.layer, outputs=[output])

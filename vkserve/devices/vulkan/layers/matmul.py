@@ -29,7 +29,15 @@ import numpy as np
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.vulkan.coopmat import coop_gemm_wanted, fp16_coopmat
-from vkserve.devices.vulkan.layers.base import MAX_GROUPS, Dispatch, Scalar, Shape, VulkanLayer, register
+from vkserve.devices.vulkan.layers.base import (
+    MAX_GROUPS,
+    Dispatch,
+    Scalar,
+    Shape,
+    VulkanLayer,
+    is_transpose,
+    register,
+)
 from vkserve.devices.vulkan.layers.compute_util import NO_ACTIVATION
 from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS, split_k
 from vkserve.models.graph import Layer
@@ -306,8 +314,7 @@ class VulkanGemm(GemmLayer):
         """A transpose of the output matrix (pnnx's Permute after a Linear, through its
         Reshape): the shaders write through strides, so swapping them is free."""
         rows, cols = (self.m, self.n) if self._rows_are_m() else (self.n, self.m)
-        if self.residual is not None or order.size != rows * cols or not np.array_equal(
-                order, np.arange(rows * cols).reshape(rows, cols).T.ravel()):
+        if self.residual is not None or not is_transpose(order, rows, cols):
             return None
         self.transposed_out = not self.transposed_out
         self.layer = dataclasses.replace(self.layer, outputs=[output])
