@@ -27,6 +27,7 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
 )
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.coopmat import fp16_coopmat
+from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
 from vkserve.models.graph import load_model
 
@@ -107,3 +108,22 @@ def test_coopmat_folds_residual_sums(engine_device, precision):  # noqa: F811
     assert summary["folded_residuals"] == 2
     assert [name for name, shader in steps if shader == "conv_coopmat"] == ["c1", "c1", "c2"]
     assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+def test_coopmat_batch_in_one_dispatch(engine_device, precision):  # noqa: F811
+    """A batch of 3 through conv_coopmat with K split (partials and reduce per item) and whole,
+    the residuals folded: one dispatch per step for the batch, every item equal to its run alone."""
+    shapes = {"x": (64, 14, 14)}
+    graph = graph_of(RESIDUAL, shapes, seed=4)
+    feeds = [{"x": np.random.default_rng(s).uniform(-1, 1, shapes["x"]).astype(np.float32)} for s in range(3)]
+    with Plan(engine_device, graph, None, precision, outputs=["e"], max_instances=1) as plan:
+        alone = [plan.run(feed) for feed in feeds]
+        together = plan.run_batch(feeds)
+        coop = [k for k, step in enumerate(plan.steps) if step.shader == "conv_coopmat"]
+        assert len(coop) == 3
+        with plan.acquire(batch=3) as inst:
+            assert all(len(inst.sets[k]) == 1 for k in coop)
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(b["e"], a["e"])
+    assert not np.array_equal(alone[0]["e"], alone[1]["e"])

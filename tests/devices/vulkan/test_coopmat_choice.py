@@ -136,11 +136,13 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
     n = coop.outh * coop.outw
     npad = -(-n // t.bn) * t.bn
     _, mpad = coop._padded_km()
+    coop.item_stride = 12345  # what the Plan sets: the batch's items' distance in the arena
     dispatches = coop.dispatches()
     assert [d.shader for d in dispatches] == ["conv_coopmat"] * (1 if t.ksplit == 1 else 2)
+    assert all(d.batched for d in dispatches)
     main = dispatches[0]
     assert main.bindings[4:] == ("s:partial", coop.layer.inputs[0])  # no residual folded: the input, unread
-    assert main.spec_constants[-2:] == (0, 0)  # the GEMM pass, no residual
+    assert main.spec_constants[-3:] == (0, 0, 12345)  # the GEMM pass, no residual, item stride
     assert main.global_size == (npad // t.bn * 256, mpad // t.bm, coop.groups * t.ksplit)
     assert t.ksplit * t.split_steps >= coop._padded_km()[0] // conv_layers.COOP_BK
     partial_halves = coop.scratch()["partial"]
@@ -148,7 +150,7 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
         # fp32 partials [split][group][mpad][npad], counted in fp16 storage elements
         assert partial_halves == 2 * t.ksplit * coop.groups * mpad * npad
         reduce = dispatches[1]
-        assert reduce.spec_constants[-2:] == (1, 0) and reduce.bindings == main.bindings
+        assert reduce.spec_constants[-3:] == (1, 0, 12345) and reduce.bindings == main.bindings
         assert reduce.global_size == (n, coop.ocg, coop.groups)
     else:
         assert partial_halves == 2

@@ -165,6 +165,7 @@ class Step:
     label: str
     shader: str
     dispatch: Dispatch | None = None  # as the layer declared it (default local size): the tuner's
+    batched: bool = False  # one dispatch runs every item of a batch (Dispatch.batched)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,6 +419,8 @@ class Plan:
         for st, off in zip(self._storages, offsets):
             st.offset = off
         self.arena_bytes = max(total, self.alignment)
+        # a batch's items' arenas lie side by side, this many bytes apart (PlanInstance)
+        self.arena_stride = align_up(self.arena_bytes, self.alignment)
 
     def _place_concat_inputs(self, vlayers: list[tuple[Layer, VulkanLayer | None]]) -> dict[str, tuple[str, int]]:
         """Input blob -> (Concat output, byte offset) for every Concat whose inputs can all be
@@ -542,6 +545,7 @@ class Plan:
                                                         (n4, 1, 1), (n4,))))
         for i, (layer, vl) in enumerate(vlayers):
             if vl is not None and not vl.aliases_input and i not in self.zero_copy:
+                vl.item_stride = self.arena_stride // self.elem
                 todo.extend((i, layer, d) for d in vl.dispatches())
         if self.output_dtype != self.dtype:  # the last dispatches convert the outputs
             for t in self.copy_out:
@@ -584,6 +588,8 @@ class Plan:
                 binding = self._binding(i, layer, name, label)
                 bindings.append(binding)
                 if binding.buffer != "arena":
+                    if d.batched and binding.buffer == "staging":
+                        raise PlanError(f"{label}: a batched dispatch binds staging ({name!r})")
                     continue
                 span = (binding.offset, binding.offset + binding.size)
                 (writes if name in layer.outputs or name.startswith("s:") else reads).append(span)
@@ -603,7 +609,7 @@ class Plan:
             pending_writes += writes
             self.steps.append(Step(pipeline, bindings, push[:pipeline.push_constant_size],
                                     groups, barrier, label, d.shader,  # type: ignore[arg-type]
-                                    default))
+                                    default, d.batched))
 
     def _binding(self, i: int, layer: Layer, name: str, label: str) -> _Binding:
         if name.startswith("staging:"):
@@ -765,8 +771,11 @@ class PlanInstance:
     With ``batch`` N the instance holds N arenas and staging regions side by side and records
     the N items layer by layer: each layer's dispatches for every item, then one barrier, so
     the GPU runs the items' dispatches of a layer concurrently and the batch costs one submit,
-    one fence wait and one pass of copies. (The shaders run per item: weights are read once per
-    item, from the cache for all but the first.)"""
+    one fence wait and one pass of copies. A step whose shader takes the batch itself
+    (`Step.batched`: the convolution GEMMs) is one dispatch for every item, its arena bindings
+    spanning the items' arenas, so its work groups share the weights and fill the device
+    together; it falls back to one dispatch per item where the span exceeds the device's
+    maxStorageBufferRange or the work groups its MAX_GROUPS."""
 
     def __init__(self, plan: Plan, profiler: StepTimer | None = None, batch: int = 1) -> None:
         self.plan = plan
@@ -774,7 +783,7 @@ class PlanInstance:
         vk = ctx.vk
         self.profiler = profiler
         self.batch = batch
-        self.arena_stride = align_up(plan.arena_bytes, plan.alignment)
+        self.arena_stride = plan.arena_stride
         self.staging_stride = align_up(plan.staging_bytes, STAGING_ALIGN)
         self.arena: Buffer | None = None
         self.staging: Buffer | None = None
@@ -827,15 +836,25 @@ class PlanInstance:
                                           self.batch * sum(len(s.bindings) for s in plan.steps))
         buffers = {"weights": plan.weights, "arena": self.arena, "staging": self.staging}
         strides = {"weights": 0, "arena": self.arena_stride, "staging": self.staging_stride}
-        # sets[k][i]: step k of item i
+        limit = int(self.ctx.caps.properties.get("maxStorageBufferRange", 2**27))
+        extra = (self.batch - 1) * self.arena_stride  # a binding's span past item 0's bytes
+        # sets[k][i]: step k of item i, or sets[k] = [one set for every item] where the
+        # step's dispatch runs the whole batch
         self.sets: list[list[Any]] = []
         for step in plan.steps:
+            used = step.bindings[:step.pipeline.binding_count]
+            if (self.batch > 1 and step.batched and step.groups[0] * self.batch <= MAX_GROUPS
+                    and all(b.size + extra <= limit for b in used if b.buffer == "arena")):
+                bufs = [(buffers[b.buffer], b.offset, b.size + (extra if b.buffer == "arena" else 0))
+                        for b in used]
+                self.sets.append([self.descriptors.allocate(step.pipeline.set_layout, bufs)])
+                continue
             per_item = []
             for i in range(self.batch):
-                bufs = [(buffers[b.buffer], b.offset + i * strides[b.buffer], b.size)
-                        for b in step.bindings[:step.pipeline.binding_count]]
+                bufs = [(buffers[b.buffer], b.offset + i * strides[b.buffer], b.size) for b in used]
                 per_item.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
             self.sets.append(per_item)
+        self.dispatch_count = sum(len(sets) for sets in self.sets)
 
     def _record(self, cmd: Any) -> None:
         vk, plan = self.ctx.vk, self.plan
@@ -865,13 +884,16 @@ class PlanInstance:
             if step.pipeline is not bound:
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, step.pipeline.handle)
                 bound = step.pipeline
+            gx, gy, gz = step.groups
+            if len(dsets) == 1:  # one dispatch for every item: their work groups side by side
+                gx *= self.batch
             for dset in dsets:  # the items' dispatches of one step: no barrier between them
                 vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
                                            step.pipeline.layout, 0, 1, [dset], 0, None)
                 if step.push:
                     vk.vkCmdPushConstants(cmd, step.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT,
                                           0, len(step.push), vk.ffi.from_buffer(step.push))
-                vk.vkCmdDispatch(cmd, *step.groups)
+                vk.vkCmdDispatch(cmd, gx, gy, gz)
             if self.profiler:
                 self.profiler.record_step(cmd, k)
         cast_out = plan.output_dtype != plan.dtype

@@ -38,10 +38,19 @@ class Dispatch:
     push_constants: tuple[Scalar, ...] = ()  # packed 4 bytes each (int32 / float32)
     spec_constants: tuple[Scalar, ...] = ()  # constant ids 0..n-1
     local_size: tuple[int, int, int] = (64, 1, 1)
+    # The shader runs every item of a batch in this one dispatch: its work groups along x
+    # repeat per item, and item i's blobs lie `VulkanLayer.item_stride` elements after item
+    # i - 1's in bindings that span them all. Without it, one dispatch per item.
+    batched: bool = False
 
 
 class VulkanLayer:
     """Base class; subclasses register with `@register("<ncnn type>")`."""
+
+    #: Storage elements from one item's blobs to the next's (a batch's items lie side by side
+    #: in the arena), set by the Plan before `dispatches()`: what `batched` dispatches give
+    #: their shaders.
+    item_stride: int = 0
 
     def __init__(self, layer: Layer, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
                  precision: Precision) -> None:

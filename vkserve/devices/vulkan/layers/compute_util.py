@@ -51,6 +51,7 @@ def make_dispatch(
     psc: Sequence[Scalar],
     fixed: Sequence[Scalar] = (),
     local_size: tuple[int, int, int] | None = None,
+    batched: bool = False,
 ) -> Dispatch:
     """A Dispatch whose `psc` values are both specialization constants 0..n-1 and the push
     constant block, followed by the `fixed` specialization constants."""
@@ -61,4 +62,5 @@ def make_dispatch(
         push_constants=tuple(psc),
         spec_constants=tuple(psc) + tuple(fixed),
         local_size=local_size if local_size is not None else local_size_3d(*global_size),
+        batched=batched,
     )

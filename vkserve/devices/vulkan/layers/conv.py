@@ -301,8 +301,9 @@ class VulkanConvolution(VulkanLayer):
             assert t is not None
             gsize = (_ceil(outw * outh, t.bn) * GEMM_THREADS, mpad // t.bm, self.groups)
             return [make_dispatch(self.kind, bindings + (self._residual_binding(),), gsize, psc=psc,
-                                  fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation + (int(self.residual),),
-                                  local_size=(GEMM_THREADS, 1, 1))]
+                                  fixed=(t.bm, t.bn, t.ks, t.bk) + self.activation
+                                  + (int(self.residual), self.item_stride),
+                                  local_size=(GEMM_THREADS, 1, 1), batched=True)]
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
                    p.stride_w, p.stride_h, self.pad_left, self.pad_top, float(p.pad_value))
@@ -324,13 +325,16 @@ class VulkanConvolution(VulkanLayer):
         psc = gemm_psc + (self._coop_cpad(), npad, t.ksplit, t.split_steps)
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias", "s:partial",
                     self._residual_binding())
+        def fixed(reduce: int) -> tuple[Scalar, ...]:
+            return (t.fm, t.fn) + self.activation + (reduce, int(self.residual), self.item_stride)
+
         gemm = make_dispatch("conv_coopmat", bindings, (npad // t.bn * GEMM_THREADS, self._padded_km()[1] // t.bm,
                                                         self.groups * t.ksplit),
-                             psc=psc, fixed=(t.fm, t.fn) + self.activation + (0, int(self.residual)), local_size=(GEMM_THREADS, 1, 1))
+                             psc=psc, fixed=fixed(0), local_size=(GEMM_THREADS, 1, 1), batched=True)
         if t.ksplit == 1:
             return [gemm]
         return [gemm, make_dispatch("conv_coopmat", bindings, (n, self.ocg, self.groups), psc=psc,
-                                    fixed=(t.fm, t.fn) + self.activation + (1, int(self.residual)), local_size=(GEMM_THREADS, 1, 1))]
+                                    fixed=fixed(1), local_size=(GEMM_THREADS, 1, 1), batched=True)]
 
     def _residual_binding(self) -> str:
         """The GEMM shaders' residual binding: the folded residual, else the input (unread)."""

@@ -24,6 +24,11 @@
 // the bias and the activation, one output per invocation. Layers with few output tiles and a
 // long K (deep 3x3 layers) thus still spread over every compute unit.
 //
+// A batch's items run in one dispatch: the pixel tiles of item i are work groups
+// [i * tiles, (i + 1) * tiles) along x (the reduce pass: its pixel groups likewise), and the
+// item's input, output, residual and partials lie item_stride elements after item i - 1's
+// (the bindings span every item, DESIGN §7).
+//
 // weight: sfpvec4 [group][mpad][kpad / 4] (A row-major, zero-padded: no bounds checks)
 // bias:   sfp [group * ocg]
 #extension GL_KHR_cooperative_matrix : require
@@ -62,6 +67,7 @@ layout (constant_id = 24) const float activation_param_0 = 0;
 layout (constant_id = 25) const float activation_param_1 = 0;
 layout (constant_id = 26) const int reduce = 0;    // 1: the split-K pass adding the partials
 layout (constant_id = 27) const int residual = 0;  // 1: add residual_blob before the activation
+layout (constant_id = 28) const int item_stride = 0;  // elements (fp16) from one item's blobs to the next's
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -124,14 +130,16 @@ void reduce_partials()
 {
     const int N = psc(outw) * psc(outh);
     const int OCG = psc(ocg);
-    const int n = int(gl_GlobalInvocationID.x);
+    const int per_item = (N + int(gl_WorkGroupSize.x) - 1) / int(gl_WorkGroupSize.x);
+    const int item = int(gl_WorkGroupID.x) / per_item;
+    const int n = (int(gl_WorkGroupID.x) - item * per_item) * int(gl_WorkGroupSize.x) + int(gl_LocalInvocationID.x);
     const int m = int(gl_GlobalInvocationID.y);
     const int grp = int(gl_GlobalInvocationID.z);
     if (n >= N || m >= OCG)
         return;
     const int plane = psc(mpad) * psc(npad);
     const int groups = int(gl_NumWorkGroups.z);
-    int at = grp * plane + m * psc(npad) + n;
+    int at = item * (item_stride / 2) + grp * plane + m * psc(npad) + n;
     float sum = 0.0;
     for (int s = 0; s < psc(ksplit); s++)
     {
@@ -139,7 +147,8 @@ void reduce_partials()
         at += groups * plane;
     }
     const int oc = grp * OCG + m;
-    buffer_st1(top_blob_data, oc * N + n, finish(sum + float(buffer_ld1(bias_data, oc)), oc * N + n));
+    const int out_at = item * item_stride + oc * N + n;
+    buffer_st1(top_blob_data, out_at, finish(sum + float(buffer_ld1(bias_data, oc)), out_at));
 }
 
 // per invocation, fixed for the work group's tile (set once by main)
@@ -214,7 +223,10 @@ void main()
     g = int(gl_WorkGroupID.z) / KS;
     const int split = int(gl_WorkGroupID.z) - g * KS;
     const int m0 = int(gl_WorkGroupID.y) * BM;
-    const int n0 = int(gl_WorkGroupID.x) * BN;
+    const int tiles = psc(npad) / BN;
+    const int item = int(gl_WorkGroupID.x) / tiles;
+    const int n0 = (int(gl_WorkGroupID.x) - item * tiles) * BN;
+    const int io = item * item_stride;  // the item's first value in the blob bindings
     const int OUTW = psc(outw);
     const int N = OUTW * psc(outh);
 
@@ -232,7 +244,7 @@ void main()
         iy0[j] = oy * psc(stride_h) - psc(pad_top);
         ix0[j] = (n - oy * OUTW) * psc(stride_w) - psc(pad_left);
     }
-    base = g * psc(icg) * psc(h) * psc(w);
+    base = io + g * psc(icg) * psc(h) * psc(w);
     ac = lid % 8;
     ar = lid / 8;
     a_ld = ((g * psc(mpad) + m0 + ar) * psc(kpad)) / 4 + ac;
@@ -280,7 +292,7 @@ void main()
     {
         // partials: every tile lies inside [mpad] x [npad], so no bounds checks
         const int NPAD = psc(npad);
-        const int at = ((split * groups + g) * psc(mpad) + m0 + sm) * NPAD + n0 + sn;
+        const int at = item * (item_stride / 2) + ((split * groups + g) * psc(mpad) + m0 + sm) * NPAD + n0 + sn;
         [[unroll]] for (int i = 0; i < FM; i++)
             [[unroll]] for (int j = 0; j < FN; j++)
                 coopMatStore(acc[i * FN + j], partial_data, uint(at + 16 * i * NPAD + 16 * j), uint(NPAD),
@@ -306,7 +318,8 @@ void main()
                 {
                     const int oc = g * OCG + m;
                     const float v = tile_c[sg * 256 + e] + float(buffer_ld1(bias_data, oc));
-                    buffer_st1(top_blob_data, oc * N + nn, finish(v, oc * N + nn));
+                    const int at = io + oc * N + nn;
+                    buffer_st1(top_blob_data, at, finish(v, at));
                 }
             }
             subgroupMemoryBarrierShared();

@@ -20,6 +20,10 @@
 //         is read without bounds checks (kpad is a multiple of BK * KS, mpad of BM);
 // bias:   sfp [group * ocg] (zeros without bias).
 // Sums are float in every mode.
+//
+// A batch's items run in one dispatch: the pixel tiles of item i are work groups
+// [i * tiles, (i + 1) * tiles) along x, and the item's input, output and residual lie
+// item_stride elements after item i - 1's (the bindings span every item, DESIGN §7).
 #extension GL_EXT_control_flow_attributes : require
 layout (local_size_x = 256) in;
 
@@ -49,6 +53,7 @@ layout (constant_id = 21) const int activation_type = 0;
 layout (constant_id = 22) const float activation_param_0 = 0;
 layout (constant_id = 23) const float activation_param_1 = 0;
 layout (constant_id = 24) const int residual = 0;  // 1: add residual_blob before the activation
+layout (constant_id = 25) const int item_stride = 0;  // elements from one item's blobs to the next's
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -155,12 +160,15 @@ void main()
     const int t = lid - slice * TS;
     const int g = int(gl_WorkGroupID.z);
     const int m0 = int(gl_WorkGroupID.y) * BM;
-    const int n0 = int(gl_WorkGroupID.x) * BN;
 
     const int W = psc(w);
     const int H = psc(h);
     const int OUTW = psc(outw);
     const int N = OUTW * psc(outh);
+    const int tiles = (N + BN - 1) / BN;
+    const int item = int(gl_WorkGroupID.x) / tiles;
+    const int n0 = (int(gl_WorkGroupID.x) - item * tiles) * BN;
+    const int io = item * item_stride;  // the item's first value in every blob binding
     const int KW = psc(kernel_w);
     const int KH = psc(kernel_h);
     const int ICG = psc(icg);
@@ -176,7 +184,7 @@ void main()
     const int oy = n / OUTW;
     const int iy0 = oy * psc(stride_h) - psc(pad_top);
     const int ix0 = (n - oy * OUTW) * psc(stride_w) - psc(pad_left);
-    const int pix0 = g * ICG * H * W + iy0 * W + ix0;
+    const int pix0 = io + g * ICG * H * W + iy0 * W + ix0;
     const int b_st = B_OFF + ((slice * BK + bk) * BN + bn) / 4;  // (row * BN + bn) / 4: BN % 4 == 0
     const int b_comp = bn % 4;
     const int STEP = BK * KS;
@@ -277,7 +285,8 @@ void main()
                     const int nj = n0 + tx * 4 + j;
                     if (nj < N)
                     {
-                        buffer_st1(top_blob_data, oc * N + nj, finish(s[j] + bias, oc * N + nj));
+                        const int at = io + oc * N + nj;
+                        buffer_st1(top_blob_data, at, finish(s[j] + bias, at));
                     }
                 }
             }
@@ -306,7 +315,8 @@ void main()
             {
                 if (nb + j < N)
                 {
-                    buffer_st1(top_blob_data, oc * N + nb + j, finish(s[j] + bias, oc * N + nb + j));
+                    const int at = io + oc * N + nb + j;
+                    buffer_st1(top_blob_data, at, finish(s[j] + bias, at));
                 }
             }
         }
