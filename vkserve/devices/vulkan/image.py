@@ -4,18 +4,29 @@
 An `Image` is a 1D, 2D or 3D VkImage of one of the four dialect formats, kept in
 VK_IMAGE_LAYOUT_GENERAL so one image can be both a sampler source (texelFetch) and a
 storage image (imageStore); `upload`/`download` go through a staging buffer.
+
+Engine layers with an image implementation (Pooling) read their input from an image instead
+of the arena buffer when ``VKSERVE_IMAGES=1`` (`images_wanted`; the Plan copies the blob into
+a per-instance image before the dispatch): ncnn's ``use_image_storage``, opt-in because the
+copy costs more than texture reads save for the engine's layers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
+import os
 from typing import Any
 
 import numpy as np
 
+from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.vulkan.context import MemoryKind, VulkanContext, _track
 from vkserve.devices.vulkan.errors import vk_errors
+from vkserve.devices.vulkan.shader_options import ShaderOptions
+
+log = logging.getLogger(__name__)
 
 
 class ImageFormat(enum.Enum):
@@ -211,3 +222,18 @@ class ImageBinding:
 
     image: Image
     sampler: Sampler | None = None
+
+
+def images_wanted(caps: DeviceCaps, precision: Precision, extent: tuple[int, int, int]) -> bool:
+    """Whether a layer with an image implementation reads an input of `extent` (w, h, c) from a
+    3D image: ``VKSERVE_IMAGES=1`` (anything else but unset, ``0`` or ``auto`` is logged and
+    taken as off), the image options supported by the device in this precision, and the extent
+    within maxImageDimension3D."""
+    mode = os.environ.get("VKSERVE_IMAGES", "0")
+    if mode not in ("0", "1", "auto"):
+        log.warning("VKSERVE_IMAGES=%r is not 0 or 1: taken as 0", mode)
+    if mode != "1":
+        return False
+    options = ShaderOptions.for_precision(precision).replace(image_storage=True)
+    limit = int(caps.properties.get("maxImageDimension3D", 256))
+    return not options.problems(caps) and max(extent) <= limit

@@ -72,8 +72,10 @@ from vkserve.devices.vulkan.engine.fusion import (
 )
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
+from vkserve.devices.vulkan.image import Image, ImageBinding, ImageFormat, Sampler
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
 from vkserve.devices.vulkan.pipeline import ComputePipeline, pack_scalars
+from vkserve.devices.vulkan.shader_options import ShaderOptions
 from vkserve.models.graph import Graph, Layer, infer_shapes
 from vkserve.models.layers import Shape
 
@@ -148,9 +150,12 @@ class _Storage:
 
 @dataclasses.dataclass(frozen=True)
 class _Binding:
-    buffer: str  # "arena" (the instance's), "weights" (shared) or "staging" (the instance's)
+    # "arena" (the instance's), "weights" (shared), "staging" (the instance's), or "image":
+    # the arena bytes copied into the instance's 3D image of `extent` before the dispatch
+    buffer: str
     offset: int
     size: int
+    extent: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclasses.dataclass
@@ -560,13 +565,15 @@ class Plan:
             else declared
         self.tuned_count = sum(a is not b for a, b in zip(chosen, declared))
         todo = [(i, layer, d) for (i, layer, _), d in zip(todo, chosen)]
-        requests = sorted({(d.shader, d.local_size, tuple(d.spec_constants)) for _, _, d in todo},
-                          key=repr)
+        requests = sorted({(d.shader, d.local_size, tuple(d.spec_constants), d.images)
+                           for _, _, d in todo}, key=repr)
         workers = max(1, min(8, os.cpu_count() or 1, len(requests)))
         finished = itertools.count(1)
 
-        def build(r: tuple[str, Any, tuple[Any, ...]]) -> ComputePipeline:
-            pipeline = self.device.pipeline(r[0], self.precision, r[1], r[2])
+        image_options = ShaderOptions.for_precision(self.precision).replace(image_storage=True)
+
+        def build(r: tuple[str, Any, tuple[Any, ...], bool]) -> ComputePipeline:
+            pipeline = self.device.pipeline(r[0], image_options if r[3] else self.precision, r[1], r[2])
             if progress is not None:
                 progress(next(finished), len(requests), r[0])
             return pipeline
@@ -578,7 +585,7 @@ class Plan:
         pending_writes: list[tuple[int, int]] = []
         self.barrier_count = 0
         for (i, layer, d), default in zip(todo, declared):
-            pipeline = built[(d.shader, d.local_size, tuple(d.spec_constants))]
+            pipeline = built[(d.shader, d.local_size, tuple(d.spec_constants), d.images)]
             label = f"{layer.name} ({layer.type}) {d.shader}"
             if len(d.bindings) < pipeline.binding_count:
                 raise PlanError(f"{label}: {len(d.bindings)} bindings for a shader with "
@@ -587,6 +594,11 @@ class Plan:
             for name in d.bindings:
                 binding = self._binding(i, layer, name, label)
                 bindings.append(binding)
+                if binding.buffer == "image":  # copied from the arena before the dispatch
+                    if d.batched:
+                        raise PlanError(f"{label}: a batched dispatch reads an image ({name!r})")
+                    reads.append((binding.offset, binding.offset + binding.size))
+                    continue
                 if binding.buffer != "arena":
                     if d.batched and binding.buffer == "staging":
                         raise PlanError(f"{label}: a batched dispatch binds staging ({name!r})")
@@ -612,6 +624,14 @@ class Plan:
                                     default, d.batched))
 
     def _binding(self, i: int, layer: Layer, name: str, label: str) -> _Binding:
+        if name.startswith("img:"):
+            if name[4:] not in layer.inputs:
+                raise PlanError(f"{label}: binding {name!r} is not an input blob of the layer")
+            shape = self.blob_shapes[name[4:]]
+            if len(shape) > 3:
+                raise PlanError(f"{label}: a {len(shape)}-D blob cannot be a 3D image ({name!r})")
+            c, h, w = (1,) * (3 - len(shape)) + tuple(shape)
+            return _Binding("image", self._blob_at(name[4:]), math.prod(shape) * self.elem, (w, h, c))
         if name.startswith("staging:"):
             t = next(t for t in self.copy_in if t.blob == name[8:])
             return _Binding("staging", t.staging_offset, align_up(t.nbytes, 16))
@@ -788,12 +808,16 @@ class PlanInstance:
         self.arena: Buffer | None = None
         self.staging: Buffer | None = None
         self.descriptors: DescriptorPool | None = None
+        # image-backed blobs: images[(step, binding, item)], read through one sampler
+        self.images: dict[tuple[int, int, int], Image] = {}
+        self.sampler: Sampler | None = None
         self.cmd: Any = None
         self.fence: Any = None
         self.in_flight = False  # submitted and not waited for to the end (wait abandoned)
         try:
             self.arena = plan.pool.acquire(self.arena_stride * batch, MemoryKind.DEVICE)
             self.staging = plan.pool.acquire(self.staging_stride * batch, MemoryKind.HOST)
+            self._make_images()
             self._write_sets()
             self.cmd = ctx.allocate_command_buffer()
             ctx.record(self.cmd, self._record)
@@ -828,12 +852,30 @@ class PlanInstance:
         return [(t.blob, t.shape, self._view(self.plan.input_dtype, t, item))
                 for t in self.plan.copy_in]
 
+    def _make_images(self) -> None:
+        fmt = ImageFormat.for_storage(1, self.plan.elem == 2)
+        for k, step in enumerate(self.plan.steps):
+            for j, b in enumerate(step.bindings):
+                if b.buffer == "image":
+                    for i in range(self.batch):
+                        self.images[(k, j, i)] = Image(self.ctx, b.extent, 3, fmt)
+        if self.images:
+            self.sampler = Sampler(self.ctx)
+
+    def _resource(self, b: _Binding, k: int, j: int, item: int, buffers: Mapping[str, Buffer | None],
+                  strides: Mapping[str, int]) -> Any:
+        """Binding j of step k for `item`: (buffer, offset, range) or its image."""
+        if b.buffer == "image":
+            return ImageBinding(self.images[(k, j, item)], self.sampler)
+        return (buffers[b.buffer], b.offset + item * strides[b.buffer], b.size)
+
     def _write_sets(self) -> None:
         plan = self.plan
         assert self.arena is not None
         steps = max(1, len(plan.steps)) * self.batch
         self.descriptors = DescriptorPool(self.ctx, steps,
-                                          self.batch * sum(len(s.bindings) for s in plan.steps))
+                                          self.batch * sum(len(s.bindings) for s in plan.steps),
+                                          max_images=len(self.images))
         buffers = {"weights": plan.weights, "arena": self.arena, "staging": self.staging}
         strides = {"weights": 0, "arena": self.arena_stride, "staging": self.staging_stride}
         limit = int(self.ctx.caps.properties.get("maxStorageBufferRange", 2**27))
@@ -849,11 +891,11 @@ class PlanInstance:
                         for b in used]
                 self.sets.append([self.descriptors.allocate(step.pipeline.set_layout, bufs)])
                 continue
-            per_item = []
-            for i in range(self.batch):
-                bufs = [(buffers[b.buffer], b.offset + i * strides[b.buffer], b.size) for b in used]
-                per_item.append(self.descriptors.allocate(step.pipeline.set_layout, bufs))
-            self.sets.append(per_item)
+            k = len(self.sets)
+            self.sets.append([self.descriptors.allocate(
+                step.pipeline.set_layout,
+                [self._resource(b, k, j, i, buffers, strides) for j, b in enumerate(used)])
+                for i in range(self.batch)])
         self.dispatch_count = sum(len(sets) for sets in self.sets)
 
     def _record(self, cmd: Any) -> None:
@@ -881,6 +923,7 @@ class PlanInstance:
         for k, (step, dsets) in enumerate(zip(plan.steps, self.sets)):
             if step.barrier_before and k:
                 barrier(compute, shader_rw, compute, shader_rw)
+            self._record_image_copies(cmd, k, barrier)
             if step.pipeline is not bound:
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, step.pipeline.handle)
                 bound = step.pipeline
@@ -910,6 +953,29 @@ class PlanInstance:
             vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
             barrier(transfer | compute, vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
                     vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+
+    def _record_image_copies(self, cmd: Any, k: int, barrier: Callable[[int, int, int, int], None]) -> None:
+        """Step k's image-backed inputs: every item's blob bytes copied into its image, after
+        the dispatches that wrote them and before the step reads them."""
+        copies = [(b, img, i) for (s, j, i), img in self.images.items() if s == k
+                  for b in (self.plan.steps[k].bindings[j],)]
+        if not copies:
+            return
+        vk = self.ctx.vk
+        compute, transfer = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                transfer, vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        assert self.arena is not None
+        layers = vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
+                                             baseArrayLayer=0, layerCount=1)
+        for b, img, i in copies:
+            w, h, d = b.extent
+            region = vk.VkBufferImageCopy(bufferOffset=b.offset + i * self.arena_stride, bufferRowLength=0,
+                                          bufferImageHeight=0, imageSubresource=layers,
+                                          imageOffset=vk.VkOffset3D(x=0, y=0, z=0),
+                                          imageExtent=vk.VkExtent3D(width=w, height=h, depth=d))
+            vk.vkCmdCopyBufferToImage(cmd, self.arena.handle, img.handle, vk.VK_IMAGE_LAYOUT_GENERAL, 1, [region])
+        barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute, vk.VK_ACCESS_SHADER_READ_BIT)
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None,
             between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
@@ -1013,6 +1079,12 @@ class PlanInstance:
         if self.descriptors is not None:
             self.descriptors.destroy()
             self.descriptors = None
+        for img in self.images.values():
+            img.destroy()
+        self.images = {}
+        if self.sampler is not None:
+            self.sampler.destroy()
+            self.sampler = None
         for attr in ("arena", "staging"):
             buf = getattr(self, attr)
             if buf is not None:

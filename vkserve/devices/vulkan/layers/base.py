@@ -32,7 +32,9 @@ MAX_GROUPS = 65535
 class Dispatch:
     shader: str  # built-in shader id: devices/vulkan/shaders/<shader>.comp
     # Binding i of the shader -> a name: an input/output blob of the layer, a weight
-    # ("w:<key>" for keys of `weights()`), or a scratch blob ("s:<key>" for keys of `scratch()`).
+    # ("w:<key>" for keys of `weights()`), a scratch blob ("s:<key>" for keys of `scratch()`),
+    # or an input blob as a 3D image ("img:<blob>": extent (w, h, c) of its shape, one channel
+    # per texel; the shader is then compiled with NCNN_image_shader and reads it as a sampler).
     bindings: tuple[str, ...]
     global_size: tuple[int, int, int]  # invocations; workgroups = ceil(global / local)
     push_constants: tuple[Scalar, ...] = ()  # packed 4 bytes each (int32 / float32)
@@ -42,6 +44,11 @@ class Dispatch:
     # repeat per item, and item i's blobs lie `VulkanLayer.item_stride` elements after item
     # i - 1's in bindings that span them all. Without it, one dispatch per item.
     batched: bool = False
+
+    @property
+    def images(self) -> bool:
+        """Whether the shader reads image-backed blobs (compiled with the image_storage bit)."""
+        return any(b.startswith("img:") for b in self.bindings)
 
 
 class VulkanLayer:

@@ -9,6 +9,9 @@
 // (the padded input less the declared pads and the full-mode tail), computed, not counted.
 // adaptive = 1: ncnn's adaptive windows instead, rows [h * y / outh, ceil(h * (y + 1) / outh))
 // and likewise columns, averaged over their size; kernel, stride and pads are unused.
+// Compiled with NCNN_image_shader (the image_storage option bit) the input is a 3D image
+// (x, y, channel: a sampler, texelFetch through image3d_ld1) instead of a buffer; the output
+// stays a buffer (VulkanPooling.use_image; the Plan copies the input blob into the image).
 
 layout (constant_id = 0) const int w = 0;
 layout (constant_id = 1) const int h = 0;
@@ -29,7 +32,11 @@ layout (constant_id = 15) const int pooling_type = 0;  // 0 max, 1 average
 layout (constant_id = 16) const int count_include_pad = 0;
 layout (constant_id = 17) const int adaptive = 0;
 
+#if NCNN_image_shader
+layout (binding = 0) uniform unfp sampler3D bottom_blob;
+#else
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
+#endif
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
 
 layout (push_constant) uniform parameter
@@ -50,6 +57,16 @@ layout (push_constant) uniform parameter
     int count_y0;
     int count_y1;
 } p;
+
+// input value (x, y) of channel ch
+float bottom_at(int x, int y, int ch)
+{
+#if NCNN_image_shader
+    return float(image3d_ld1(bottom_blob, ivec3(x, y, ch)));
+#else
+    return float(buffer_ld1(bottom_blob_data, (ch * psc(h) + y) * psc(w) + x));
+#endif
+}
 
 void main()
 {
@@ -81,7 +98,6 @@ void main()
     const int kx1 = min(KW, W - x0);
     const int ky0 = max(0, -y0);
     const int ky1 = min(KH, H - y0);
-    const int ci = gz * H * W;
 
     float res;
     if (pooling_type == 0)
@@ -89,9 +105,8 @@ void main()
         res = -3.402823466e+38;
         for (int ky = ky0; ky < ky1; ky++)
         {
-            const int row = ci + (y0 + ky) * W + x0;
             for (int kx = kx0; kx < kx1; kx++)
-                res = max(res, float(buffer_ld1(bottom_blob_data, row + kx)));
+                res = max(res, bottom_at(x0 + kx, y0 + ky, gz));
         }
     }
     else
@@ -99,9 +114,8 @@ void main()
         float sum = 0.0;
         for (int ky = ky0; ky < ky1; ky++)
         {
-            const int row = ci + (y0 + ky) * W + x0;
             for (int kx = kx0; kx < kx1; kx++)
-                sum += float(buffer_ld1(bottom_blob_data, row + kx));
+                sum += bottom_at(x0 + kx, y0 + ky, gz);
         }
         int area = KW * KH;
         if (count_include_pad == 0 && adaptive == 0)
