@@ -16,7 +16,11 @@ from vkserve.scheduler import DeviceHandle, ModelRepository, Scheduler, Schedule
 async def serving(devices: list[DeviceHandle] | None, repo: Path, *, ready_timeout: float = 30,
                   **config: Any) -> AsyncIterator[Scheduler]:
     """The scheduler over ``repo`` on ``devices`` (None: discover them), once ready; on exit
-    paused devices are resumed, admitted jobs drained (5 s) and the scheduler stopped."""
+    paused devices are resumed, admitted jobs drained (5 s) and the scheduler stopped.
+    ``instances_per_device`` applies to the CPU devices too unless ``cpu_instances`` is given
+    (the tests' fake devices are CPU handles)."""
+    if "instances_per_device" in config:
+        config.setdefault("cpu_instances", config["instances_per_device"])
     sched = Scheduler(devices, SchedulerConfig(**config), ModelRepository(repo))
     async with trio.open_nursery() as nursery:
         await nursery.start(sched.run)

@@ -371,9 +371,7 @@ class Scheduler:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 for handle in handles:
-                    slots = self.config.instances_per_device
-                    if handle.is_cpu and self.config.cpu_instances is not None:
-                        slots = self.config.cpu_instances
+                    slots = self.config.cpu_instances if handle.is_cpu else self.config.instances_per_device
                     self._devices[handle.index] = _Device(
                         handle, slots, SlotThreads(handle.id, slots))
                 startup: list[tuple[_Model, list[_Device]]] = []
