@@ -57,6 +57,13 @@ class ScriptedBackend:
             return InferResult({"y": np.zeros(10_000, np.float32)}, "test", 0.0, 0.0)
         return InferResult({"y": np.asarray(inputs["x"]) * 2}, "test", 0.0, 0.0)
 
+    def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
+               deadline: float | None, outputs: list[str] | None, on_done: object) -> None:
+        return None  # every request takes the awaiting path (infer above)
+
+    def cancel(self, job: object, message: str) -> None:
+        raise AssertionError("no job was submitted")
+
     def _model(self, devices: list[int]) -> ModelInfo:
         return ModelInfo("m", ModelState.READY, {"x": [2]}, {"y": [2]}, devices, [], 0, 0, 8, "auto",
                          None)

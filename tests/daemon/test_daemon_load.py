@@ -49,6 +49,7 @@ from tests.support.daemon import (
 from vkserve.client import AsyncClient, Client
 from vkserve.client.messages import InferReply, decode_infer_result
 from vkserve.client.protocol import Response, encode_frame, encode_tensors
+from vkserve.scheduler import SchedulerConfig
 
 #: A second model whose output names its input exactly: the mean of each channel of a 3x4x4
 #: input (no weights; exact in the CPU engine's bf16 for the small integers used as tags).
@@ -452,7 +453,7 @@ FAILOVER_PER_CLIENT = 50
 #: device (VK_ERROR_DEVICE_LOST, raised by the daemon's test hook in the device worker):
 #: the fault comes while every client has requests queued behind the failing runs.
 FAILOVER_DELAY_S = 0.2
-FAULTS = 2  # = the Vulkan device's slots: every job running there when it fails
+FAULTS = SchedulerConfig().instances_per_device  # = the Vulkan device's slots: every job running there when it fails
 
 
 def vkserve_json(d: Daemon, command: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Protocol, TypeAlias
 import numpy as np
 import trio
 
-from vkserve.scheduler import InferResult, ModelInfo, RescanResult, Status, UnloadResult
+from vkserve.scheduler import InferResult, Job, ModelInfo, RescanResult, Status, UnloadResult
 
 __all__ = ["Backend", "Wire", "to_wire"]
 
@@ -34,6 +34,12 @@ class Backend(Protocol):
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None = None,
                     deadline: float | None = None, outputs: list[str] | None = None) -> InferResult: ...
+
+    def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
+               deadline: float | None, outputs: list[str] | None,
+               on_done: Callable[[Job], None]) -> Job | None: ...
+
+    def cancel(self, job: Job, message: str) -> None: ...
 
     async def load_model(self, name: str, devices: list[int] | None = None) -> ModelInfo: ...
 

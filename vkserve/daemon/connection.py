@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 import collections
+import functools
 import hmac
 import logging
 import math
@@ -77,7 +78,7 @@ from vkserve.daemon.config import Config
 from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog
 from vkserve.daemon.shm import RegionError, Regions
 from vkserve.devices.names import DeviceNameError, parse_device
-from vkserve.scheduler import InferResult, SchedulerError
+from vkserve.scheduler import InferResult, Job, SchedulerError
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,13 @@ class Connection:
         self._wrote = trio.Event()  # set (and replaced) after every write
         #: request id -> the cancel scope of its task (requests in flight on this connection)
         self.tasks: dict[int, trio.CancelScope] = {}
+        #: request id -> its job, for infer requests without a deadline: submitted to the
+        #: scheduler with no task of their own, answered from the job's end (`_job_done`)
+        self.jobs: dict[int, Job] = {}
+        #: request id -> why the connection cancelled that job ("client" or "abort")
+        self._cancelled: dict[int, str] = {}
+        self._nursery: trio.Nursery | None = None  # the connection's, while it runs
+        self._flush_pending = False  # a `_flush` of answers queued by jobs' ends is scheduled
         self.infer_in_flight = 0
         #: request id -> the scheduler's InferResult (device, queue and run seconds), kept
         #: from the answer until the request's metrics are recorded
@@ -206,16 +214,22 @@ class Connection:
         reason = "closed"
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 try:
                     reason = await self._read_loop(nursery)
                 finally:
                     # Whatever ended the reader, the client is gone or being dropped:
                     # its requests in flight are cancelled (their jobs with them).
                     nursery.cancel_scope.cancel()
+                    self._broken = True  # nothing more is written
+                    for rid, job in list(self.jobs.items()):
+                        self._cancelled[rid] = "client"
+                        self.server.backend.cancel(job, "the client went away")
         except Exception as exc:  # a bug here must cost this connection only
             reason = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("connection %s failed", self.peer)
         finally:
+            self._nursery = None
             self.server.buffers.release(self._reserved)
             self._reserved = 0
             while self._fds:
@@ -235,6 +249,9 @@ class Connection:
         self._aborting = True
         for scope in list(self.tasks.values()):
             scope.cancel()
+        for rid, job in list(self.jobs.items()):
+            self._cancelled[rid] = "abort"
+            self.server.backend.cancel(job, "the daemon is shutting down")
 
     def begin_drain(self) -> None:
         """The daemon is shutting down. The drain is the reader's: requests it reads get
@@ -299,7 +316,7 @@ class Connection:
     async def _read_loop(self, nursery: trio.Nursery) -> str:
         with self._reader_scope:
             while True:
-                if self._closing_until is None and self.server.draining and not self.tasks:
+                if self._closing_until is None and self.server.draining and not self.busy:
                     await self._say_goodbye()  # drained: nothing in flight, no frame pending
                     if self._broken:
                         return "send failed"
@@ -326,7 +343,7 @@ class Connection:
                         self.server.reject("unauthenticated")
                         await self._send_connection_error(ErrorCode.UNAUTHENTICATED, "authentication timed out")
                         return "authentication timed out"
-                    if self.tasks and not self.decoder.buffered:
+                    if self.busy and not self.decoder.buffered:
                         continue  # the client is waiting for answers, not idle
                     if self.decoder.buffered:
                         await self._send_connection_error(
@@ -393,7 +410,7 @@ class Connection:
                 raise _Closing("daemon shutting down")
             if not self._woken:
                 break  # the frame's deadline
-            if self.server.draining and not self.tasks:  # drained: this frame stays unread
+            if self.server.draining and not self.busy:  # drained: this frame stays unread
                 if self._closing_until is None:
                     await self._say_goodbye()
                 raise _Closing("daemon shutting down")
@@ -444,7 +461,7 @@ class Connection:
         if isinstance(request, AuthRequest):
             await self._authenticate(request)
             return
-        if request.id in self.tasks:
+        if request.id in self.tasks or request.id in self.jobs:
             # Not run. The refusal is written before the original's answer: that answer takes
             # its place on the send lock only once its id has left ``tasks``.
             self.server.reject("bad_request")
@@ -458,9 +475,15 @@ class Connection:
             return
         if isinstance(request, CancelRequest):
             scope = self.tasks.get(request.target)
+            job = self.jobs.get(request.target)
+            # the acknowledgement is queued ahead of the target's (cancelled) answer
+            self._post(encode_frame(Response.success(request.id, {"cancelled": scope is not None or job is not None})
+                                    .to_message(), self.cfg.max_frame_size))
             if scope is not None:
                 scope.cancel()
-            await self._send_response(Response.success(request.id, {"cancelled": scope is not None}))
+            if job is not None:
+                self._cancelled[request.target] = "client"
+                self.server.backend.cancel(job, "the caller cancelled the job")
             return
         if self._closing_until is not None or (
             self.server.draining and not isinstance(request, (PingRequest, StatusRequest))
@@ -470,7 +493,7 @@ class Connection:
                 Response.failure(request.id, ErrorCode.UNAVAILABLE, "the daemon is shutting down")
             )
             return
-        in_flight = len(self.tasks) + self._queued - self._written  # answers unsent count too
+        in_flight = self.requests_in_flight + self._queued - self._written  # answers unsent count too
         if in_flight >= self.cfg.max_requests_per_connection:
             self.server.reject("overloaded")
             await self._send_response(
@@ -481,9 +504,139 @@ class Connection:
                 )
             )
             return
+        if isinstance(request, InferRequest) and self._submit(request, received_at):
+            return
         scope = trio.CancelScope()
         self.tasks[request.id] = scope
         nursery.start_soon(self._run_request, request, received_at, scope)
+
+    @property
+    def requests_in_flight(self) -> int:
+        return len(self.tasks) + len(self.jobs)
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight (not counting answers not yet written)."""
+        return bool(self.tasks or self.jobs)
+
+    # ------------------------------------------------------------------ jobs without a task
+
+    def _submit(self, request: InferRequest, received_at: float) -> bool:
+        """Submit an infer request as a job answered from its end, with no task, cancel scope
+        or event of its own (the scheduler ends it at its deadline); False where the scheduler
+        wants the awaiting path (pre/postprocess, a client's batch), nothing admitted then."""
+        self.infer_in_flight += 1
+        self.server.infer_in_flight += 1
+        try:
+            job = self.server.backend.submit(request.model, dict(request.inputs), priority=request.priority,
+                                             deadline=request.effective_deadline(received_at),
+                                             outputs=request.outputs,
+                                             on_done=functools.partial(self._job_done, request, received_at))
+        except SchedulerError as exc:
+            self._infer_ended(request, received_at, None, exc.code.value.lower())
+            self._post(encode_frame(Response.failure(request.id, exc.code, exc.message).to_message(),
+                                    self.cfg.max_frame_size))
+            return True
+        except BaseException:
+            self.infer_in_flight -= 1
+            self.server.infer_in_flight -= 1
+            raise
+        if job is None:
+            self.infer_in_flight -= 1
+            self.server.infer_in_flight -= 1
+            return False
+        self.jobs[request.id] = job
+        return True
+
+    def _job_done(self, request: InferRequest, received_at: float, job: Job) -> None:
+        """A submitted job ended (in the loop): its answer, as the awaiting path gives it."""
+        self.jobs.pop(request.id, None)
+        why = self._cancelled.pop(request.id, None)
+        frame: bytes | None = None
+        outcome = "ok"
+        if job.error is not None:
+            error = job.error
+            code, message = error.code, error.message
+            if why == "abort":
+                code, message = ErrorCode.UNAVAILABLE, "the daemon is shutting down (drain timeout): the request was cancelled"
+            elif why == "client":
+                code, message = ErrorCode.CANCELLED, "cancelled by the client"
+            outcome = code.value.lower()
+            response = Response.failure(request.id, code, message)
+        else:
+            assert job.result is not None
+            try:
+                frame = encode_frame(Response.success(request.id, self._infer_answer(request, job.result)).to_message(),
+                                     self.cfg.max_frame_size)
+            except FrameTooLarge as exc:
+                response = Response.failure(request.id, ErrorCode.INTERNAL, f"answer too large to send: {exc}")
+                outcome = ErrorCode.INTERNAL.value.lower()
+            except Exception as exc:  # noqa: BLE001 (this answer fails; the connection goes on)
+                log.exception("request %s infer from %s failed", request.id, self.peer)
+                response = Response.failure(request.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+                outcome = ErrorCode.INTERNAL.value.lower()
+        self._infer_ended(request, received_at, job.result, outcome)
+        if frame is None:
+            frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
+        self._post(frame)
+        if self.server.draining and not self.busy:
+            self._wake_reader()
+
+    def _infer_ended(self, request: InferRequest, received_at: float, result: InferResult | None,
+                     outcome: str) -> None:
+        """An infer request's end, counted (both paths)."""
+        self.infer_in_flight -= 1
+        self.server.infer_in_flight -= 1
+        self.server.observe_infer(request.model, result, outcome, time.time() - received_at)
+        self.server.requests_done += 1
+
+    def _post(self, frame: bytes) -> None:
+        """Queue an answer from outside a task: written by the task writing now, else at the
+        end of this loop round (`_flush`), so the answers of one batch go out in one write."""
+        if self._broken:
+            return
+        self._outbox.append(frame)
+        self._queued += 1
+        if not self._writing and not self._flush_pending:
+            self._flush_pending = True
+            trio.lowlevel.current_trio_token().run_sync_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write the queued answers now where the socket takes them; the rest goes to a writer
+        task (a full socket buffer)."""
+        self._flush_pending = False
+        if self._writing or self._broken or not self._outbox:
+            return
+        frames, self._outbox = self._outbox, []
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        try:
+            sent = self._send_now(data)
+        except OSError as exc:
+            self._mark_broken(f"send failed: {exc!r}")
+            return
+        if sent == len(data):
+            self._written += len(frames)
+            self._wrote.set()
+            self._wrote = trio.Event()
+            return
+        if self._nursery is None:
+            self._mark_broken("closed with answers unsent")
+            return
+        self._writing = True
+        self._nursery.start_soon(self._write_rest, memoryview(data)[sent:], len(frames))
+
+    async def _write_rest(self, data: memoryview, frames: int) -> None:
+        """`_flush`'s remainder, then whatever was queued meanwhile (holding ``_writing``)."""
+        try:
+            if not await self._send_rest(data):
+                return
+            self._written += frames
+            self._wrote.set()
+            self._wrote = trio.Event()
+        finally:
+            self._writing = False
+        if self._outbox and not self._broken:
+            await self._write_outbox()
 
     def _shm_request(self, request: ShmRegisterRequest | ShmUnregisterRequest) -> Response:
         if self.regions is None:
@@ -548,7 +701,7 @@ class Connection:
             await self._answer_request(request, received_at, scope)
         finally:
             self.tasks.pop(request.id, None)
-        if self.server.draining and not self.tasks:
+        if self.server.draining and not self.busy:
             self._wake_reader()  # its answer is queued: the drained connection says goodbye (after it)
 
     async def _answer_request(self, request: Request, received_at: float,
@@ -589,12 +742,10 @@ class Connection:
                 outcome = str(response.error.code)
         finally:
             if is_infer:
-                self.infer_in_flight -= 1
-                self.server.infer_in_flight -= 1
                 assert isinstance(request, InferRequest)
-                self.server.observe_infer(request.model, self._results.pop(request.id, None),
-                                          outcome.lower(), time.time() - received_at)
-            self.server.requests_done += 1
+                self._infer_ended(request, received_at, self._results.pop(request.id, None), outcome.lower())
+            else:
+                self.server.requests_done += 1
         if frame is None:
             assert response is not None
             frame = encode_frame(response.to_message(), self.cfg.max_frame_size)
@@ -652,6 +803,10 @@ class Connection:
                                 "no result by the request's deadline (it came "
                                 f"{time.time() - deadline:.3f} s late)")
         self._results[request.id] = result
+        return self._infer_answer(request, result)
+
+    def _infer_answer(self, request: InferRequest, result: InferResult) -> dict[str, Wire]:
+        """An infer request's answer (its outputs inline or into its shared memory)."""
         placed = {}
         if request.outputs_shm is not None and self.regions is not None:
             placed = self.regions.write(request.outputs_shm, result.outputs)
@@ -701,7 +856,7 @@ class Connection:
         self._writing = True
         try:
             while self._outbox and not self._broken:
-                if self.tasks:
+                if self.busy:
                     # other requests are in flight here: let the answers that end in this
                     # loop round (a batch's) join this one and go out in one write
                     await trio.lowlevel.cancel_shielded_checkpoint()

@@ -300,7 +300,7 @@ class Server:
     def requests_in_flight(self) -> int:
         """Requests of the native protocol and infer calls of the KServe front ends."""
         kserve = len(self.kserve.calls) if self.kserve is not None else 0
-        return sum(len(c.tasks) for c in self.connections) + kserve
+        return sum(c.requests_in_flight for c in self.connections) + kserve
 
     async def housekeeping(self) -> None:
         """Once a second: the summary lines of rate-limited warnings whose interval is over."""

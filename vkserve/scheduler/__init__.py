@@ -22,7 +22,7 @@ from vkserve.scheduler.errors import (
     SchedulerError,
     Unavailable,
 )
-from vkserve.scheduler.jobs import InferResult
+from vkserve.scheduler.jobs import InferResult, Job
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
 from vkserve.scheduler.reports import (
     DeviceStatus,
@@ -47,6 +47,7 @@ __all__ = [
     "DeviceHandle",
     "DeviceStatus",
     "InferResult",
+    "Job",
     "InternalError",
     "JobTotals",
     "MemoryStats",

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import heapq
 import logging
 import math
 import statistics
@@ -333,6 +334,9 @@ class Scheduler:
         self._state = SchedulerState.NEW
         self._startup_pending = True
         self._nursery: trio.Nursery | None = None
+        # deadlines of the jobs `submit` admitted (nobody awaits them): (trio time, id, job)
+        self._deadlines: list[tuple[float, int, Job]] = []
+        self._deadlines_changed = trio.Event()
         self._load_limiter: trio.CapacityLimiter | None = None
         self._changed = trio.Event()
         self._recheck_at = math.inf  # when to re-run placement for jobs held by choice
@@ -388,6 +392,7 @@ class Scheduler:
                          ", ".join(f"{d.handle.id} ({d.handle.name})" for d in self._devices.values()))
                 task_status.started()
                 nursery.start_soon(self._recheck_placement)
+                nursery.start_soon(self._watch_deadlines)
                 nursery.start_soon(self._startup_loads, startup)
                 await self._stop.wait()
                 self._state = SchedulerState.STOPPING
@@ -498,15 +503,98 @@ class Scheduler:
                                            outputs=outputs)
         return await explain_result(spec, result, tensors, geometries)
 
+    def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
+               deadline: float | None, outputs: list[str] | None,
+               on_done: Callable[[Job], None]) -> Job | None:
+        """`infer` without a task per request: the job is admitted (or a SchedulerError
+        raised, as `infer` would) and ``on_done(job)`` runs in the loop when it ends
+        (``job.result`` or ``job.error``; at its deadline, DeadlineExceeded from
+        `_watch_deadlines`). None, with nothing admitted, where the request needs `infer`
+        instead: a model with [preprocess] or [postprocess] (work in threads around the run),
+        or a client's batch (one job per item)."""
+        entry = self._models.get(model)
+        if entry is not None and (entry.spec.preprocess is not None or entry.spec.postprocess is not None):
+            return None
+        admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs,
+                               single_only=True)
+        if admitted is None:
+            return None
+        job = admitted[1][0]
+        job.on_done = on_done
+        if job.deadline is not None:
+            if not self._deadlines or job.deadline < self._deadlines[0][0]:
+                self._deadlines_changed.set()  # the watcher sleeps until a later one
+            heapq.heappush(self._deadlines, (job.deadline, job.id, job))
+        return job
+
+    async def _watch_deadlines(self) -> None:
+        """End `submit`'s jobs whose deadline passed (as `_wait` does for `infer`'s)."""
+        while True:
+            self._deadlines_changed = trio.Event()
+            wake_at = self._deadlines[0][0] if self._deadlines else math.inf
+            with trio.move_on_at(wake_at):
+                await self._deadlines_changed.wait()
+            now = trio.current_time()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, _, job = heapq.heappop(self._deadlines)
+                if not job.done.is_set():
+                    entry = self._models.get(job.model)
+                    where = ("running" if entry is not None and job.id in self._running_job_ids(entry)
+                             else "queued")
+                    self._end(job, error=DeadlineExceeded(
+                        f"model '{job.model}': deadline passed while the job was {where}"))
+
+    def cancel(self, job: Job, message: str) -> None:
+        """End a job admitted by `submit` as cancelled (no-op once it ended); a run in progress
+        finishes and its result is discarded."""
+        self._end(job, error=Cancelled(f"model '{job.model}': {message}"))
+
     async def _infer_tensors(self, model: str, inputs: dict[str, np.ndarray], *,
                              priority: int | None, deadline: float | None,
                              outputs: list[str] | None) -> InferResult:
+        admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs)
+        assert admitted is not None
+        entry, jobs, batched = admitted
+        if not batched:
+            return await self._wait(jobs[0], entry)
+        results: list[InferResult] = []
+        failures: list[SchedulerError] = []
+
+        async def wait(job: Job, scope: trio.CancelScope) -> None:
+            try:
+                results.append(await self._wait(job, entry))
+            except SchedulerError as exc:  # the first failure is the batch's; the rest cancel
+                failures.append(exc)
+                scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(wait, job, nursery.cancel_scope)
+        if failures:
+            raise failures[0]
+        results.sort(key=lambda r: r.job_id)  # the items' order (ids grow with admission)
+        first = results[0]
+        return InferResult(
+            outputs={n: np.stack([r.outputs[n] for r in results]) for n in first.outputs},
+            device=", ".join(dict.fromkeys(r.device for r in results)),
+            queue_seconds=max(r.queue_seconds for r in results),
+            run_seconds=max(r.run_seconds for r in results), device_index=first.device_index,
+            job_id=first.job_id, attempts=max(r.attempts for r in results),
+            batch_size=max(r.batch_size for r in results))
+
+    def _admit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
+               deadline: float | None, outputs: list[str] | None,
+               single_only: bool = False) -> tuple[_Model, list[Job], bool] | None:
+        """Validate and queue a request's jobs (one, or one per item of a client's batch: the
+        bool); None, with nothing queued, for a client's batch when ``single_only``."""
         self._check_accepting()
         entry = self._models.get(model)
         if entry is None:
             raise ModelNotFound(f"no model '{model}' (models: {', '.join(self._models) or 'none'})")
         self._check_servable(entry)
         items = client_batch(model, entry.spec.inputs, inputs, entry.spec.max_batch_size)
+        if items is not None and single_only:
+            return None
         arrays = [validate_inputs(model, entry.spec.inputs, item) for item in (items or [inputs])]
         for key in dict.fromkeys(tuple(a[n].shape for n in entry.spec.inputs) for a in arrays):
             problem = self._shape_problem(entry, key)
@@ -548,32 +636,7 @@ class Scheduler:
             self._dispatch()
         else:
             self._placement_stale = True  # status() runs the pass for its queue depths
-        if items is None:
-            return await self._wait(jobs[0], entry)
-        results: list[InferResult] = []
-        failures: list[SchedulerError] = []
-
-        async def wait(job: Job, scope: trio.CancelScope) -> None:
-            try:
-                results.append(await self._wait(job, entry))
-            except SchedulerError as exc:  # the first failure is the batch's; the rest cancel
-                failures.append(exc)
-                scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for job in jobs:
-                nursery.start_soon(wait, job, nursery.cancel_scope)
-        if failures:
-            raise failures[0]
-        results.sort(key=lambda r: r.job_id)  # the items' order (ids grow with admission)
-        first = results[0]
-        return InferResult(
-            outputs={n: np.stack([r.outputs[n] for r in results]) for n in first.outputs},
-            device=", ".join(dict.fromkeys(r.device for r in results)),
-            queue_seconds=max(r.queue_seconds for r in results),
-            run_seconds=max(r.run_seconds for r in results), device_index=first.device_index,
-            job_id=first.job_id, attempts=max(r.attempts for r in results),
-            batch_size=max(r.batch_size for r in results))
+        return entry, jobs, items is not None
 
     async def _wait(self, job: Job, entry: _Model) -> InferResult:
         """Wait for an admitted job to end, under its deadline; a cancelled caller ends it."""
@@ -667,6 +730,11 @@ class Scheduler:
         else:
             self._totals.failed += 1
         self._notify()
+        if job.on_done is not None:
+            try:
+                job.on_done(job)
+            except Exception:  # the submitter's bug: the scheduler goes on
+                log.exception("the end-of-job callback of job %d (%s) failed", job.id, job.model)
         return True
 
     # ------------------------------------------------------------------------------------

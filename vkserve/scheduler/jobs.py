@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import trio
@@ -59,6 +59,8 @@ class Job:
         self.result: InferResult | None = None
         self.error: SchedulerError | None = None
         self.done = trio.Event()
+        # called in the loop once the job ended (Scheduler.submit's jobs, which nobody awaits)
+        self.on_done: Callable[[Job], None] | None = None
 
     def sort_key(self) -> tuple[int, int]:
         """Higher priority first, then FIFO (ids grow with admission; a retried job keeps

@@ -1,0 +1,84 @@
+"""`Scheduler.submit`: jobs without a task of their own (the daemon's connections use it), ended
+through their callback with the result, at their deadline (the scheduler's watcher), when
+cancelled, or not admitted at all where the awaiting `infer` is needed (a client's batch)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import trio
+
+from tests.scheduler.test_scheduler import reference, until, write_model, x
+from tests.support.scheduler import serving
+from vkserve.scheduler import Cancelled, DeadlineExceeded, DeviceHandle, Job
+
+
+async def test_a_submitted_job_ends_through_its_callback(tmp_path: Path) -> None:
+    folder = write_model(tmp_path)
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x(3)}, priority=None, deadline=None, outputs=None,
+                           on_done=ended.append)
+        assert job is not None
+        await until(sched, lambda: bool(ended))
+        assert ended == [job] and job.error is None and job.result is not None
+        np.testing.assert_allclose(job.result.outputs["prob"], reference(folder, x(3)), rtol=1e-5, atol=1e-6)
+        assert sched.status().totals.completed == 1
+
+
+async def test_the_deadline_watcher_ends_a_queued_job_on_time(tmp_path: Path) -> None:
+    write_model(tmp_path, config="max_batch_size = 1\n")
+    device = DeviceHandle.cpu(0)
+    async with serving([device], tmp_path, instances_per_device=1) as sched:
+        device.pause()
+        ended: list[Job] = []
+        blocker = sched.submit("tiny", {"data": x()}, priority=None, deadline=None, outputs=None,
+                               on_done=ended.append)
+        await until(sched, lambda: sched.status().in_flight == 1)
+        start = trio.current_time()
+        late = sched.submit("tiny", {"data": x(1)}, priority=None, deadline=time.time() + 0.3,
+                            outputs=None, on_done=ended.append)
+        sooner = sched.submit("tiny", {"data": x(2)}, priority=None, deadline=time.time() + 0.1,
+                              outputs=None, on_done=ended.append)
+        await until(sched, lambda: len(ended) == 2)
+        assert ended == [sooner, late]  # each at its own deadline, the earlier one first
+        assert 0.25 <= trio.current_time() - start < 1.5
+        for job in ended:
+            assert isinstance(job.error, DeadlineExceeded)
+            assert "deadline passed while the job was queued" in str(job.error.message)
+        device.resume()
+        await until(sched, lambda: len(ended) == 3)
+        assert ended[2] is blocker and blocker.error is None
+        totals = sched.status().totals
+        assert (totals.deadline_exceeded, totals.completed) == (2, 1)
+
+
+async def test_cancel_ends_a_submitted_job_once(tmp_path: Path) -> None:
+    write_model(tmp_path)
+    device = DeviceHandle.cpu(0)
+    async with serving([device], tmp_path) as sched:
+        device.pause()
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x()}, priority=None, deadline=None, outputs=None,
+                           on_done=ended.append)
+        assert job is not None
+        sched.cancel(job, "the caller cancelled the job")
+        sched.cancel(job, "again")  # ended already: nothing happens
+        assert ended == [job] and isinstance(job.error, Cancelled)
+        assert "the caller cancelled the job" in job.error.message
+        device.resume()
+        await trio.sleep(0.1)
+        assert ended == [job] and sched.status().totals.cancelled == 1
+
+
+async def test_a_client_batch_is_left_to_infer(tmp_path: Path) -> None:
+    write_model(tmp_path, config="max_batch_size = 4\n")
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        batch = np.stack([x(0), x(1)])
+        assert sched.submit("tiny", {"data": batch}, priority=None, deadline=None, outputs=None,
+                            on_done=lambda job: None) is None
+        assert sched.status().totals.submitted == 0
+        result = await sched.infer("tiny", {"data": batch})
+        assert result.outputs["prob"].shape[0] == 2
