@@ -607,32 +607,25 @@ class Connection:
         self._flush_pending = False
         if self._writing or self._broken or not self._outbox:
             return
-        frames, self._outbox = self._outbox, []
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        try:
-            sent = self._send_now(data)
-        except OSError as exc:
-            self._mark_broken(f"send failed: {exc!r}")
+        taken = self._write_now()
+        if taken is None:
             return
-        if sent == len(data):
-            self._written += len(frames)
-            self._wrote.set()
-            self._wrote = trio.Event()
+        rest, count = taken
+        if not rest:
+            self._wrote_frames(count)
             return
         if self._nursery is None:
             self._mark_broken("closed with answers unsent")
             return
         self._writing = True
-        self._nursery.start_soon(self._write_rest, memoryview(data)[sent:], len(frames))
+        self._nursery.start_soon(self._write_rest, rest, count)
 
     async def _write_rest(self, data: memoryview, frames: int) -> None:
         """`_flush`'s remainder, then whatever was queued meanwhile (holding ``_writing``)."""
         try:
             if not await self._send_rest(data):
                 return
-            self._written += frames
-            self._wrote.set()
-            self._wrote = trio.Event()
+            self._wrote_frames(frames)
         finally:
             self._writing = False
         if self._outbox and not self._broken:
@@ -860,22 +853,34 @@ class Connection:
                     # other requests are in flight here: let the answers that end in this
                     # loop round (a batch's) join this one and go out in one write
                     await trio.lowlevel.cancel_shielded_checkpoint()
-                frames, self._outbox = self._outbox, []
-                data = frames[0] if len(frames) == 1 else b"".join(frames)
-                try:
-                    sent = self._send_now(data)
-                except OSError as exc:
-                    self._mark_broken(f"send failed: {exc!r}")
+                taken = self._write_now()
+                if taken is None:
                     return
-                if sent < len(data) and not await self._send_rest(memoryview(data)[sent:]):
+                rest, count = taken
+                if rest and not await self._send_rest(rest):
                     return
-                self._written += len(frames)
-                self._wrote.set()
-                self._wrote = trio.Event()
+                self._wrote_frames(count)
         finally:
             self._writing = False
             self._wrote.set()  # waiters look again: written, broken, or one of them writes next
             self._wrote = trio.Event()
+
+    def _write_now(self) -> tuple[memoryview, int] | None:
+        """Take every queued frame and write what the socket takes at once: (the rest, the
+        frames taken), or None with the connection marked broken."""
+        frames, self._outbox = self._outbox, []
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        try:
+            sent = self._send_now(data)
+        except OSError as exc:
+            self._mark_broken(f"send failed: {exc!r}")
+            return None
+        return memoryview(data)[sent:], len(frames)
+
+    def _wrote_frames(self, count: int) -> None:
+        self._written += count
+        self._wrote.set()
+        self._wrote = trio.Event()
 
     async def _send_rest(self, data: memoryview) -> bool:
         """What the socket did not take at once, under ``send_timeout``; False (the connection
