@@ -179,8 +179,7 @@ class Connection:
         self.jobs: dict[int, Job] = {}
         #: request id -> why the connection cancelled that job ("client" or "abort")
         self._cancelled: dict[int, str] = {}
-        self._nursery: trio.Nursery | None = None  # the connection's, while it runs
-        self._flush_pending = False  # a `_flush` of answers queued by jobs' ends is scheduled
+        self._answers = trio.Event()  # set when `_post` queued an answer
         self.infer_in_flight = 0
         #: request id -> the scheduler's InferResult (device, queue and run seconds), kept
         #: from the answer until the request's metrics are recorded
@@ -214,7 +213,7 @@ class Connection:
         reason = "closed"
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                nursery.start_soon(self._write_answers)
                 try:
                     reason = await self._read_loop(nursery)
                 finally:
@@ -229,7 +228,6 @@ class Connection:
             reason = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("connection %s failed", self.peer)
         finally:
-            self._nursery = None
             self.server.buffers.release(self._reserved)
             self._reserved = 0
             while self._fds:
@@ -591,45 +589,22 @@ class Connection:
         self.server.requests_done += 1
 
     def _post(self, frame: bytes) -> None:
-        """Queue an answer from outside a task: written by the task writing now, else at the
-        end of this loop round (`_flush`), so the answers of one batch go out in one write."""
+        """Queue an answer from outside a task: the task writing now takes it, else the
+        connection's answer writer (`_write_answers`), after the other answers ending in this
+        loop round, in one write."""
         if self._broken:
             return
         self._outbox.append(frame)
         self._queued += 1
-        if not self._writing and not self._flush_pending:
-            self._flush_pending = True
-            trio.lowlevel.current_trio_token().run_sync_soon(self._flush)
+        self._answers.set()
 
-    def _flush(self) -> None:
-        """Write the queued answers now where the socket takes them; the rest goes to a writer
-        task (a full socket buffer)."""
-        self._flush_pending = False
-        if self._writing or self._broken or not self._outbox:
-            return
-        taken = self._write_now()
-        if taken is None:
-            return
-        rest, count = taken
-        if not rest:
-            self._wrote_frames(count)
-            return
-        if self._nursery is None:
-            self._mark_broken("closed with answers unsent")
-            return
-        self._writing = True
-        self._nursery.start_soon(self._write_rest, rest, count)
-
-    async def _write_rest(self, data: memoryview, frames: int) -> None:
-        """`_flush`'s remainder, then whatever was queued meanwhile (holding ``_writing``)."""
-        try:
-            if not await self._send_rest(data):
-                return
-            self._wrote_frames(frames)
-        finally:
-            self._writing = False
-        if self._outbox and not self._broken:
-            await self._write_outbox()
+    async def _write_answers(self) -> None:
+        """The connection's writer of `_post`'s answers (a task of its nursery)."""
+        while True:
+            await self._answers.wait()
+            self._answers = trio.Event()
+            if self._outbox and not self._writing and not self._broken:
+                await self._write_outbox()
 
     def _shm_request(self, request: ShmRegisterRequest | ShmUnregisterRequest) -> Response:
         if self.regions is None:
@@ -853,34 +828,22 @@ class Connection:
                     # other requests are in flight here: let the answers that end in this
                     # loop round (a batch's) join this one and go out in one write
                     await trio.lowlevel.cancel_shielded_checkpoint()
-                taken = self._write_now()
-                if taken is None:
+                frames, self._outbox = self._outbox, []
+                data = frames[0] if len(frames) == 1 else b"".join(frames)
+                try:
+                    sent = self._send_now(data)
+                except OSError as exc:
+                    self._mark_broken(f"send failed: {exc!r}")
                     return
-                rest, count = taken
-                if rest and not await self._send_rest(rest):
+                if sent < len(data) and not await self._send_rest(memoryview(data)[sent:]):
                     return
-                self._wrote_frames(count)
+                self._written += len(frames)
+                self._wrote.set()
+                self._wrote = trio.Event()
         finally:
             self._writing = False
             self._wrote.set()  # waiters look again: written, broken, or one of them writes next
             self._wrote = trio.Event()
-
-    def _write_now(self) -> tuple[memoryview, int] | None:
-        """Take every queued frame and write what the socket takes at once: (the rest, the
-        frames taken), or None with the connection marked broken."""
-        frames, self._outbox = self._outbox, []
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
-        try:
-            sent = self._send_now(data)
-        except OSError as exc:
-            self._mark_broken(f"send failed: {exc!r}")
-            return None
-        return memoryview(data)[sent:], len(frames)
-
-    def _wrote_frames(self, count: int) -> None:
-        self._written += count
-        self._wrote.set()
-        self._wrote = trio.Event()
 
     async def _send_rest(self, data: memoryview) -> bool:
         """What the socket did not take at once, under ``send_timeout``; False (the connection

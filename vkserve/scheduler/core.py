@@ -334,8 +334,9 @@ class Scheduler:
         self._state = SchedulerState.NEW
         self._startup_pending = True
         self._nursery: trio.Nursery | None = None
-        # deadlines of the jobs `submit` admitted (nobody awaits them): (trio time, id, job)
-        self._deadlines: list[tuple[float, int, Job]] = []
+        # deadlines of the jobs `submit` admitted (nobody awaits them): (trio time, job id);
+        # ids only, so that ended jobs (their inputs and outputs) are not kept until then
+        self._deadlines: list[tuple[float, int]] = []
         self._deadlines_changed = trio.Event()
         self._load_limiter: trio.CapacityLimiter | None = None
         self._changed = trio.Event()
@@ -524,7 +525,7 @@ class Scheduler:
         if job.deadline is not None:
             if not self._deadlines or job.deadline < self._deadlines[0][0]:
                 self._deadlines_changed.set()  # the watcher sleeps until a later one
-            heapq.heappush(self._deadlines, (job.deadline, job.id, job))
+            heapq.heappush(self._deadlines, (job.deadline, job.id))
         return job
 
     async def _watch_deadlines(self) -> None:
@@ -536,8 +537,8 @@ class Scheduler:
                 await self._deadlines_changed.wait()
             now = trio.current_time()
             while self._deadlines and self._deadlines[0][0] <= now:
-                _, _, job = heapq.heappop(self._deadlines)
-                if not job.done.is_set():
+                job = self._jobs.get(heapq.heappop(self._deadlines)[1])
+                if job is not None and not job.done.is_set():
                     entry = self._models.get(job.model)
                     where = ("running" if entry is not None and job.id in self._running_job_ids(entry)
                              else "queued")
