@@ -11,14 +11,19 @@ Per connection (DESIGN §8):
   size from the daemon's shared ``max_buffered_bytes`` and is not read further until it has;
 - a TCP peer authenticates within ``auth_timeout``, its wrong tokens throttled per address
   (``limits.AuthThrottle``); only then does it count in ``max_connections``;
-- a nursery owns one task per request, so many requests are in flight at once; a ``cancel`` op
-  cancels the target's task, which then answers ``CANCELLED``;
+- many requests are in flight at once: an infer request is a job submitted to the scheduler
+  (``Backend.submit``) and answered from its end, with no task of its own (the scheduler ends
+  it at its deadline); other requests, and infers of models with [preprocess] / [postprocess]
+  or a client's batch, run as tasks of the connection's nursery; a ``cancel`` op ends the
+  target's job or cancels its task, which then answers ``CANCELLED`` (after the op's own
+  answer);
 - frames to send queue in an outbox, written in order by one task at a time, which sends
   every frame queued meanwhile in one write (the answers of a batch: one syscall), so frames
   stay whole on the stream; a request's task leaves its answer to the task writing, if any
   (the answer counts against ``max_requests_per_connection`` until written); a peer that
   stops reading is dropped after ``send_timeout``;
-- when the client goes away (EOF, reset) the nursery is cancelled, which cancels its jobs;
+- when the client goes away (EOF, reset) the nursery is cancelled and the submitted jobs
+  ended, which cancels all its work;
 - before authentication only an ``auth`` request is decoded; anything else is answered
   ``UNAUTHENTICATED`` by its id, fields unread, and the connection closes;
 - a drain (the daemon shuts down) is the reader's state, never a cancellation of it: new
