@@ -59,7 +59,9 @@ class ScriptedBackend:
 
     def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
                deadline: float | None, outputs: list[str] | None, on_done: object) -> None:
-        return None  # every request takes the awaiting path (infer above)
+        if model == "submit-bug":
+            raise RuntimeError("submit kaboom")
+        return None  # every other request takes the awaiting path (infer above)
 
     def cancel(self, job: object, message: str) -> None:
         raise AssertionError("no job was submitted")
@@ -160,6 +162,13 @@ async def test_backend_failures_become_answers_and_the_connection_goes_on() -> N
         await peer.send({"v": 1, "id": 6, "op": "load_model", "name": "m", "devices": ["gpu9"]})
         r = await peer.recv()
         assert r is not None and r.error is not None and r.error.code == "BAD_REQUEST"
+        await peer.send(infer(7, "submit-bug"))  # a bug in the job path: this answer only
+        r = await peer.recv()
+        assert r is not None and r.id == 7 and r.error is not None and r.error.code == "INTERNAL"
+        assert "RuntimeError: submit kaboom" in r.error.message
+        await peer.send(infer(8, "double"))
+        r = await peer.recv()
+        assert r is not None and r.id == 8 and r.ok
         assert server.infer_in_flight == 0
 
 

@@ -179,8 +179,8 @@ class Connection:
         self._wrote = trio.Event()  # set (and replaced) after every write
         #: request id -> the cancel scope of its task (requests in flight on this connection)
         self.tasks: dict[int, trio.CancelScope] = {}
-        #: request id -> its job, for infer requests without a deadline: submitted to the
-        #: scheduler with no task of their own, answered from the job's end (`_job_done`)
+        #: request id -> its job, for infer requests submitted to the scheduler with no task
+        #: of their own, answered from the job's end (`_job_done`)
         self.jobs: dict[int, Job] = {}
         #: request id -> why the connection cancelled that job ("client" or "abort")
         self._cancelled: dict[int, str] = {}
@@ -540,10 +540,13 @@ class Connection:
             self._post(encode_frame(Response.failure(request.id, exc.code, exc.message).to_message(),
                                     self.cfg.max_frame_size))
             return True
-        except BaseException:
-            self.infer_in_flight -= 1
-            self.server.infer_in_flight -= 1
-            raise
+        except Exception as exc:  # noqa: BLE001 (a bug: this request fails, the connection goes on)
+            log.exception("request %s infer from %s failed", request.id, self.peer)
+            self._infer_ended(request, received_at, None, ErrorCode.INTERNAL.value.lower())
+            self._post(encode_frame(Response.failure(
+                request.id, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}").to_message(),
+                self.cfg.max_frame_size))
+            return True
         if job is None:
             self.infer_in_flight -= 1
             self.server.infer_in_flight -= 1
