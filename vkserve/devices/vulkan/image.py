@@ -133,12 +133,13 @@ class Image:
         stages = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT
         vk.vkCmdPipelineBarrier(cmd, stages, stages, 0, 0, None, 0, None, 1, [barrier])
 
-    def _copy_region(self) -> Any:
+    def copy_region(self, buffer_offset: int = 0) -> Any:
+        """The whole image as a VkBufferImageCopy of tightly packed texels from `buffer_offset`."""
         vk = self.ctx.vk
         w, h, d = self.extent
         layers = vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
                                              baseArrayLayer=0, layerCount=1)
-        return vk.VkBufferImageCopy(bufferOffset=0, bufferRowLength=0, bufferImageHeight=0,
+        return vk.VkBufferImageCopy(bufferOffset=buffer_offset, bufferRowLength=0, bufferImageHeight=0,
                                     imageSubresource=layers,
                                     imageOffset=vk.VkOffset3D(x=0, y=0, z=0),
                                     imageExtent=vk.VkExtent3D(width=w, height=h, depth=d))
@@ -156,7 +157,7 @@ class Image:
 
             def body(cmd: Any) -> None:
                 vk.vkCmdCopyBufferToImage(cmd, staging.handle, self.handle,
-                                          vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self._copy_region()])
+                                          vk.VK_IMAGE_LAYOUT_GENERAL, 1, [self.copy_region()])
                 self._barrier(cmd, vk.VK_IMAGE_LAYOUT_GENERAL)
 
             ctx.run_once(body)
@@ -171,7 +172,7 @@ class Image:
             def body(cmd: Any) -> None:
                 self._barrier(cmd, vk.VK_IMAGE_LAYOUT_GENERAL)
                 vk.vkCmdCopyImageToBuffer(cmd, self.handle, vk.VK_IMAGE_LAYOUT_GENERAL,
-                                          staging.handle, 1, [self._copy_region()])
+                                          staging.handle, 1, [self.copy_region()])
 
             ctx.run_once(body)
             staging.invalidate()

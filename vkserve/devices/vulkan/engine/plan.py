@@ -966,15 +966,9 @@ class PlanInstance:
         barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
                 transfer, vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
         assert self.arena is not None
-        layers = vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
-                                             baseArrayLayer=0, layerCount=1)
         for b, img, i in copies:
-            w, h, d = b.extent
-            region = vk.VkBufferImageCopy(bufferOffset=b.offset + i * self.arena_stride, bufferRowLength=0,
-                                          bufferImageHeight=0, imageSubresource=layers,
-                                          imageOffset=vk.VkOffset3D(x=0, y=0, z=0),
-                                          imageExtent=vk.VkExtent3D(width=w, height=h, depth=d))
-            vk.vkCmdCopyBufferToImage(cmd, self.arena.handle, img.handle, vk.VK_IMAGE_LAYOUT_GENERAL, 1, [region])
+            vk.vkCmdCopyBufferToImage(cmd, self.arena.handle, img.handle, vk.VK_IMAGE_LAYOUT_GENERAL, 1,
+                                      [img.copy_region(b.offset + i * self.arena_stride)])
         barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute, vk.VK_ACCESS_SHADER_READ_BIT)
 
     def run(self, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None,
