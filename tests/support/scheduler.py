@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.scheduler import DeviceHandle, ModelRepository, Scheduler, SchedulerConfig
 
 
@@ -18,7 +19,9 @@ async def serving(devices: list[DeviceHandle] | None, repo: Path, *, ready_timeo
     """The scheduler over ``repo`` on ``devices`` (None: discover them), once ready; on exit
     paused devices are resumed, admitted jobs drained (5 s) and the scheduler stopped.
     ``instances_per_device`` applies to the CPU devices too unless ``cpu_instances`` is given
-    (the tests' fake devices are CPU handles)."""
+    (the tests' fake devices are CPU handles). The CPU kernels are compiled first, outside
+    ``ready_timeout`` (a cold numba cache: minutes; in-process after the first: nothing)."""
+    await trio.to_thread.run_sync(compile_kernels)
     if "instances_per_device" in config:
         config.setdefault("cpu_instances", config["instances_per_device"])
     sched = Scheduler(devices, SchedulerConfig(**config), ModelRepository(repo))

@@ -52,7 +52,6 @@ from vkserve.daemon.listeners import (
 )
 from vkserve.daemon.metrics import DaemonMetrics, LoadRecorder
 from vkserve.devices.cpu import threads as cpu_threads
-from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.devices.discovery import GpuProblem
 from vkserve.scheduler import (
     DeviceHandle,
@@ -433,8 +432,8 @@ async def _systemd_pings(interval: float | None, started: float, server: Server 
 
 
 async def _build_backend(factory: Callable[[], Awaitable[Backend]], started: float) -> Backend:
-    """``factory()`` (the CPU kernels compile in there: minutes on a first start), with the
-    systemd pings running meanwhile; its errors come out as they are (not in a group)."""
+    """``factory()`` (a test hook's devices are discovered in there), with the systemd pings
+    running meanwhile; its errors come out as they are (not in a group)."""
     failed: Exception | None = None
     async with trio.open_nursery() as building:
         if os.environ.get("NOTIFY_SOCKET"):
@@ -661,14 +660,9 @@ def _default_backend_factory(config: Config, repo_path: Path) -> Callable[[], Aw
     sched_cfg = scheduler_config(table, SchedulerConfig)
 
     async def build() -> Backend:
-        # the CPU kernels are compiled for this machine now (or loaded from their cache), not
-        # by the first job that needs them
-        log.info("CPU kernels: compiling them for this machine, or loading them from numba's "
-                 "cache (a first start compiles ~50 kernels: 1-2 minutes on a 2-core box, under a "
-                 "second once cached)")
+        # (the scheduler compiles the CPU kernels for this machine, or loads them from their
+        # cache, once it runs: beside the GPUs' loads, the sockets answering meanwhile)
         log.info("%s", cpu_threads.configure(config.cpu.threads))
-        kernels = await trio.to_thread.run_sync(compile_kernels)
-        log.info("%s", kernels.describe())
         hooks = parse_test_hooks(os.environ)
         if not hooks:  # the scheduler discovers the devices itself (in a worker thread) when it runs
             return Scheduler(None, sched_cfg, ModelRepository(repo_path))

@@ -66,6 +66,7 @@ from vkserve.scheduler.engine import (
     executors_nbytes,
     is_device_fault,
     load_executors,
+    prepare_device,
     vulkan_engine_available,
 )
 from vkserve.scheduler.errors import (
@@ -194,6 +195,9 @@ class _Device:
     run_seconds: float = 0.0
     completed: int = 0
     faults: int = 0
+    #: set once ``prepare_device`` has run (the CPU's kernels compiled): Plans are built after
+    prepared: trio.Event = dataclasses.field(default_factory=trio.Event)
+    prepare_error: str | None = None
 
     @property
     def index(self) -> int:
@@ -392,6 +396,8 @@ class Scheduler:
                 log.info("scheduler running on %d device(s): %s", len(self._devices),
                          ", ".join(f"{d.handle.id} ({d.handle.name})" for d in self._devices.values()))
                 task_status.started()
+                for device in self._devices.values():
+                    nursery.start_soon(self._prepare, device)
                 nursery.start_soon(self._recheck_placement)
                 nursery.start_soon(self._watch_deadlines)
                 nursery.start_soon(self._startup_loads, startup)
@@ -1131,6 +1137,33 @@ class Scheduler:
                 await trio.to_thread.run_sync(self._close_executors, entry.placements[device.index])
             self._placement_failed(entry, device, "unloaded while loading")
 
+    async def _prepare(self, device: _Device) -> None:
+        """What ``device`` needs once before its first Plan (``prepare_device``: the CPU's
+        kernels compiled for this machine, minutes on a first start, or loaded from numba's
+        cache), in a worker thread beside the other devices' loads: the daemon answers, and the
+        GPUs serve, meanwhile. A failure fails the device's Plans with its reason."""
+        try:
+            done = await trio.to_thread.run_sync(prepare_device, device.handle)
+        except Exception as exc:  # the device's loads fail with this reason, logged there
+            device.prepare_error = f"preparing {device.handle.id} failed: {type(exc).__name__}: {exc}"
+            log.error("%s", device.prepare_error)
+        else:
+            if done is not None:
+                log.info("%s", done)
+        finally:
+            device.prepared.set()
+
+    async def _prepared(self, device: _Device, placement: _Placement | None = None) -> None:
+        """Wait for ``_prepare`` of ``device`` (``placement`` shows it meanwhile); raise its
+        failure."""
+        if not device.prepared.is_set():
+            if placement is not None:
+                placement.progress = (f"waiting for {device.handle.id}'s kernels to be compiled for "
+                                      "this machine (a first start: minutes)")
+            await device.prepared.wait()
+        if device.prepare_error is not None:
+            raise RuntimeError(device.prepare_error)
+
     async def _build_placement(self, entry: _Model, device: _Device) -> None:
         warmup = entry.spec.warmup if entry.spec.warmup is not None else self.config.default_warmup
         assert self._load_limiter is not None
@@ -1140,6 +1173,7 @@ class Scheduler:
         compiled = False
         keys = entry.spec.prebuilt
         try:
+            await self._prepared(device, placement)
             for k, key in enumerate(keys, 1):
                 building = (f"building Plans for {format_key(entry.spec.inputs, key)} "
                             f"({k} of {len(keys)})")
@@ -1224,6 +1258,7 @@ class Scheduler:
         assert self._load_limiter is not None
         started = time.perf_counter()
         try:
+            await self._prepared(device)
             async with self._load_limiter, self._using_weights(entry):
                 executors, _, compiled = await trio.to_thread.run_sync(
                     lambda: _compile_and_warm(

@@ -27,6 +27,7 @@ import numpy as np
 
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
+from vkserve.devices.cpu.warm import compile_kernels
 from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan.errors import VulkanError
@@ -37,7 +38,7 @@ from vkserve.scheduler.registry import ModelSpec
 log = logging.getLogger(__name__)
 
 __all__ = ["BatchRun", "Executor", "close_executor", "is_device_fault", "load_executors",
-           "vulkan_engine_available"]
+           "prepare_device", "vulkan_engine_available"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,18 @@ def vulkan_precision(device: DeviceHandle, name: str) -> Precision:
     if name in ("fp32", "fp16"):
         return engine_precision(device.caps, name)
     return Precision(name)
+
+
+def prepare_device(device: DeviceHandle) -> str | None:
+    """Blocking (worker thread): what ``device`` needs once before its first Plan, described
+    for the log (None: nothing). The CPU: every kernel compiled for this machine, or loaded
+    from numba's cache (``compile_kernels``), so no model's first job compiles one."""
+    if not device.is_cpu:
+        return None
+    log.info("CPU kernels: compiling them for this machine, or loading them from numba's cache "
+             "(a first start compiles ~50 kernels: 1-2 minutes on a 2-core box, under a second "
+             "once cached)")
+    return compile_kernels().describe()
 
 
 def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
