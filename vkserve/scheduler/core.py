@@ -1143,7 +1143,8 @@ class Scheduler:
         cache), in a worker thread beside the other devices' loads: the daemon answers, and the
         GPUs serve, meanwhile. A failure fails the device's Plans with its reason."""
         try:
-            done = await trio.to_thread.run_sync(prepare_device, device.handle)
+            # abandoned on cancel: a stop during a first start's compilation does not wait for it
+            done = await trio.to_thread.run_sync(prepare_device, device.handle, abandon_on_cancel=True)
         except Exception as exc:  # the device's loads fail with this reason, logged there
             device.prepare_error = f"preparing {device.handle.id} failed: {type(exc).__name__}: {exc}"
             log.error("%s", device.prepare_error)
