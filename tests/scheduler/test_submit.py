@@ -12,7 +12,7 @@ import trio
 
 from tests.scheduler.test_scheduler import reference, until, write_model, x
 from tests.support.scheduler import serving
-from vkserve.scheduler import Cancelled, DeadlineExceeded, DeviceHandle, Job
+from vkserve.scheduler import BadInput, Cancelled, DeadlineExceeded, DeviceHandle, Job
 
 
 async def test_a_submitted_job_ends_through_its_callback(tmp_path: Path) -> None:
@@ -82,3 +82,35 @@ async def test_a_client_batch_is_left_to_infer(tmp_path: Path) -> None:
         assert sched.status().totals.submitted == 0
         result = await sched.infer("tiny", {"data": batch})
         assert result.outputs["prob"].shape[0] == 2
+
+
+async def test_a_model_with_postprocess_is_submitted_and_its_job_ends_explained(tmp_path: Path) -> None:
+    folder = write_model(tmp_path, config='[inputs]\ndata = [3, 8, 8]\n[preprocess]\npixel_format = "RGB"\n'
+                                          '[postprocess]\nkind = "topk"\ntop_k = 2\n')
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x(4)}, priority=None, deadline=None, outputs=None,
+                           on_done=ended.append)
+        assert job is not None  # a float tensor: nothing to preprocess, a top-k computed inline
+        await until(sched, lambda: bool(ended))
+        assert job.error is None and job.result is not None
+        prob = reference(folder, x(4))
+        [top] = job.result.meanings
+        assert [c.index for c in top.classes] == list(np.argsort(-prob)[:2])
+        # an image to convert (a worker thread's work): the awaiting path instead
+        image = np.zeros((8, 8, 3), np.uint8)
+        assert sched.submit("tiny", {"data": image}, priority=None, deadline=None, outputs=None,
+                            on_done=ended.append) is None
+        assert sched.status().totals.completed == 1
+
+
+async def test_a_result_that_cannot_be_explained_fails_its_submitted_job(tmp_path: Path) -> None:
+    write_model(tmp_path, config='[postprocess]\nkind = "detection"\n')  # prob is no box table
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x(4)}, priority=None, deadline=None, outputs=None,
+                           on_done=ended.append)
+        assert job is not None
+        await until(sched, lambda: bool(ended))
+        assert job.result is None and isinstance(job.error, BadInput), job.error
+        assert "prob" in job.error.message, job.error.message

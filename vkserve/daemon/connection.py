@@ -527,7 +527,8 @@ class Connection:
     def _submit(self, request: InferRequest, received_at: float) -> bool:
         """Submit an infer request as a job answered from its end, with no task, cancel scope
         or event of its own (the scheduler ends it at its deadline); False where the scheduler
-        wants the awaiting path (pre/postprocess, a client's batch), nothing admitted then."""
+        wants the awaiting path (an image to convert, a segmentation mask, a client's batch), nothing
+        admitted then."""
         self.infer_in_flight += 1
         self.server.infer_in_flight += 1
         try:

@@ -82,7 +82,13 @@ from vkserve.scheduler.errors import (
 )
 from vkserve.scheduler.jobs import InferResult, Job, client_batch, validate_inputs
 from vkserve.scheduler.plans import BuildState, ShapePlans, ShapeSlots
-from vkserve.scheduler.processing import explain_result, prepare_request
+from vkserve.scheduler.processing import (
+    explain_now,
+    explain_result,
+    explains_in_a_thread,
+    needs_preparing,
+    prepare_request,
+)
 from vkserve.scheduler.registry import ModelRepository, ModelSpec
 from vkserve.scheduler.reports import (
     DeviceStatus,
@@ -304,6 +310,20 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
     return executors, timings, compiled
 
 
+def _explained(spec: ModelSpec, on_done: Callable[[Job], None], job: Job) -> None:
+    """A submitted job's end: its result's meanings (``spec.postprocess``), then ``on_done``.
+    Explaining fails the job (BAD_REQUEST, or INTERNAL for a bug) rather than its answer."""
+    if job.result is not None:
+        try:
+            explain_now(spec, job.result, job.inputs, None)
+        except SchedulerError as exc:
+            job.result, job.error = None, exc
+        except Exception as exc:  # noqa: BLE001 (a bug explaining: this job's INTERNAL, the answer still goes)
+            log.exception("explaining the result of job %d (%s) failed", job.id, job.model)
+            job.result, job.error = None, InternalError(f"explaining the result failed: {type(exc).__name__}: {exc}")
+    on_done(job)
+
+
 class Scheduler:
     """Serves inference jobs on every device; see the module docstring for the design.
 
@@ -517,17 +537,20 @@ class Scheduler:
         raised, as `infer` would) and ``on_done(job)`` runs in the loop when it ends
         (``job.result`` or ``job.error``; at its deadline, DeadlineExceeded from
         `_watch_deadlines`). None, with nothing admitted, where the request needs `infer`
-        instead: a model with [preprocess] or [postprocess] (work in threads around the run),
-        or a client's batch (one job per item)."""
+        instead: work in a thread around the run (an image to preprocess, a segmentation mask
+        to explain) or a client's batch (one job per item). Other meanings (``[postprocess]``:
+        top-k, boxes) are computed as the job ends, before ``on_done``."""
         entry = self._models.get(model)
-        if entry is not None and (entry.spec.preprocess is not None or entry.spec.postprocess is not None):
+        spec = entry.spec if entry is not None else None
+        if spec is not None and (needs_preparing(spec, inputs) or explains_in_a_thread(spec)):
             return None
         admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs,
                                single_only=True)
         if admitted is None:
             return None
         job = admitted[1][0]
-        job.on_done = on_done
+        job.on_done = (on_done if spec is None or spec.postprocess is None
+                       else functools.partial(_explained, spec, on_done))
         if job.deadline is not None:
             if not self._deadlines or job.deadline < self._deadlines[0][0]:
                 self._deadlines_changed.set()  # the watcher sleeps until a later one

@@ -5,8 +5,6 @@ cheap and runs inline). A ProcessingError is the request's BAD_REQUEST."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import trio
 
@@ -18,9 +16,14 @@ from vkserve.scheduler.errors import BadInput
 from vkserve.scheduler.jobs import InferResult, client_batch
 from vkserve.scheduler.registry import ModelSpec
 
-__all__ = ["explain_result", "prepare_request"]
+__all__ = ["explain_now", "explain_result", "explains_in_a_thread", "needs_preparing", "prepare_request"]
 
 Geometries = tuple[Geometry, ...]
+
+
+def needs_preparing(spec: ModelSpec, inputs: dict[str, np.ndarray]) -> bool:
+    """Does the request carry an image (uint8) for ``spec``'s preprocessed input?"""
+    return spec.preprocess is not None and wants_preprocessing(inputs.get(spec.preprocess.input))
 
 
 async def prepare_request(spec: ModelSpec, inputs: dict[str, np.ndarray]
@@ -28,7 +31,7 @@ async def prepare_request(spec: ModelSpec, inputs: dict[str, np.ndarray]
     """The request's inputs with an image (uint8) for the preprocessed input converted, and
     each image's geometry; ``(inputs, None)`` when there is nothing to convert."""
     pre = spec.preprocess
-    if pre is None or not wants_preprocessing(inputs.get(pre.input)):
+    if pre is None or not needs_preparing(spec, inputs):
         return inputs, None
     try:
         return await trio.to_thread.run_sync(prepare_inputs, pre, inputs, spec.name)
@@ -36,10 +39,16 @@ async def prepare_request(spec: ModelSpec, inputs: dict[str, np.ndarray]
         raise BadInput(str(exc)) from None
 
 
-async def explain_result(spec: ModelSpec, result: InferResult, inputs: dict[str, np.ndarray],
-                         geometries: Geometries | None) -> InferResult:
-    """``result`` with its meanings (``spec.postprocess``); ``inputs`` are the tensors that
-    ran. A float tensor sent for a preprocessed input maps boxes to its own pixels."""
+def explains_in_a_thread(spec: ModelSpec) -> bool:
+    """Is ``spec``'s postprocessing image work (a segmentation mask), run in a worker thread?"""
+    return spec.postprocess is not None and spec.postprocess.kind is MeaningKind.SEGMENTATION
+
+
+def explain_now(spec: ModelSpec, result: InferResult, inputs: dict[str, np.ndarray],
+                geometries: Geometries | None) -> InferResult:
+    """``result`` with its meanings (``spec.postprocess``), computed in the calling thread;
+    ``inputs`` are the tensors that ran. A float tensor sent for a preprocessed input maps
+    boxes to its own pixels. Raises BadInput where the output cannot be explained."""
     post = spec.postprocess
     if post is None or post.output not in result.outputs:
         return result
@@ -51,13 +60,17 @@ async def explain_result(spec: ModelSpec, result: InferResult, inputs: dict[str,
     elif spec.preprocess is not None:
         h, w = inputs[spec.preprocess.input].shape[-2:]
         per_item = (Geometry.identity(h, w),) * count
-    work = functools.partial(explain, post, result.outputs, per_item, items is not None, spec.name)
     try:
-        if post.kind is MeaningKind.SEGMENTATION:
-            meanings = await trio.to_thread.run_sync(work)
-        else:
-            meanings = work()
+        meanings = explain(post, result.outputs, per_item, items is not None, spec.name)
     except ProcessingError as exc:
         raise BadInput(str(exc)) from None
     result.meanings = meanings  # (the caller's own result: no copy)
     return result
+
+
+async def explain_result(spec: ModelSpec, result: InferResult, inputs: dict[str, np.ndarray],
+                         geometries: Geometries | None) -> InferResult:
+    """``explain_now``, in a worker thread where that is image work."""
+    if explains_in_a_thread(spec):
+        return await trio.to_thread.run_sync(explain_now, spec, result, inputs, geometries)
+    return explain_now(spec, result, inputs, geometries)
