@@ -14,14 +14,13 @@ from tests.support.paths import REPO
 _CHILD = """
 import json, numba, numpy as np
 from pathlib import Path
-from vkserve.devices.cpu.jit import conv, elementwise, epilogue, innerproduct, lrn, pooling, winograd
-from vkserve.devices.cpu.warm import compile_kernels
+from vkserve.devices.cpu.warm import KERNEL_MODULES, compile_kernels
 from vkserve.devices.cpu.executor import Plan
 from vkserve.models.graph import load_model
 
 def signatures():
     return {f"{m.__name__}.{k}": [str(s) for s in v.signatures]
-            for m in (conv, elementwise, epilogue, innerproduct, lrn, pooling, winograd)
+            for m in KERNEL_MODULES
             for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
 
 compile_kernels()

@@ -32,7 +32,10 @@ from vkserve.devices.cpu.jit import (
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
-__all__ = ["WarmReport", "compile_kernels"]
+__all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels"]
+
+#: the modules of the compiled (cached) kernels
+KERNEL_MODULES = (conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
@@ -87,7 +90,7 @@ def _counts(dispatchers: list[Dispatcher]) -> tuple[int, int]:
 def compile_kernels() -> WarmReport:
     """Blocking (a worker thread in the daemon): compile or load every kernel once."""
     start = time.perf_counter()
-    kernels = _dispatchers((conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd))
+    kernels = _dispatchers(KERNEL_MODULES)
     misses, hits = _counts(kernels)
     layers = parse_param_text(_NET, "warm-up net")
     for layer, weights in zip(layers, random_weights(layers, 0)):
