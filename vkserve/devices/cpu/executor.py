@@ -14,6 +14,15 @@ that step's outputs (see
 Reshape-like layers (Split, Reshape, Flatten, Noop, Input) alias their input's bytes.
 Data-dependent outputs (detections) live outside the arena, in fp32.
 
+A Plan built for a batch of ``batch`` items (``Plan(..., batch=n)``, ``sibling(batch=n)``) runs
+up to that many items in one execution (``run_batch_timed``): every blob has a leading item
+axis in the arena (each item's bytes contiguous, so Reshape-like aliases stay views). Kernels
+that declare ``batched`` (element-wise layers, Softmax: nothing in them depends on the item
+count) run once over the whole batch; the others run once per item on that item's views, in
+the same pass, so a batch pays the run's fixed costs (narrowing the inputs, widening the
+outputs, the lock, the per-step hand-offs of the batched layers) once, not per item. Graphs
+with data-dependent outputs (detections) run one item at a time.
+
 A Plan is not re-entrant: ``run`` holds a lock; use one Plan per concurrent job.
 """
 
@@ -22,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -98,6 +108,15 @@ class _Prepared(NamedTuple):
     #: since an early write could clobber a later read. One copy from one input to one output
     #: needs nothing: numpy's copyto detects overlap and buffers.
     copy_inputs: bool = False
+    #: the batch item this step runs on (its views are that item's), or -1: the whole batch
+    #: (a ``batched`` kernel, whose views have the item axis; an alias step)
+    item: int = -1
+
+    def first(self, count: int) -> _Prepared:
+        """This whole-batch step on the first ``count`` items only."""
+        return self._replace(
+            ins=[x[:count] if isinstance(x, np.ndarray) else x for x in self.ins],
+            outs=[(v[:count], e) if isinstance(v, np.ndarray) else (v, e) for v, e in self.outs])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +145,7 @@ class Plan:
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         outputs: Sequence[str] | None = None,
         fuse: bool = True,
+        batch: int = 1,
     ) -> None:
         self.input_names: list[str] = list(graph.input_names)
         self.output_names: list[str] = list(outputs) if outputs is not None else list(graph.output_names)
@@ -140,16 +160,18 @@ class Plan:
         self.weights_id = id(self)
         self._compile(graph, given)
         self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
+        self.batch = self._checked_batch(batch)
         self._lay_out()
         self._prepare()
         self._lock = threading.Lock()
 
-    def sibling(self) -> Plan:
+    def sibling(self, batch: int | None = None) -> Plan:
         """Another Plan of the same graph and shapes for concurrent runs: its own arena and
         work buffers, the kernels' packed weights shared (they are read-only once packed), so
         a second instance costs an arena, not a second copy of the model (resnet18: 23 MB of
-        bf16 panels)."""
+        bf16 panels). ``batch``: for that many items per run (default: this Plan's)."""
         twin = copy.copy(self)
+        twin.batch = self._checked_batch(self.batch if batch is None else batch)
         twin.scratch = Scratch()
         kernels: dict[int, Kernel] = {}
         for step in self._steps:
@@ -164,6 +186,19 @@ class Plan:
         twin._prepare()
         twin._lock = threading.Lock()
         return twin
+
+    @property
+    def batchable(self) -> bool:
+        """Can this graph run several items in one execution (no data-dependent outputs)?"""
+        return not self._dynamic
+
+    def _checked_batch(self, batch: int) -> int:
+        if batch < 1:
+            raise ValueError(f"batch {batch}: a Plan runs at least one item")
+        if batch > 1 and not self.batchable:
+            raise PlanError(f"{batch} items in one run: the graph has data-dependent outputs "
+                            f"({', '.join(sorted(self._dynamic))}); run its items one at a time")
+        return batch
 
     # -- compile ---------------------------------------------------------------------------
 
@@ -253,9 +288,10 @@ class Plan:
         storages: list[_Storage] = []
         end_of_run = len(self._steps)
         for step_index, step in enumerate(self._steps):
-            # a kernel that stores its own outputs writes them while still reading its inputs:
-            # those stay live through the step, so they never share bytes with its outputs
-            last = step_index + 1 if _stores_itself(step.kernel) else step_index
+            # a kernel that stores its own outputs writes them while still reading its inputs,
+            # and a step run item by item writes item 0's outputs before it reads item 1's
+            # inputs: those stay live through the step, never sharing bytes with its outputs
+            last = step_index + 1 if (_stores_itself(step.kernel) or self._itemwise(step)) else step_index
             for blob in step.inputs:
                 sid = self._storage_of.get(blob)
                 if sid is not None:
@@ -266,7 +302,7 @@ class Plan:
                 if step.kernel.alias and step.kernel.layer.type != "Input":
                     self._storage_of[blob] = self._storage_of[step.inputs[step.kernel.source(i)]]
                     continue
-                size = int(np.prod(self.blob_shapes[blob])) * BYTES_PER_ELEMENT
+                size = self.batch * math.prod(self.blob_shapes[blob]) * BYTES_PER_ELEMENT
                 self._storage_of[blob] = len(storages)
                 storages.append(_Storage(size, step_index, step_index + 1))
         for blob in self.output_names:
@@ -275,7 +311,7 @@ class Plan:
         offsets, total = plan_offsets([Interval(s.size, s.start, s.end) for s in storages])
         self.arena_bytes: int = total
         self.naive_bytes: int = sum(
-            int(np.prod(self.blob_shapes[b])) * BYTES_PER_ELEMENT for b in self._storage_of
+            self.batch * math.prod(self.blob_shapes[b]) * BYTES_PER_ELEMENT for b in self._storage_of
         )
         self.storage_intervals: list[tuple[int, Interval]] = [
             (off, Interval(s.size, s.start, s.end)) for off, s in zip(offsets, storages)
@@ -284,8 +320,12 @@ class Plan:
         self._views: dict[str, np.ndarray] = {}
         for blob, sid in self._storage_of.items():
             start = offsets[sid] // BYTES_PER_ELEMENT
-            n = int(np.prod(self.blob_shapes[blob]))
-            self._views[blob] = self._arena[start : start + n].reshape(self.blob_shapes[blob])
+            shape = (self.batch, *self.blob_shapes[blob])
+            self._views[blob] = self._arena[start : start + math.prod(shape)].reshape(shape)
+
+    def _itemwise(self, step: _Step) -> bool:
+        """Does the step run once per item (a kernel that takes one item's arrays)?"""
+        return self.batch > 1 and not (step.kernel.batched or step.kernel.alias)
 
     def _native(self, step: _Step) -> bool:
         return (
@@ -294,28 +334,20 @@ class Plan:
         )
 
     def _prepare(self) -> None:
-        """Per step, what ``run`` needs without look-ups: (kind, kernel, inputs, outputs, post,
-        name). Inputs are arena views, or a name for data-dependent (fp32, by name) blobs;
-        outputs are (view or name, exact store)."""
+        """Per step, what ``run`` needs without look-ups (``_Prepared``): a step of a
+        ``batched`` kernel once, on the whole batch's views; any other once per item, on that
+        item's views. Inputs are arena views, or a name for data-dependent (fp32, by name)
+        blobs; outputs are (view or name, exact store)."""
         self._program: list[_Prepared] = []
         for step in self._steps:
             k = step.kernel
-            ins: list[Any] = [b if b in self._dynamic else self._views[b] for b in step.inputs]
-            outs: list[Any] = []
-            copy_inputs = False
-            for i, b in enumerate(step.outputs):
-                if b in self._dynamic:
-                    outs.append((b, False))
-                else:
-                    outs.append((self._views.get(b), bool(k.exact_store) and not step.post))
             if k.alias:
-                kind = StepKind.ALIAS
-                ins = list(step.inputs)
-                outs = [(b, b in self._dynamic) for b in step.outputs]
-            elif self._native(step):
+                self._program.append(_Prepared(
+                    StepKind.ALIAS, k, list(step.inputs), [(b, b in self._dynamic) for b in step.outputs],
+                    [], step.name))
+                continue
+            if self._native(step):
                 kind = StepKind.BF16_NATIVE
-                copy_inputs = (len(ins) > 1 or len(outs) > 1) and any(
-                    np.may_share_memory(o, x) for o, _ in outs for x in ins)
             elif _stores_itself(k) and not any(
                 b in self._dynamic for b in step.inputs + step.outputs
             ):
@@ -324,7 +356,19 @@ class Plan:
                 kind = StepKind.RAW_INPUTS
             else:
                 kind = StepKind.WIDENED
-            self._program.append(_Prepared(kind, k, ins, outs, list(step.post), step.name, copy_inputs))
+            exact = bool(k.exact_store) and not step.post
+            for item in ([-1] if k.batched else range(self.batch)):
+                def view(blob: str, item: int = item) -> Any:
+                    if blob in self._dynamic:
+                        return blob
+                    return self._views[blob] if item < 0 else self._views[blob][item]
+                ins = [view(b) for b in step.inputs]
+                outs = [(view(b), exact and b not in self._dynamic) for b in step.outputs]
+                copy_inputs = kind is StepKind.BF16_NATIVE and (len(ins) > 1 or len(outs) > 1) and any(
+                    np.may_share_memory(o, x) for o, _ in outs for x in ins)
+                self._program.append(_Prepared(kind, k, ins, outs, list(step.post), step.name,
+                                               copy_inputs, item))
+        self._programs: dict[int, list[_Prepared]] = {self.batch: self._program}
 
     # -- run -------------------------------------------------------------------------------
 
@@ -335,54 +379,83 @@ class Plan:
     def run_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], StageTimes]:
         """``run``, and the seconds spent narrowing the inputs, in the kernels and widening
         the outputs."""
+        outputs, times = self.run_batch_timed([inputs])
+        return outputs[0], times
+
+    def run_batch_timed(self, items: Sequence[Mapping[str, np.ndarray]]
+                        ) -> tuple[list[dict[str, np.ndarray]], StageTimes]:
+        """Run 1 to ``batch`` items in one execution: their outputs (in order) and the seconds
+        spent narrowing the inputs, in the kernels and widening the outputs."""
+        count = len(items)
+        if not 1 <= count <= self.batch:
+            raise ValueError(f"{count} items: this Plan runs 1 to {self.batch} at a time")
         with self._lock, np.errstate(over="ignore", under="ignore"):
             t0 = time.perf_counter()
-            self._load_inputs(inputs)
+            self._load_inputs(items)
             t1 = time.perf_counter()
             dynamic: dict[str, np.ndarray] = {}
-            for step in self._program:
+            for step in self._program_for(count):
                 self._run_step(step, dynamic)
             t2 = time.perf_counter()
-            outputs = {
-                name: dynamic[name].copy() if name in dynamic else from_bf16(self._views[name])
-                for name in self.output_names
-            }
+            widened = {name: from_bf16(self._views[name][:count]) for name in self.output_names
+                       if name not in dynamic}
+            outputs = [{name: widened[name][i] if name in widened else dynamic[name].copy()
+                        for name in self.output_names} for i in range(count)]
             return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)
 
+    def _program_for(self, count: int) -> list[_Prepared]:
+        """The steps that run ``count`` items: the whole-batch ones on their first ``count``
+        items' views, the item-by-item ones of those items (made once per count)."""
+        program = self._programs.get(count)
+        if program is None:
+            program = [step if step.item >= 0 or count == self.batch else step.first(count)
+                       for step in self._program if step.item < count]
+            self._programs[count] = program
+        return program
+
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
-        """Each step's wall time, median of ``runs`` runs after one warm-up (alias steps, which
-        run nothing, left out)."""
-        samples: list[list[float]] = [[] for _ in self._program]
+        """Each step's wall time, median of ``runs`` runs of a full batch of ``inputs`` after
+        one warm-up (a step run per item: its items' sum; alias steps, which run nothing,
+        left out)."""
+        order = [s.name for s in self._steps]
+        samples: dict[str, list[float]] = {name: [] for name in order}
         with self._lock, np.errstate(over="ignore", under="ignore"):
             for r in range(runs + 1):
-                self._load_inputs(inputs)
+                self._load_inputs([inputs] * self.batch)
                 dynamic: dict[str, np.ndarray] = {}
-                for i, step in enumerate(self._program):
+                took = dict.fromkeys(order, 0.0)
+                for step in self._program:
                     t0 = time.perf_counter()
                     self._run_step(step, dynamic)
-                    if r:
-                        samples[i].append(time.perf_counter() - t0)
-        steps = {s.name: s for s in self._steps}
-        return [StepTime(p.name, p.kernel.layer.type, tuple(steps[p.name].fused),
-                         1e3 * float(np.median(ts)))
-                for p, ts in zip(self._program, samples) if p.kind is not StepKind.ALIAS]
+                    took[step.name] += time.perf_counter() - t0
+                if r:
+                    for name in order:
+                        samples[name].append(took[name])
+        return [StepTime(s.name, s.kernel.layer.type, tuple(s.fused), 1e3 * float(np.median(samples[s.name])))
+                for s in self._steps if not s.kernel.alias]
 
-    def _load_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Narrow the inputs into their arena slots, checking names and shapes."""
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise ValueError(f"missing inputs: {', '.join(missing)}")
+    def _load_inputs(self, items: Sequence[Mapping[str, np.ndarray]]) -> None:
+        """Narrow the items' inputs into their arena slots (one pass per input blob), checking
+        names and shapes."""
+        for i, inputs in enumerate(items):
+            missing = [n for n in self.input_names if n not in inputs]
+            if missing:
+                where = f" (item {i})" if len(items) > 1 else ""
+                raise ValueError(f"missing inputs{where}: {', '.join(missing)}")
         for name in self.input_names:
-            arr = np.asarray(inputs[name], dtype=np.float32)
             want = self.blob_shapes[name]
-            if arr.shape != want:
-                raise ValueError(f"input '{name}' has shape {arr.shape}, the plan expects {want}")
-            self._narrow(arr, self._views[name])
+            arrays = [np.asarray(inputs[name], dtype=np.float32) for inputs in items]
+            for i, arr in enumerate(arrays):
+                if arr.shape != want:
+                    where = f" (item {i})" if len(items) > 1 else ""
+                    raise ValueError(f"input '{name}'{where} has shape {arr.shape}, the plan expects {want}")
+            batch = arrays[0][None] if len(arrays) == 1 else np.stack(arrays)
+            self._narrow(batch, self._views[name][:len(arrays)], batch=True)
 
     def _run_step(self, step: _Prepared, dynamic: dict[str, np.ndarray]) -> None:
         """Run one prepared step: its outputs into their arena views (data-dependent ones into
         ``dynamic``, by name)."""
-        kind, kernel, ins, outs, post, name, copy_inputs = step
+        kind, kernel, ins, outs, post, name, copy_inputs, _ = step
         if kind is StepKind.ALIAS:
             # no compute; only data-dependent blobs need passing along by name
             for i, (blob, dyn) in enumerate(outs):
@@ -423,16 +496,16 @@ class Plan:
             if exact:
                 narrow_exact_into(y, view)
             else:
-                self._narrow(y, view)
+                self._narrow(y, view, batch=step.item < 0)
 
-    def _narrow(self, y: np.ndarray, view: np.ndarray) -> None:
+    def _narrow(self, y: np.ndarray, view: np.ndarray, batch: bool = False) -> None:
         """Round an fp32 result (or input) into its bf16 arena view: one compiled pass (the
         element-wise kernel with no ops) where both are contiguous float32 / bf16, else numpy's
         passes (``bf16.to_bf16``); the same bits either way. Measured on one core: 3.3 us for
         the digits example's 10 and 64 values against numpy's 15.6 us; 200,704 values 71 us
         against 203 us."""
         if y.dtype == np.float32 and y.flags.c_contiguous and view.flags.c_contiguous:
-            rows, cols = jit_elementwise.rows_cols(y.shape)
+            rows, cols = jit_elementwise.rows_cols(y.shape, batch)
             with jit.launch(ELEMENT_WORK * y.size):
                 jit_elementwise.activation(y.reshape(rows, cols), _NO_OPS, min(rows, 4 * threads.THREADS),
                                            view.reshape(rows, cols))

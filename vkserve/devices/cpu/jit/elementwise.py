@@ -108,8 +108,12 @@ def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
             store_row(t, 0, out, r, 0, cols)
 
 
-def rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
-    """A whole blob as the kernels' (rows, cols): its outer axis by the rest (one row if 1-D)."""
+def rows_cols(shape: tuple[int, ...], batch: bool = False) -> tuple[int, int]:
+    """A whole blob as the kernels' (rows, cols): its outer axis by the rest (one row if 1-D).
+    ``batch``: ``shape`` has a leading item axis before the blob's; the items' rows stack."""
+    if batch:
+        rows, cols = rows_cols(shape[1:])
+        return int(shape[0]) * rows, cols
     rows = int(shape[0]) if len(shape) > 1 else 1
     return rows, math.prod(shape) // rows  # (not np.prod: ~10 us a call on a tuple)
 

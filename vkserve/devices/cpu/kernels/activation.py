@@ -26,6 +26,8 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 
 class _Elementwise(Kernel):
+    batched = True  # value by value (PReLU's per-channel slopes line up with the trailing axes)
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         with np.errstate(all="ignore"):
             return [np.asarray(self.f(xs[0].astype(_F, copy=False)), dtype=_F)]

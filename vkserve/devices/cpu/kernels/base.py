@@ -32,6 +32,10 @@ class Kernel:
     #: every fp32 result is a bf16 value already (maxima, ReLU, copies): the executor stores
     #: the high halves instead of rounding (an exact shortcut, same bits)
     exact_store: bool = False
+    #: ``forward`` (or ``forward_store``) also takes a batch: arrays with a leading item axis
+    #: before the layer's shapes, results likewise (element-wise layers, Softmax); a batched
+    #: Plan runs such a layer once for all its items, any other once per item
+    batched: bool = False
     #: the Plan's reusable work buffers (None when a kernel runs outside a Plan)
     scratch: Any = None
 
@@ -48,6 +52,11 @@ class Kernel:
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def items(self, out: np.ndarray) -> int:
+        """Items in ``out``: its leading axis when it has one more than the layer's output (a
+        batched kernel's batch), else 1."""
+        return int(out.shape[0]) if out.ndim > len(self.out_shapes[0]) else 1
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
         return self.forward([from_bf16(u) if u.dtype == np.uint16 else u for u in us])

@@ -41,11 +41,13 @@ class _JitActivation(_ElementwiseJit):
     it after), threaded over rows. ``forward`` stays numpy: it is what a numpy producer applies
     to its fp32 result when the activation is fused into it."""
 
+    batched = True
+
     def _own_post(self) -> tuple[Kernel, ...]:
         return (self,)
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
-        rows, cols = jit_elementwise.rows_cols(self.out_shapes[0])
+        rows, cols = jit_elementwise.rows_cols(out.shape, batch=out.ndim > len(self.out_shapes[0]))
         jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * threads.THREADS),
                                    out.reshape(rows, cols))
 
@@ -121,6 +123,8 @@ class HardSwish(_JitActivation):
 
 @register("Dropout")
 class Dropout(Kernel):
+    batched = True
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         scale = self.p.scale
         return [xs[0] if scale == 1.0 else xs[0] * np.float32(scale)]
@@ -199,6 +203,14 @@ class _TwoOperands(_ElementwiseJit):
     def raw_inputs(self) -> bool:  # type: ignore[override]
         return self.form is not None
 
+    @property
+    def batched(self) -> bool:  # type: ignore[override]
+        """Operands of the output's shape (two blobs, or one and a parameter): a batch's
+        items stack as rows. (A broadcast operand may be one blob for every item.)"""
+        f = self.form
+        return f is not None and (f.bform == jit_elementwise.B_FULL or (
+            f.bform == jit_elementwise.B_SCALAR and len(self.in_shapes) == 1))
+
     def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
@@ -219,10 +231,11 @@ class _TwoOperands(_ElementwiseJit):
                 one = b.reshape(-1)[:1]
                 bs = np.float32((from_bf16(one) if one.dtype == np.uint16 else one)[0])
             b = a
-        b_view = {jit_elementwise.B_PER_ROW: (f.rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
-        b2 = b.reshape(b_view.get(f.bform, (f.rows, f.cols)))
-        jit_elementwise.binary(a.reshape(f.rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
-                          ops, min(f.rows, 4 * threads.THREADS), out.reshape(f.rows, f.cols))
+        rows = f.rows * self.items(out)
+        b_view = {jit_elementwise.B_PER_ROW: (rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
+        b2 = b.reshape(b_view.get(f.bform, (rows, f.cols)))
+        jit_elementwise.binary(a.reshape(rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
+                          ops, min(rows, 4 * threads.THREADS), out.reshape(rows, f.cols))
 
 
 @register("BinaryOp")
@@ -334,10 +347,13 @@ class Softmax(Kernel):
         self.axis = positive_axis(self.p.axis, len(in_shapes[0]))
         return super().infer(in_shapes)
 
+    batched = True
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
-        e = np.exp(x - x.max(axis=self.axis, keepdims=True))
-        e /= e.sum(axis=self.axis, keepdims=True)
+        axis = self.axis + x.ndim - len(self.in_shapes[0])  # past a batch's item axis
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        e /= e.sum(axis=axis, keepdims=True)
         return [e]
 
 

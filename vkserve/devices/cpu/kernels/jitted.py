@@ -45,7 +45,7 @@ class JitKernel(Kernel):
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> None:
         """bf16 arena input -> bf16 arena output, ``post`` activations fused (the Plan's path)."""
-        with jit.launch(self.work):
+        with jit.launch(self.work * self.items(outs[0])):
             self._launch(us, outs[0], self._ops(post))
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
