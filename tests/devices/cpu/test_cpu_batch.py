@@ -17,9 +17,9 @@ from vkserve.scheduler.engine import CPU_BATCH_ARENA_BYTES, cpu_batch_size
 
 DIGITS = Path(__file__).resolve().parents[3] / "vkserve" / "examples" / "digits"
 
-#: models whose layers cover the batched kernels (activations, Softmax, BinaryOp, Eltwise)
-#: and the item-by-item ones (convolutions, pooling, Concat, Slice, Permute, InnerProduct)
-MODELS = {"mobilenet_v2": (3, 48, 48), "mobilenet_v3": (3, 48, 48), "shufflenet_v2": (3, 64, 64),
+#: models whose layers cover the batched kernels (activations, Softmax, BinaryOp, Eltwise,
+#: InnerProduct) and the item-by-item ones (convolutions, pooling, Concat, Slice, Permute, LRN)
+MODELS = {"alexnet": (3, 227, 227), "mobilenet_v2": (3, 48, 48), "mobilenet_v3": (3, 48, 48), "shufflenet_v2": (3, 64, 64),
           "efficientnet_b0": (3, 48, 48), "squeezenet": (3, 64, 64), "resnet18": (3, 224, 224)}
 
 
@@ -55,6 +55,8 @@ def test_batch_matches_single_runs(model: str) -> None:
     per_item = [p.name for p in batched._program if p.item >= 0]
     assert whole and per_item  # both kinds of step ran
     assert all(per_item.count(name) == 3 for name in per_item)
+    types = {p.kernel.layer.type for p in batched._program if p.item < 0}
+    assert "InnerProduct" in types or "InnerProduct" not in {s.kernel.layer.type for s in batched._steps}
 
 
 def test_digits_example_batch() -> None:

@@ -17,8 +17,8 @@ Data-dependent outputs (detections) live outside the arena, in fp32.
 A Plan built for a batch of ``batch`` items (``Plan(..., batch=n)``, ``sibling(batch=n)``) runs
 up to that many items in one execution (``run_batch_timed``): every blob has a leading item
 axis in the arena (each item's bytes contiguous, so Reshape-like aliases stay views). Kernels
-that declare ``batched`` (element-wise layers, Softmax: nothing in them depends on the item
-count) run once over the whole batch; the others run once per item on that item's views, in
+that declare ``batched`` (element-wise layers, Softmax, InnerProduct: nothing in them depends
+on the item count) run once over the whole batch; the others run once per item on that item's views, in
 the same pass, so a batch pays the run's fixed costs (narrowing the inputs, widening the
 outputs, the lock, the per-step hand-offs of the batched layers) once, not per item. Graphs
 with data-dependent outputs (detections) run one item at a time.
@@ -324,7 +324,8 @@ class Plan:
             self._views[blob] = self._arena[start : start + math.prod(shape)].reshape(shape)
 
     def _itemwise(self, step: _Step) -> bool:
-        """Does the step run once per item (a kernel that takes one item's arrays)?"""
+        """Does the step run once per item (a kernel that takes one item's arrays)? (Steps
+        on data-dependent blobs do too, but their graphs run one item at a time.)"""
         return self.batch > 1 and not (step.kernel.batched or step.kernel.alias)
 
     def _native(self, step: _Step) -> bool:
@@ -357,7 +358,8 @@ class Plan:
             else:
                 kind = StepKind.WIDENED
             exact = bool(k.exact_store) and not step.post
-            for item in ([-1] if k.batched else range(self.batch)):
+            whole = k.batched and not any(b in self._dynamic for b in step.inputs + step.outputs)
+            for item in ([-1] if whole else range(self.batch)):
                 def view(blob: str, item: int = item) -> Any:
                     if blob in self._dynamic:
                         return blob

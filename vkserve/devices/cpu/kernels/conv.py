@@ -120,7 +120,10 @@ class Convolution(JitKernel):
 @register("InnerProduct")
 class InnerProduct(JitKernel):
     """y = W x (+ bias) by ``jit.inner_product``: a flat input is one row; ncnn's gemm form (a
-    2-D input of num_input-wide rows) gives one output row per input row."""
+    2-D input of num_input-wide rows) gives one output row per input row. A batch's items are
+    more rows of the same product (each block of weights read once for all of them)."""
+
+    batched = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
