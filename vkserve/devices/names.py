@@ -10,6 +10,7 @@ GPUs first, then the CPU) stay internal: `device_name` turns one into its name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from vkserve.devices.capabilities import DeviceKind
 
@@ -38,6 +39,7 @@ class DeviceName:
         return CPU if self.is_cpu else f"{_VULKAN_PREFIX}{self.index}"
 
 
+@functools.cache  # asked per request (replies, metrics): a few names, made once
 def device_name(kind: DeviceKind | str, index: int) -> str:
     """The name of a device of ``kind`` (``"cpu"``/``"vulkan"`` or the enum) and ``index``."""
     return str(DeviceName(DeviceKind(kind), 0 if DeviceKind(kind) is DeviceKind.CPU else index))

@@ -315,7 +315,7 @@ def _explained(spec: ModelSpec, on_done: Callable[[Job], None], job: Job) -> Non
     Explaining fails the job (BAD_REQUEST, or INTERNAL for a bug) rather than its answer."""
     if job.result is not None:
         try:
-            explain_now(spec, job.result, job.inputs, None)
+            explain_now(spec, job.result, job.inputs, None, one_item=True)
         except SchedulerError as exc:
             job.result, job.error = None, exc
         except Exception as exc:  # noqa: BLE001 (a bug explaining: this job's INTERNAL, the answer still goes)

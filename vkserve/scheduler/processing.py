@@ -45,14 +45,15 @@ def explains_in_a_thread(spec: ModelSpec) -> bool:
 
 
 def explain_now(spec: ModelSpec, result: InferResult, inputs: dict[str, np.ndarray],
-                geometries: Geometries | None) -> InferResult:
+                geometries: Geometries | None, *, one_item: bool = False) -> InferResult:
     """``result`` with its meanings (``spec.postprocess``), computed in the calling thread;
-    ``inputs`` are the tensors that ran. A float tensor sent for a preprocessed input maps
-    boxes to its own pixels. Raises BadInput where the output cannot be explained."""
+    ``inputs`` are the tensors that ran (``one_item``: known not to be a client's batch, as a
+    submitted job's). A float tensor sent for a preprocessed input maps boxes to its own
+    pixels. Raises BadInput where the output cannot be explained."""
     post = spec.postprocess
     if post is None or post.output not in result.outputs:
         return result
-    items = client_batch(spec.name, spec.inputs, inputs, spec.max_batch_size)
+    items = None if one_item else client_batch(spec.name, spec.inputs, inputs, spec.max_batch_size)
     count = 1 if items is None else len(items)
     per_item: tuple[Geometry | None, ...] = (None,) * count
     if geometries is not None:
