@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_row, widen
 from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 #: output rows x pixels of the micro kernel's register tile: 4 x 2 AVX2 registers of fp32, or
@@ -371,9 +371,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
         for r in range(nrows):
             o = rb0 * MR + r
             if o < og:
-                trow = tile[r]
-                apply_ops(trow, n, ops)
-                store_row(trow, 0, out, g * og + o, p0, n)
+                finish_row(tile[r], 0, out, g * og + o, p0, n, ops)
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside
@@ -471,6 +469,5 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                     t0 = kx * dw
                     _axpy1(acc, pf, row + t0 % sw * plen + t0 // sw, span, wf[ky * kw + kx])
                     kx += 1
-            apply_ops(acc, span, ops)
             for oy in range(oh):
-                store_row(acc, oy * wq, out, o, oy * ow, ow)
+                finish_row(acc, oy * wq, out, o, oy * ow, ow, ops)

@@ -178,6 +178,53 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
                 row[j] = min(max(row[j] * a + b, zero), one)
 
 
+
+def finish_row(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN201
+    """The epilogue ``ops`` on src[s0:s0 + n], then ``store_row`` (``src`` may be changed). No
+    ops, one ReLU or one Clip (the usual ones) go in the storing pass itself: a separate pass
+    writing the fp32 row back cost more than the narrowing store (measured on the 2-core VM:
+    0.65 ns a value in place, against 0.21 for the store and 0.24 for ReLU and store together)."""
+    raise NotImplementedError
+
+
+@overload(finish_row)
+def _finish_row(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN202
+    def impl(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN202
+        zero = np.float32(0.0)
+        s, r, c = np.uint64(s0), np.uint64(row), np.uint64(col)
+        code = int(ops[0, 0]) if ops.shape[0] == 1 else -1
+        if ops.shape[0] == 0:
+            store_row(src, s0, dst, row, col, n)
+        elif code == OP_RELU:
+            for i in range(np.uint64(n)):
+                dst[r, c + i] = _stored(max(src[s + i], zero), dst)
+        elif code == OP_CLIP:
+            lo, hi = ops[0, 1], ops[0, 2]
+            for i in range(np.uint64(n)):
+                dst[r, c + i] = _stored(min(max(src[s + i], lo), hi), dst)
+        else:
+            apply_ops(src[s0:s0 + n], n, ops)
+            store_row(src, s0, dst, row, col, n)
+    return impl
+
+
+def _stored(v, dst):  # noqa: ANN001, ANN201  (numba overload below)
+    """fp32 ``v`` as ``dst`` stores it: bf16 bits (RNE) for uint16 storage, else itself."""
+    raise NotImplementedError
+
+
+@overload(_stored)
+def _stored_impl(v, dst):  # noqa: ANN001, ANN202
+    if dst.dtype == types.uint16:
+        def bf16(v, dst):  # noqa: ANN001, ANN202
+            return narrow(v)
+        return bf16
+
+    def fp32(v, dst):  # noqa: ANN001, ANN202
+        return v
+    return fp32
+
+
 def _post_op(k: Kernel) -> tuple[int, float, float]:
     """A fused activation layer (the executor's FUSABLE_ACTIVATIONS) as an epilogue op."""
     p, kind = k.p, k.layer.type
