@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_row, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, finish_row, in_store, store_row, widen
 from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 #: output rows x pixels of the micro kernel's register tile: 4 x 2 AVX2 registers of fp32, or
@@ -321,6 +321,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
             and oh == x.shape[1] and ow == x.shape[2])
     wflat = wp.reshape(wp.size)
     is_shared = shared.shape[0] > 0
+    no_ops = np.empty((0, 3), dtype=np.float32)
     if is_shared:
         nkb = shared.shape[1]
         for item in prange(groups * n_blocks * nkb):
@@ -368,10 +369,13 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
                         _micro_half(wide, panel, tile, kcb, i * MR, si)
                     else:
                         _micro(wide, panel, tile, kcb, i * MR, si)
-        for r in range(nrows):
-            o = rb0 * MR + r
-            if o < og:
-                finish_row(tile[r], 0, out, g * og + o, p0, n, ops)
+        rows = min(nrows, og - rb0 * MR)
+        row_ops = ops
+        if not in_store(ops):  # one pass over the tile's rows (past n too: never stored)
+            apply_ops(tile.reshape(nrows * NB), rows * NB, ops)
+            row_ops = no_ops
+        for r in range(rows):
+            finish_row(tile[r], 0, out, g * og + rb0 * MR + r, p0, n, row_ops)
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside
@@ -469,5 +473,6 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                     t0 = kx * dw
                     _axpy1(acc, pf, row + t0 % sw * plen + t0 // sw, span, wf[ky * kw + kx])
                     kx += 1
+            apply_ops(acc, span, ops)
             for oy in range(oh):
-                finish_row(acc, oy * wq, out, o, oy * ow, ow, ops)
+                store_row(acc, oy * wq, out, o, oy * ow, ow)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_row, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
 
 #: ops (ncnn's BinaryOp op_type codes; Eltwise maps onto the first three)
 ADD, SUB, MUL, DIV, MAX, MIN = 0, 1, 2, 3, 4, 5
@@ -104,7 +104,8 @@ def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
                 _with_scalar(op, t, widen(b[ru, 0]), cols)
             else:
                 _with_scalar(op, t, bs, cols)
-            finish_row(t, 0, out, r, 0, cols, ops)
+            apply_ops(t, cols, ops)
+            store_row(t, 0, out, r, 0, cols)
 
 
 def rows_cols(shape: tuple[int, ...], batch: bool = False) -> tuple[int, int]:
@@ -151,4 +152,5 @@ def activation(a, ops, parts, out):  # noqa: ANN001
             ru = _U(r)
             for j in range(_U(cols)):
                 t[j] = widen(a[ru, j])
-            finish_row(t, 0, out, r, 0, cols, ops)
+            apply_ops(t, cols, ops)
+            store_row(t, 0, out, r, 0, cols)

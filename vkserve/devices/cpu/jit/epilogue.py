@@ -179,11 +179,20 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
 
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def in_store(ops: np.ndarray) -> bool:
+    """Does ``finish_row`` apply ``ops`` in its storing pass (none, one ReLU or one Clip: the
+    usual ones)? Other chains take a pass of their own, which a caller holding several rows
+    in one buffer makes once over all of them (``apply_ops``), then finishes the rows with
+    an empty ``ops``."""
+    return ops.shape[0] == 0 or (ops.shape[0] == 1 and int(ops[0, 0]) in (OP_RELU, OP_CLIP))
+
+
 def finish_row(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN201
-    """The epilogue ``ops`` on src[s0:s0 + n], then ``store_row`` (``src`` may be changed). No
-    ops, one ReLU or one Clip (the usual ones) go in the storing pass itself: a separate pass
-    writing the fp32 row back cost more than the narrowing store (measured on the 2-core VM:
-    0.65 ns a value in place, against 0.21 for the store and 0.24 for ReLU and store together)."""
+    """The epilogue ``ops`` on src[s0:s0 + n], then ``store_row`` (``src`` may be changed).
+    Where ``in_store(ops)`` they go in the storing pass itself: a separate pass writing the
+    fp32 row back cost more than the narrowing store (measured on the 2-core VM: 0.65 ns a
+    value in place, against 0.21 for the store and 0.24 for ReLU and store together)."""
     raise NotImplementedError
 
 
@@ -203,7 +212,7 @@ def _finish_row(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN202
             for i in range(np.uint64(n)):
                 dst[r, c + i] = _stored(min(max(src[s + i], lo), hi), dst)
         else:
-            apply_ops(src[s0:s0 + n], n, ops)
+            apply_ops(src[s0:s0 + n] if s0 else src, n, ops)
             store_row(src, s0, dst, row, col, n)
     return impl
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_row, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
 
 #: output rows per block (a task): 64 fp32 sums, eight AVX2 registers
 RB = 64
@@ -64,4 +64,5 @@ def inner_product(x, wp, bias, ops, out):  # noqa: ANN001
             for r in range(RB):
                 acc[r] = bias[o0 + r] if r < n else np.float32(0.0)
             _block(xf, b, wp, blk, acc)
-            finish_row(acc, 0, out, b, o0, n, ops)
+            apply_ops(acc, n, ops)
+            store_row(acc, 0, out, b, o0, n)

@@ -18,8 +18,9 @@ from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
     _bits_from_f32,
     _f32_from_bits,
+    apply_ops,
     exp_f32,
-    finish_row,
+    store_row,
     widen,
 )
 
@@ -75,4 +76,5 @@ def lrn_across(x, half, scale, bias, neg_beta, ops, parts, out):  # noqa: ANN001
                     v = bias + scale * total[j]
                     if not (_SMALLEST_NORMAL <= v <= _LARGEST):
                         row[j] = widen(x[q, j]) * np.float32(v ** neg_beta)
-            finish_row(row, 0, out, q, 0, n, ops)
+            apply_ops(row, n, ops)
+            store_row(row, 0, out, q, 0, n)

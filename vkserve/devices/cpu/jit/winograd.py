@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit.conv import _U, G_OG, G_OH, G_OW, G_PL, G_PT, MR, NR, _fill_plane, compile_micro
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_row
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row
 
 #: tiles per task (a multiple of NR: the GEMM's pixel strips)
 TB = 32
@@ -228,7 +228,8 @@ def _multiply_and_store(v, u, bias, ops, geo, t0, n, rb0, nb, out):  # noqa: ANN
             cnt = min(4 * b, ow) - 4 * a
             for p in range(min(4, oh - 4 * ty)):
                 row = obuf[p]
-                finish_row(row, 0, out, o, (4 * ty + p) * ow + 4 * a, cnt, ops)
+                apply_ops(row, cnt, ops)
+                store_row(row, 0, out, o, (4 * ty + p) * ow + 4 * a, cnt)
 
 
 def transformed_shape(geo: np.ndarray, cin: int, rb_per_task: int, nrb: int) -> tuple[int, int, int, int]:
