@@ -27,6 +27,8 @@ B_FULL, B_PER_ROW, B_ROW, B_SCALAR = range(4)
 SWAPPED = {ADD: ADD, MUL: MUL, MAX: MAX, MIN: MIN}
 
 _U = np.uint64
+#: added to in-place maxima and minima so that every value is stored (see ``jit.pooling._tap``)
+_ZERO = np.float32(0.0)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -46,10 +48,10 @@ def _with_scalar(op, t, s, n):  # noqa: ANN001
             t[j] = t[j] / s
     elif op == MAX:
         for j in range(_U(n)):
-            t[j] = max(t[j], s)
+            t[j] = max(t[j], s) + _ZERO
     else:
         for j in range(_U(n)):
-            t[j] = min(t[j], s)
+            t[j] = min(t[j], s) + _ZERO
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -74,10 +76,10 @@ def _with_row(op, t, b, r, n, cb):  # noqa: ANN001
             t[j] = t[j] / widen(b[ru, j])
     elif op == MAX:
         for j in range(_U(n)):
-            t[j] = max(t[j], widen(b[ru, j]))
+            t[j] = max(t[j], widen(b[ru, j])) + _ZERO
     else:
         for j in range(_U(n)):
-            t[j] = min(t[j], widen(b[ru, j]))
+            t[j] = min(t[j], widen(b[ru, j])) + _ZERO
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)

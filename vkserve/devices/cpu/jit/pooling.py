@@ -37,8 +37,12 @@ def _tap(acc, p, b, cnt, first, is_max):  # noqa: ANN001
         for q in range(_U(cnt)):
             acc[q] = p[i0 + q]
     elif is_max:
+        # "+ 0": every value stored. Without it LLVM stores only the changed ones, a masked
+        # vector store that AMD cores run several times slower (this EPYC VM: 3x3 stride-2
+        # max pooling 1.4-2.6x faster with it); it only turns a -0.0 maximum into +0.0
+        zero = np.float32(0.0)
         for q in range(_U(cnt)):
-            acc[q] = max(acc[q], p[i0 + q])
+            acc[q] = max(acc[q], p[i0 + q]) + zero
     else:
         for q in range(_U(cnt)):
             acc[q] += p[i0 + q]
