@@ -182,7 +182,6 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
                 row[j] = min(max(row[j] * a + b, zero), one)
 
 
-
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def in_store(ops: np.ndarray) -> bool:
     """Does ``finish_row`` apply ``ops`` in its storing pass (none, one ReLU or one Clip: the
