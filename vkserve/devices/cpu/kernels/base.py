@@ -33,7 +33,8 @@ class Kernel:
     #: the high halves instead of rounding (an exact shortcut, same bits)
     exact_store: bool = False
     #: ``forward`` (or ``forward_store``) also takes a batch: arrays with a leading item axis
-    #: before the layer's shapes, results likewise (element-wise layers, Softmax); a batched
+    #: before the layer's shapes, results likewise (element-wise layers, Softmax, InnerProduct;
+    #: BinaryOp and Eltwise where the operands have the output's shape); a batched
     #: Plan runs such a layer once for all its items, any other once per item
     batched: bool = False
     #: the Plan's reusable work buffers (None when a kernel runs outside a Plan)
