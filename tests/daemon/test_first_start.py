@@ -2,7 +2,8 @@
 does not hold the sockets up: they answer, a model placed on the GPU and the CPU serves from the
 GPU while `models` shows the CPU placement waiting for its kernels (the start-up is announced,
 READY=1 under systemd, once every placement has loaded), and SIGTERM stops the daemon at once,
-the compilation abandoned."""
+the compilation abandoned. The kernels compile in a child process (numba's compiler would hold
+the daemon's GIL against its event loop), which goes when the daemon goes, killed or not."""
 
 from __future__ import annotations
 
@@ -44,7 +45,43 @@ def test_the_daemon_serves_from_the_gpu_while_the_cpu_kernels_compile(tmp_path: 
             assert int(np.argmax(reply["prob"])) == 3
         assert "CPU kernels ready in" not in daemon.log_text()
         assert not any("send a job" in line for line in daemon.lines)  # not announced yet
+        [compiler] = compilers(daemon.proc.pid)
         start = time.monotonic()
         assert daemon.stop(timeout=30) == 0, daemon.log_text()[-3000:]
         assert time.monotonic() - start < 20, "SIGTERM waited for the compilation"
-    assert "CPU kernels: compiling them for this machine" in daemon.log_text()
+        assert not Path(f"/proc/{compiler}").exists(), "the compiler outlived the daemon"
+    assert ("CPU kernels: not in numba's cache for this machine: compiling them in a child "
+            "process") in daemon.log_text()
+
+
+def test_a_killed_daemon_leaves_no_compiler_running(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    shutil.copytree(DIGITS, repo / "digits")
+    with running_daemon(tmp_path, f'[server]\nsocket = "{tmp_path}/d.sock"\n'
+                        f'[models]\nrepository = "{repo}"\n',
+                        env={"NUMBA_CACHE_DIR": str(tmp_path / "numba")}, wait=False) as daemon:
+        end = time.monotonic() + 60
+        while not compilers(daemon.proc.pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        [compiler] = compilers(daemon.proc.pid)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        end = time.monotonic() + 10
+        while Path(f"/proc/{compiler}").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{compiler}").exists(), "the compiler outlived the killed daemon"
+
+
+def compilers(daemon: int) -> list[int]:
+    """The daemon's children compiling the CPU kernels."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == daemon and b"compile_child" in cmdline:
+                found.append(int(entry.name))
+    return found

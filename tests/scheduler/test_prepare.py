@@ -1,10 +1,15 @@
 """A device's one-time preparation (the CPU's kernels compiled for this machine: minutes on a
 first start) runs beside everything else: the scheduler answers meanwhile, the model's
 placement says what it waits for, a job sent then runs once it is done; a failed preparation
-fails that device's placements with its reason and the scheduler goes on."""
+fails that device's placements with its reason and the scheduler goes on. A first start
+compiles the kernels in a child process."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -13,7 +18,8 @@ import pytest
 import trio
 
 from tests.scheduler.test_scheduler import reference, until, write_model, x
-from vkserve.scheduler import DeviceHandle, ModelRepository, ModelState, Scheduler, SchedulerConfig, core
+from vkserve.devices.cpu.warm import compile_kernels, kernels_cached
+from vkserve.scheduler import DeviceHandle, ModelRepository, ModelState, Scheduler, SchedulerConfig, core, engine
 
 
 async def test_the_scheduler_serves_while_the_cpu_kernels_compile(
@@ -22,9 +28,9 @@ async def test_the_scheduler_serves_while_the_cpu_kernels_compile(
     release = threading.Event()
     prepared = core.prepare_device
 
-    def slow_prepare(device: DeviceHandle) -> str | None:  # a first start's long compile
-        assert release.wait(30)
-        return prepared(device)
+    async def slow_prepare(device: DeviceHandle) -> str | None:  # a first start's long compile
+        assert await trio.to_thread.run_sync(release.wait, 30)
+        return await prepared(device)
 
     monkeypatch.setattr(core, "prepare_device", slow_prepare)
     sched = Scheduler([DeviceHandle.cpu(0)], SchedulerConfig(), ModelRepository(tmp_path))
@@ -64,7 +70,7 @@ async def test_a_failed_preparation_fails_the_devices_placements_with_its_reason
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_model(tmp_path)
 
-    def failing_prepare(device: DeviceHandle) -> str | None:
+    async def failing_prepare(device: DeviceHandle) -> str | None:
         raise OSError("no space left on device: numba's cache")
 
     monkeypatch.setattr(core, "prepare_device", failing_prepare)
@@ -79,3 +85,38 @@ async def test_a_failed_preparation_fails_the_devices_placements_with_its_reason
         assert want in (info.placements[0].error or "")
         assert [d.index for d in sched.status().devices] == [0]  # still running, answering
         await sched.aclose(timeout=5)
+
+
+async def test_a_first_start_compiles_the_cpu_kernels_in_a_child_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's cache without vkserve's stamp is a first start: a child process compiles the
+    kernels (here it finds them in a copy of the test run's cache, so it loads rather than
+    compiles them) and writes the stamp, then the daemon loads them; a later start loads them
+    without a child. The daemon's own process compiles nothing either way."""
+    await trio.to_thread.run_sync(compile_kernels)  # this run's cache holds every kernel
+    cache = tmp_path / "numba"
+    shutil.copytree(os.environ["NUMBA_CACHE_DIR"], cache,
+                    ignore=shutil.ignore_patterns("vkserve-kernels.stamp"))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))  # the child's cache, and the stamp's folder
+    assert not kernels_cached()
+    first = await engine.prepare_device(DeviceHandle.cpu(0))
+    assert first is not None and "in a child process" in first, first
+    assert re.match(r"CPU kernels ready in [\d.]+ s: 0 compiled .* loaded from the cache "
+                    rf"\({re.escape(str(cache))}\), in a child process; then loaded in [\d.]+ s$",
+                    first), first
+    assert kernels_cached() and (cache / "vkserve-kernels.stamp").is_file()
+    again = await engine.prepare_device(DeviceHandle.cpu(0))
+    assert again is not None and "child" not in again and " 0 compiled" in again, again
+
+
+async def test_a_failed_child_compilation_names_its_exit_status_and_last_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # no stamp: the child is needed
+    python = tmp_path / "python"  # the child's interpreter, failing as a broken numba would
+    python.write_text("#!/bin/sh\necho 'numba: cannot allocate executable memory' >&2\nexit 3\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(RuntimeError) as failed:
+        await engine.prepare_device(DeviceHandle.cpu(0))
+    assert str(failed.value) == ("compiling the CPU kernels in a child process failed (exit "
+                                 "status 3): numba: cannot allocate executable memory")

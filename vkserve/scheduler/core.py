@@ -1163,11 +1163,10 @@ class Scheduler:
     async def _prepare(self, device: _Device) -> None:
         """What ``device`` needs once before its first Plan (``prepare_device``: the CPU's
         kernels compiled for this machine, minutes on a first start, or loaded from numba's
-        cache), in a worker thread beside the other devices' loads: the daemon answers, and the
-        GPUs serve, meanwhile. A failure fails the device's Plans with its reason."""
+        cache), beside the other devices' loads: the daemon answers, and the GPUs serve,
+        meanwhile. A failure fails the device's Plans with its reason."""
         try:
-            # abandoned on cancel: a stop during a first start's compilation does not wait for it
-            done = await trio.to_thread.run_sync(prepare_device, device.handle, abandon_on_cancel=True)
+            done = await prepare_device(device.handle)
         except Exception as exc:  # the device's loads fail with this reason, logged there
             device.prepare_error = f"preparing {device.handle.id} failed: {type(exc).__name__}: {exc}"
             log.error("%s", device.prepare_error)

@@ -6,10 +6,15 @@ It runs in a child so no earlier test has compiled that specialization in this p
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.support.paths import REPO
+from vkserve.devices.cpu.warm import compile_kernels, kernels_cached
 
 _CHILD = """
 import json, numba, numpy as np
@@ -40,3 +45,22 @@ def test_a_read_only_input_runs_on_kernels_compiled_at_start() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     added = json.loads(done.stdout.strip().splitlines()[-1])
     assert added == {}, f"compiled at the first request, not at start: {added}"
+
+
+def test_the_stamp_says_whether_these_kernels_are_cached_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``compile_kernels`` leaves a stamp beside numba's cache (its folder: ``NUMBA_CACHE_DIR``)
+    that ``kernels_cached`` checks; another stamp (other sources, numba or CPU) is a miss; a
+    folder it cannot write to costs a warning, never the start."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert not kernels_cached()
+    compile_kernels()
+    stamp = tmp_path / "vkserve-kernels.stamp"
+    assert kernels_cached() and len(stamp.read_text()) == 64
+    stamp.write_text("0" * 64)
+    assert not kernels_cached()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "missing"))
+    with caplog.at_level(logging.WARNING, "vkserve.devices.cpu.warm"):
+        compile_kernels()
+    assert f"cannot write {tmp_path}/missing/vkserve-kernels.stamp (No such file or directory" in caplog.text
+    assert not kernels_cached()

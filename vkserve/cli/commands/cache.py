@@ -107,9 +107,7 @@ def warm(args: argparse.Namespace) -> int:
             progress.stage("compiling the CPU kernels for this machine (or loading them from "
                            "numba's cache)")
             cpu = compile_kernels()
-            results.append({"device": CPU, "kernels_compiled": cpu.compiled,
-                            "kernels_cached": cpu.cached, "seconds": cpu.seconds,
-                            "cache_dir": cpu.cache_dir, "vector_bits": cpu.vector_bits})
+            results.append({"device": CPU, **cpu.as_json()})
         progress.done(f"{len(results)} device(s) warm")
     if args.json:
         print_json(results, indent=2)

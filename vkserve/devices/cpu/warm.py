@@ -4,18 +4,24 @@ numba compiles each kernel at its first call (about 20 s for all of them on a 2-
 keeps the result in its cache folder (``vkserve.devices.cpu.jit``), from where later processes
 load it in well under a second. ``compile_kernels`` runs a small built-in net through every
 kernel path once: the daemon calls it at start (and logs what it cost), `vkserve cache warm`
-too, so no model's first request pays the compilation.
+too, so no model's first request pays the compilation. A stamp beside numba's cache says
+whether this machine's kernels are all there (``kernels_cached``): where they are not, the
+daemon has `vkserve cache warm --device cpu` compile them in a child process first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import os
 import time
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
+from vkserve.cache.persist import atomic_write, describe_os_error
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.jit import (
     VECTORS,
@@ -32,7 +38,9 @@ from vkserve.devices.cpu.jit import (
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
-__all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels"]
+__all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
+
+log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
 KERNEL_MODULES = (conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
@@ -75,6 +83,19 @@ class WarmReport:
                 f"(up to {self.vector_bits}-bit vectors), {self.cached} loaded from the cache "
                 f"({self.cache_dir})")
 
+    def as_json(self) -> dict[str, object]:
+        """The fields as `vkserve cache warm --json` prints them."""
+        return {"kernels_compiled": self.compiled, "kernels_cached": self.cached,
+                "seconds": self.seconds, "cache_dir": self.cache_dir,
+                "vector_bits": self.vector_bits}
+
+    @classmethod
+    def from_json(cls, entry: dict[str, object]) -> WarmReport:
+        """Inverse of ``as_json``; KeyError / TypeError / ValueError on anything else."""
+        return cls(float(entry["seconds"]), int(entry["kernels_compiled"]),  # type: ignore[arg-type]
+                   int(entry["kernels_cached"]), str(entry["cache_dir"]),  # type: ignore[arg-type]
+                   int(entry["vector_bits"]))  # type: ignore[arg-type]
+
 
 def _dispatchers(modules: tuple[ModuleType, ...]) -> list[Dispatcher]:
     return [obj for module in modules for obj in vars(module).values() if isinstance(obj, Dispatcher)]
@@ -85,6 +106,40 @@ def _counts(dispatchers: list[Dispatcher]) -> tuple[int, int]:
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
     hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers)
     return misses, hits
+
+
+#: written beside numba's cache once ``compile_kernels`` has run: the key of what it compiled
+_STAMP = "vkserve-kernels.stamp"
+
+
+def _kernels_key() -> str:
+    """What numba's cache entries of the kernels depend on: its version, the CPU and features
+    its code generator targets, the vector settings, each kernel module's file (numba keys an
+    entry on its source file's time and size; the stamp takes every module, since a kernel
+    inlines other modules' functions)."""
+    # numba through the jit package alone, which turns its failure to load into JitUnavailable
+    from vkserve.devices.cpu.jit import numba  # noqa: PLC0415
+
+    parts = [numba.__version__, repr(numba.core.registry.cpu_target.target_context.codegen().magic_tuple()),
+             repr(VECTORS)]
+    for module in KERNEL_MODULES:
+        source = Path(str(module.__file__))
+        info = source.stat()
+        parts.append(f"{source}:{info.st_mtime_ns}:{info.st_size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _stamp_path() -> Path:
+    return Path(os.environ["NUMBA_CACHE_DIR"]) / _STAMP
+
+
+def kernels_cached() -> bool:
+    """Whether ``compile_kernels`` has run for these kernels on this machine and numba's cache
+    holds them (unless removed since: then ``compile_kernels`` compiles them again)."""
+    try:
+        return _stamp_path().read_text() == _kernels_key()
+    except OSError:  # no stamp yet (a first start), or an unreadable one: not known to be there
+        return False
 
 
 def compile_kernels() -> WarmReport:
@@ -105,5 +160,10 @@ def compile_kernels() -> WarmReport:
     plan.run({"data": data})
     nms.nms_sorted(np.array([[0, 0, 1, 1], [0, 0, 1, 1]], np.float32), np.float32(0.45), False)  # YOLOv3 detection
     new_misses, new_hits = _counts(kernels)
+    try:
+        atomic_write(_stamp_path(), _kernels_key().encode())
+    except OSError as exc:  # numba's cache folder read-only or missing: the next start compiles apart again
+        log.warning("CPU kernels: cannot write %s (%s): the next start compiles them again",
+                    _stamp_path(), describe_os_error(exc))
     return WarmReport(time.perf_counter() - start, new_misses - misses, new_hits - hits,
                       os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits)
