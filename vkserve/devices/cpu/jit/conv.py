@@ -410,6 +410,27 @@ def _axpy5(acc, p, b0, b1, b2, b3, b4, cnt, w0, w1, w2, w3, w4):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _taps9(acc, p, offs, cnt, bv, w):  # noqa: ANN001
+    """acc[q] = bv + w[0] p[offs[0] + q] + ... + w[8] p[offs[8] + q], for q < cnt, added in that
+    order: a 3x3 kernel in one pass over the outputs (each output written once, where a pass
+    per kernel row reads and writes them three times)."""
+    i0, i1, i2, i3, i4 = _U(offs[0]), _U(offs[1]), _U(offs[2]), _U(offs[3]), _U(offs[4])
+    i5, i6, i7, i8 = _U(offs[5]), _U(offs[6]), _U(offs[7]), _U(offs[8])
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+    for q in range(_U(cnt)):
+        v = bv + w0 * p[i0 + q]
+        v += w1 * p[i1 + q]
+        v += w2 * p[i2 + q]
+        v += w3 * p[i3 + q]
+        v += w4 * p[i4 + q]
+        v += w5 * p[i5 + q]
+        v += w6 * p[i6 + q]
+        v += w7 * p[i7 + q]
+        v += w8 * p[i8 + q]
+        acc[q] = v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
     """acc[q] += w0 p[b + q] for q < cnt."""
     i0 = _U(b)
@@ -427,10 +448,10 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     ``pad_value``), one per stride phase (row r, column q of phase (ry, rx) is padded input
     (r sh + ry, q sw + rx)), so every tap reads a plane at unit stride without bounds checks.
     At column stride 2 both column phases of a row are filled in one pass (``fill_phases``).
-    The planes' rows run on into each other: a 5-wide kernel row, else three taps of a row (each
-    from its phase's plane) are one pass over all outputs at once, in plane coordinates (the extra columns
-    between rows are computed and dropped). Per output: bias, then taps ky-major, kx
-    ascending."""
+    The planes' rows run on into each other, so a 3x3 kernel is one pass over all outputs at
+    once, in plane coordinates (the extra columns between rows are computed and dropped); other
+    kernels make a pass per 5-wide row, else per three taps of a row (each from its phase's
+    plane). Per output: bias, then taps ky-major, kx ascending."""
     kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
     dh, dw, pt, pl = geo[G_DH], geo[G_DW], geo[G_PT], geo[G_PL]
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
@@ -445,34 +466,34 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
         plen = prow * wq
         pf = planes.reshape(sh * sw * plen)
         acc = np.empty(span, dtype=np.float32)
+        offs = np.empty(taps, dtype=np.int64)  # tap (ky, kx): phase (ky dh % sh, kx dw % sw)'s plane, shifted
+        for ky in range(kh):
+            for kx in range(kw):
+                offs[ky * kw + kx] = ((ky * dh % sh) * sw + kx * dw % sw) * plen + ky * dh // sh * wq + kx * dw // sw
         for o in range(part * n_out // parts, (part + 1) * n_out // parts):
             for t in range(taps):
                 wf[t] = widen(w16[o, t])
             fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]
-            for j in range(span):
-                acc[j] = bv
-            for ky in range(kh):
-                # tap kx reads phase (ry, kx dw % sw) at column offset kx dw // sw
-                row = (ky * dh % sh) * sw * plen + ky * dh // sh * wq
-                kx = 0
-                if kw == 5:
-                    t0, t1, t2, t3, t4 = 0, dw, 2 * dw, 3 * dw, 4 * dw
-                    _axpy5(acc, pf, row + t0 % sw * plen + t0 // sw, row + t1 % sw * plen + t1 // sw,
-                           row + t2 % sw * plen + t2 // sw, row + t3 % sw * plen + t3 // sw,
-                           row + t4 % sw * plen + t4 // sw, span, wf[ky * kw], wf[ky * kw + 1], wf[ky * kw + 2],
-                           wf[ky * kw + 3], wf[ky * kw + 4])
-                    kx = 5
-                while kx + 3 <= kw:
-                    t0, t1, t2 = kx * dw, (kx + 1) * dw, (kx + 2) * dw
-                    _axpy3(acc, pf, row + t0 % sw * plen + t0 // sw, row + t1 % sw * plen + t1 // sw,
-                           row + t2 % sw * plen + t2 // sw, span, wf[ky * kw + kx], wf[ky * kw + kx + 1],
-                           wf[ky * kw + kx + 2])
-                    kx += 3
-                while kx < kw:
-                    t0 = kx * dw
-                    _axpy1(acc, pf, row + t0 % sw * plen + t0 // sw, span, wf[ky * kw + kx])
-                    kx += 1
+            if taps == 9 and kw == 3:
+                _taps9(acc, pf, offs, span, bv, wf)
+            else:
+                for j in range(span):
+                    acc[j] = bv
+                for ky in range(kh):
+                    t = ky * kw
+                    kx = 0
+                    if kw == 5:
+                        _axpy5(acc, pf, offs[t], offs[t + 1], offs[t + 2], offs[t + 3], offs[t + 4], span,
+                               wf[t], wf[t + 1], wf[t + 2], wf[t + 3], wf[t + 4])
+                        kx = 5
+                    while kx + 3 <= kw:
+                        _axpy3(acc, pf, offs[t + kx], offs[t + kx + 1], offs[t + kx + 2], span, wf[t + kx],
+                               wf[t + kx + 1], wf[t + kx + 2])
+                        kx += 3
+                    while kx < kw:
+                        _axpy1(acc, pf, offs[t + kx], span, wf[t + kx])
+                        kx += 1
             apply_ops(acc, span, ops)
             for oy in range(oh):
                 store_row(acc, oy * wq, out, o, oy * ow, ow)
