@@ -94,7 +94,9 @@ def store_row(src, s0, dst, row, col, n):  # noqa: ANN001, ANN201
     raise NotImplementedError
 
 
-@overload(store_row)
+# inlined where it is called: the depthwise kernel stores each output row apart, and on small
+# maps (7x7 to 28x28) the calls cost ~15 % of the layer (measured, one core: 1.18x inlined)
+@overload(store_row, inline="always")
 def _store_row(src, s0, dst, row, col, n):  # noqa: ANN001, ANN202
     if dst.dtype == types.uint16:
         def impl(src, s0, dst, row, col, n):  # noqa: ANN001, ANN202
