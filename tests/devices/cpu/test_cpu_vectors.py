@@ -127,3 +127,20 @@ def test_kernels_use_the_cache_folder_when_numba_was_imported_first(tmp_path: Pa
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def test_a_changed_numba_variable_keeps_the_engines_settings() -> None:
+    """numba's compiler reads every NUMBA_* variable again once one has changed (here another
+    library's, set after the engine loaded): the SLP vectorizer, the CPU features and the
+    cache folder stay the engine's, so no kernel compiles slow and is cached as if it were not."""
+    code = ("import os, numba, numba.core.config\n"
+            "from vkserve.devices.cpu import jit\n"
+            "want = (1, jit.VECTORS.features or numba.config.CPU_FEATURES, os.environ['NUMBA_CACHE_DIR'])\n"
+            "os.environ['NUMBA_DEBUG_CACHE'] = '0'\n"
+            "numba.core.config.reload_config()\n"
+            "got = (numba.config.SLP_VECTORIZE, numba.config.CPU_FEATURES, numba.config.CACHE_DIR)\n"
+            "print(got == want, got[0], want[2] != '')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_SLP_VECTORIZE", "NUMBA_CPU_FEATURES")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.stdout.split() == ["True", "1", "True"], out.stdout + out.stderr

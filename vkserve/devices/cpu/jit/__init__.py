@@ -24,6 +24,7 @@ if "NUMBA_CACHE_DIR" not in os.environ:
 
 try:
     import numba  # noqa: E402 (after its cache folder is set)
+    import numba.core.config  # noqa: E402
 except OSError as exc:  # llvmlite's check at numba's import: no writable+executable memory
     raise JitUnavailable(
         f"the CPU engine compiles its kernels at run time and needs writable+executable memory, "
@@ -32,24 +33,25 @@ except OSError as exc:  # llvmlite's check at numba's import: no writable+execut
 
 from numba.core.dispatcher import Dispatcher  # noqa: E402 (numba's compiled-function type)
 
-# numba reads NUMBA_CACHE_DIR once, when it is first imported: in a program that imported numba
-# before this package, the kernels would otherwise be cached beside the package's sources, where
-# code compiled with other settings may lie (numba's cache key leaves out the SLP setting below:
-# measured, a 3x3 Winograd layer 18 ms instead of 1.9 ms loaded from there).
-numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-
 from vkserve.devices.cpu import threads  # noqa: E402
+from vkserve.devices.cpu.jit.vectors import SETTINGS as VECTORS  # noqa: E402
 
 # numba leaves LLVM's SLP vectorizer off (NUMBA_SLP_VECTORIZE=0): the GEMM micro kernel's register
 # tile is straight-line code that only it turns into SIMD (measured: 4x16 tile 8 -> 117 GFLOP/s on
-# one core). numba reads the setting at each compilation; an explicit NUMBA_SLP_VECTORIZE wins.
-if "NUMBA_SLP_VECTORIZE" not in os.environ:
-    numba.config.SLP_VECTORIZE = 1
-
-from vkserve.devices.cpu.jit.vectors import SETTINGS as VECTORS  # noqa: E402
-
+# one core). An explicit NUMBA_SLP_VECTORIZE wins.
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
 if VECTORS.features is not None:
-    numba.config.CPU_FEATURES = VECTORS.features
+    os.environ["NUMBA_CPU_FEATURES"] = VECTORS.features
+# The settings go through the environment, and numba reads it again now: its compiler does so
+# itself whenever a NUMBA_* variable changed since its last compilation
+# (numba.core.config.reload_config), resetting whatever was set on numba.config alone, and code
+# compiled after such a reset (no SLP vectorizer) would be cached under the same key as the
+# right code (the key holds the signature, the CPU and its features), slowing every later
+# process down. The reload also applies NUMBA_CACHE_DIR in a program that imported numba before
+# this package (the kernels would otherwise be cached beside the package's sources, where code
+# compiled with other settings may lie: measured, a 3x3 Winograd layer 18 ms instead of 1.9 ms
+# loaded from there).
+numba.core.config.reload_config()
 
 from vkserve.devices.cpu.jit import pooling, winograd  # noqa: E402 (jit.pooling.*, jit.winograd.*)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights

@@ -23,7 +23,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, finish_row, in_store, store_row, widen
+from vkserve.devices.cpu.jit.epilogue import (
+    FASTMATH,
+    apply_ops,
+    finish_row,
+    in_store,
+    store_row_inline,
+    widen,
+)
 from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 #: output rows x pixels of the micro kernel's register tile: 4 x 2 AVX2 registers of fp32, or
@@ -496,4 +503,4 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                         kx += 1
             apply_ops(acc, span, ops)
             for oy in range(oh):
-                store_row(acc, oy * wq, out, o, oy * ow, ow)
+                store_row_inline(acc, oy * wq, out, o, oy * ow, ow)
