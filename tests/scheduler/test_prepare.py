@@ -109,6 +109,20 @@ async def test_a_first_start_compiles_the_cpu_kernels_in_a_child_process(
     assert again is not None and "child" not in again and " 0 compiled" in again, again
 
 
+async def test_the_childs_stamp_is_the_one_the_daemon_checks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child inherits the daemon's settings as explicit NUMBA_* variables: the stamp it
+    writes is the daemon's own, so the next start needs no child."""
+    await trio.to_thread.run_sync(compile_kernels)
+    cache = tmp_path / "numba"
+    shutil.copytree(os.environ["NUMBA_CACHE_DIR"], cache,
+                    ignore=shutil.ignore_patterns("vkserve-kernels.stamp"))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    report = await engine.compile_kernels_apart()
+    assert (report.compiled, report.cache_dir) == (0, str(cache)) and report.cached > 0, report
+    assert kernels_cached()
+
+
 async def test_a_failed_child_compilation_names_its_exit_status_and_last_words(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # no stamp: the child is needed

@@ -6,7 +6,7 @@ load it in well under a second. ``compile_kernels`` runs a small built-in net th
 kernel path once: the daemon calls it at start (and logs what it cost), `vkserve cache warm`
 too, so no model's first request pays the compilation. A stamp beside numba's cache says
 whether this machine's kernels are all there (``kernels_cached``): where they are not, the
-daemon has `vkserve cache warm --device cpu` compile them in a child process first.
+daemon has a child process compile them first (``vkserve.devices.cpu.compile_child``).
 """
 
 from __future__ import annotations
@@ -114,14 +114,15 @@ _STAMP = "vkserve-kernels.stamp"
 
 def _kernels_key() -> str:
     """What numba's cache entries of the kernels depend on: its version, the CPU and features
-    its code generator targets, the vector settings, each kernel module's file (numba keys an
+    its code generator targets, the GEMM tile's rows, each kernel module's file (numba keys an
     entry on its source file's time and size; the stamp takes every module, since a kernel
-    inlines other modules' functions)."""
+    inlines other modules' functions). The same in the daemon and its compiling child, which
+    sees the daemon's features as an explicit NUMBA_CPU_FEATURES."""
     # numba through the jit package alone, which turns its failure to load into JitUnavailable
     from vkserve.devices.cpu.jit import numba  # noqa: PLC0415
 
     parts = [numba.__version__, repr(numba.core.registry.cpu_target.target_context.codegen().magic_tuple()),
-             repr(VECTORS)]
+             f"tile rows {VECTORS.tile_rows}"]
     for module in KERNEL_MODULES:
         source = Path(str(module.__file__))
         info = source.stat()
