@@ -46,26 +46,27 @@ def test_this_process_compiles_with_its_choice() -> None:
     assert f"{report.vector_bits}-bit vectors" in report.describe()
 
 
-#: run in a child: the real ``jit.vectors`` module, loaded on its own with the 8-row tile set,
-#: stands in for the package's import of it (the tile is fixed when ``jit.conv`` compiles).
-#: numba keys cached code by source and CPU, not by the tile it froze in: every kernel whose code
-#: reaches the tile (``MR`` or the register-tile kernels, through the kernels it calls) is cached
-#: in the child's own folder (argv[2], empty), so none is loaded from the 4-row cache nor written
-#: there; the others (depthwise, InnerProduct, element-wise, ...) do not depend on the tile and
-#: are loaded from the process's cache folder where an earlier test compiled them.
-_EIGHT_ROWS = """
+#: run in a child: the real ``jit.vectors`` module, loaded on its own with the tile of argv[3]
+#: rows set, stands in for the package's import of it (the tile is fixed when ``jit.conv``
+#: compiles). numba keys cached code by source and CPU, not by the tile it froze in: every kernel
+#: whose code reaches the tile (``MR`` or the register-tile kernels, through the kernels it
+#: calls) is cached in the child's own folder (argv[2], empty), so none is loaded from the
+#: other tile's cache nor written there; the others (depthwise, InnerProduct, element-wise, ...)
+#: do not depend on the tile and are loaded from the process's cache folder where an earlier
+#: test compiled them.
+_OTHER_TILE = """
 import dataclasses, importlib.util, sys, types
 name = "vkserve.devices.cpu.jit.vectors"
 spec = importlib.util.spec_from_file_location(name, sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[name] = module
 spec.loader.exec_module(module)
-module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=8)
+module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]))
 import numba
 import pytest
 from numba.core.dispatcher import Dispatcher
 from vkserve.devices.cpu.jit import conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd
-assert conv.MR == 8, conv.MR
+assert conv.MR == int(sys.argv[3]), conv.MR
 TILE = {"MR", "_micro", "_micro_half", "compile_micro"}
 
 def names(code):
@@ -93,19 +94,22 @@ numba.config.CACHE_DIR = sys.argv[2]
 for d in tiled:
     d.enable_caching()
 numba.config.CACHE_DIR = shared
-code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[3:]])
+code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[4:]])
 assert all(not d.stats.cache_hits for d in tiled), [d.py_func.__name__ for d in tiled if d.stats.cache_hits]
 assert conv.conv_gemm.stats.cache_misses and winograd.winograd43.stats.cache_misses
 sys.exit(code)
 """
 
 
-def test_the_8_row_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
-    """The 8-row tile of AVX-512 hosts, compiled for this CPU (its vector width): every dense
-    and Winograd convolution case against ncnn, and the same bits on any thread count. The
-    kernels the tile reaches compile afresh in the child (their own numba cache folder)."""
+def test_the_other_gemm_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
+    """The GEMM tile this host does not use (8 rows on AVX2 and Arm hosts, whose 4-row tile the
+    rest of the suite runs; 4 rows on AVX-512 hosts, where the suite runs the 8-row one), compiled
+    for this CPU: every dense and Winograd convolution case against ncnn, and the same bits on
+    any thread count, so both tiles are tested on any machine. The kernels the tile reaches
+    compile afresh in the child (their own numba cache folder)."""
+    rows = 4 if jit.VECTORS.tile_rows == 8 else 8
     proc = subprocess.run(
-        [sys.executable, "-c", _EIGHT_ROWS, vectors.__file__, str(tmp_path / "numba"),
+        [sys.executable, "-c", _OTHER_TILE, vectors.__file__, str(tmp_path / "numba"), str(rows),
          "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_same_bits_with_one_and_more_threads_and_run_to_run",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_gemm_split_gives_every_thread_work_where_the_layer_has_it",
