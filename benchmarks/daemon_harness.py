@@ -17,7 +17,10 @@ from vkserve.client.errors import ClientError  # noqa: E402
 
 def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, str] | None = None,
                  server: str = "", scheduler: str = "", tables: str = "") -> tuple[subprocess.Popen, Path]:
-    """Run the daemon on `repo`; return once every model is ready (or fail with its log).
+    """Run the daemon on `repo`; return once every model is ready on every device it is placed
+    on, no placement still loading (or fail with its log): a model is ready as soon as one
+    device serves it, but a measurement wants the steady state, and a failover run needs the
+    device to fail over to ready before the fault.
 
     ``env`` is added to the daemon's environment (e.g. the test hooks); ``server`` and
     ``scheduler`` are extra TOML lines for those tables (``"drain_timeout = 5"``), ``tables``
@@ -36,7 +39,9 @@ def start_daemon(tmp: Path, repo: Path, timeout: float = 300, *, env: dict[str, 
             try:
                 with Client.connect(f"unix:{sock}", timeout=5) as c:
                     models = c.models()
-                    if models and all(m.get("state") == "ready" for m in models):
+                    if models and all(m.get("state") == "ready" and not any(
+                            p.get("state") == "loading" for p in m.get("placements", []))
+                            for m in models):
                         return proc, sock
             except (OSError, ClientError):  # not listening yet, or busy starting: ask again
                 pass

@@ -31,5 +31,6 @@ def test_the_multi_gpu_benchmark_smoke_run_measures_every_combination(tmp_path: 
     assert len(result["speedup"]) == 4
     # failover under load: the first GPU lost mid-run, every request still answered
     failover = result["failover"]
-    assert failover["fault_fired"] and failover["errors"] == {} and failover["requests"] > 0, failover
+    assert failover["fault_fired"] and failover["errors"] == {} and failover["requests"] > 0, (
+        json.dumps(failover))
     assert "| model | devices | batching | concurrency | req/s | p50 ms | p99 ms |" in done.stdout
