@@ -162,7 +162,8 @@ def compile_kernels() -> WarmReport:
     nms.nms_sorted(np.array([[0, 0, 1, 1], [0, 0, 1, 1]], np.float32), np.float32(0.45), False)  # YOLOv3 detection
     new_misses, new_hits = _counts(kernels)
     try:
-        atomic_write(_stamp_path(), _kernels_key().encode())
+        if not kernels_cached():  # a warm start (the daemon checked just before) writes nothing
+            atomic_write(_stamp_path(), _kernels_key().encode())
     except OSError as exc:  # numba's cache folder read-only or missing: the next start compiles apart again
         log.warning("CPU kernels: cannot write %s (%s): the next start compiles them again",
                     _stamp_path(), describe_os_error(exc))
