@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from numba.core.codegen import get_host_cpu_features
+
 from tests.support.paths import REPO
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.jit import vectors
@@ -20,19 +23,24 @@ NEON = "+neon,+fp-armv8"
 def test_avx512_hosts_get_full_width_vectors_and_the_8_row_tile() -> None:
     s = vectors.choose(AVX512, {})
     assert s.features == AVX512 + ",-prefer-256-bit"
-    assert (s.tile_rows, s.vector_bits) == (8, 512)
+    assert (s.tile_rows, s.vector_bits, s.bf16_dot) == (8, 512, True)
+    no_bf16 = vectors.choose(AVX512.replace("+avx512bf16", "-avx512bf16"), {})
+    assert (no_bf16.tile_rows, no_bf16.vector_bits, no_bf16.bf16_dot) == (8, 512, False)
 
 
 def test_other_hosts_keep_numbas_choice_and_the_4_row_tile() -> None:
-    assert vectors.choose(AVX2, {}) == vectors.VectorSettings(None, 4, 256)
-    assert vectors.choose(NEON, {}) == vectors.VectorSettings(None, 4, 128)
+    assert vectors.choose(AVX2, {}) == vectors.VectorSettings(None, 4, 256, False)
+    assert vectors.choose(NEON, {}) == vectors.VectorSettings(None, 4, 128, False)
 
 
 def test_an_explicit_numba_cpu_features_wins() -> None:
-    # on an AVX-512 host, features without -prefer-256-bit: LLVM's 256-bit vectors, 4 rows
-    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": AVX512}) == vectors.VectorSettings(None, 4, 256)
+    # on an AVX-512 host, features without -prefer-256-bit: LLVM's 256-bit vectors, 4 rows, and
+    # no bf16 products (their kernel is written for 512-bit registers)
+    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": AVX512}) == vectors.VectorSettings(None, 4, 256, False)
     wide = AVX512 + ",-prefer-256-bit"
-    assert vectors.choose(AVX2, {"NUMBA_CPU_FEATURES": wide}) == vectors.VectorSettings(None, 8, 512)
+    assert vectors.choose(AVX2, {"NUMBA_CPU_FEATURES": wide}) == vectors.VectorSettings(None, 8, 512, True)
+    no_bf16 = wide.replace("+avx512bf16", "-avx512bf16")
+    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": no_bf16}) == vectors.VectorSettings(None, 8, 512, False)
 
 
 def test_this_process_compiles_with_its_choice() -> None:
@@ -47,13 +55,13 @@ def test_this_process_compiles_with_its_choice() -> None:
 
 
 #: run in a child: the real ``jit.vectors`` module, loaded on its own with the tile of argv[3]
-#: rows set, stands in for the package's import of it (the tile is fixed when ``jit.conv``
-#: compiles). numba keys cached code by source and CPU, not by the tile it froze in: every kernel
-#: whose code reaches the tile (``MR`` or the register-tile kernels, through the kernels it
-#: calls) is cached in the child's own folder (argv[2], empty), so none is loaded from the
-#: other tile's cache nor written there; the others (depthwise, InnerProduct, element-wise, ...)
-#: do not depend on the tile and are loaded from the process's cache folder where an earlier
-#: test compiled them.
+#: rows and the bf16 products of argv[4] set, stands in for the package's import of it (the
+#: GEMM path is fixed when ``jit.conv`` compiles). numba keys cached code by source and CPU, not
+#: by the settings it froze in: every kernel whose code reaches them (``MR``, ``DOT`` and what
+#: follows from them, the register-tile kernels, through the kernels it calls) is cached in the
+#: child's own folder (argv[2], empty), so none is loaded from the other path's cache nor
+#: written there; the others (depthwise, InnerProduct, element-wise, ...) do not depend on the
+#: path and are loaded from the process's cache folder where an earlier test compiled them.
 _OTHER_TILE = """
 import dataclasses, importlib.util, sys, types
 name = "vkserve.devices.cpu.jit.vectors"
@@ -61,13 +69,14 @@ spec = importlib.util.spec_from_file_location(name, sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[name] = module
 spec.loader.exec_module(module)
-module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]))
+module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]), bf16_dot=sys.argv[4] == "dot")
 import numba
 import pytest
 from numba.core.dispatcher import Dispatcher
 from vkserve.devices.cpu.jit import conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd
-assert conv.MR == int(sys.argv[3]), conv.MR
-TILE = {"MR", "_micro", "_micro_half", "compile_micro"}
+assert (conv.MR, conv.DOT) == (int(sys.argv[3]), sys.argv[4] == "dot"), (conv.MR, conv.DOT)
+TILE = {"MR", "DOT", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro_half", "_dot1", "_dot2",
+        "_block_product", "_pack_flat", "_put", "compile_micro"}
 
 def names(code):
     yield from code.co_names
@@ -94,22 +103,26 @@ numba.config.CACHE_DIR = sys.argv[2]
 for d in tiled:
     d.enable_caching()
 numba.config.CACHE_DIR = shared
-code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[4:]])
+code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[5:]])
 assert all(not d.stats.cache_hits for d in tiled), [d.py_func.__name__ for d in tiled if d.stats.cache_hits]
 assert conv.conv_gemm.stats.cache_misses and winograd.winograd43.stats.cache_misses
 sys.exit(code)
 """
 
 
-def test_the_other_gemm_tile_matches_ncnn_on_this_host_too(tmp_path: Path) -> None:
-    """The GEMM tile this host does not use (8 rows on AVX2 and Arm hosts, whose 4-row tile the
-    rest of the suite runs; 4 rows on AVX-512 hosts, where the suite runs the 8-row one), compiled
-    for this CPU: every dense and Winograd convolution case against ncnn, and the same bits on
-    any thread count, so both tiles are tested on any machine. The kernels the tile reaches
-    compile afresh in the child (their own numba cache folder)."""
-    rows = 4 if jit.VECTORS.tile_rows == 8 else 8
+@pytest.mark.parametrize(("rows", "path"), [(4, "fp32"), (8, "fp32"), (8, "dot")])
+def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: int, path: str) -> None:
+    """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
+    and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
+    (where the CPU has them): every dense and Winograd convolution case against ncnn, and the
+    same bits on any thread count, so each path is tested on any machine that can run it. The
+    kernels the path reaches compile afresh in the child (their own numba cache folder)."""
+    if (rows, path == "dot") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot):
+        pytest.skip("the path this host uses: the rest of the suite runs it")
+    if path == "dot" and vectors.BF16 not in get_host_cpu_features().split(","):
+        pytest.skip("bf16 pair products need a CPU with AVX-512 BF16")
     proc = subprocess.run(
-        [sys.executable, "-c", _OTHER_TILE, vectors.__file__, str(tmp_path / "numba"), str(rows),
+        [sys.executable, "-c", _OTHER_TILE, vectors.__file__, str(tmp_path / "numba"), str(rows), path,
          "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_same_bits_with_one_and_more_threads_and_run_to_run",
          "tests/devices/cpu/test_cpu_jit_conv.py::test_gemm_split_gives_every_thread_work_where_the_layer_has_it",

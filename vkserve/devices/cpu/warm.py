@@ -26,6 +26,7 @@ from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.jit import (
     VECTORS,
     Dispatcher,
+    bf16dot,
     conv,
     elementwise,
     epilogue,
@@ -43,7 +44,7 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
+KERNEL_MODULES = (bf16dot, conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
@@ -77,24 +78,26 @@ class WarmReport:
     cached: int  # loaded from the cache
     cache_dir: str
     vector_bits: int  # the widest vectors the kernels are compiled to use (``jit.vectors``)
+    bf16_dot: bool  # the GEMM convolution multiplies bf16 pairs (AVX-512 BF16; ``jit.bf16dot``)
 
     def describe(self) -> str:
+        dot = ", bf16 dot products" if self.bf16_dot else ""
         return (f"CPU kernels ready in {self.seconds:.1f} s: {self.compiled} compiled for this CPU "
-                f"(up to {self.vector_bits}-bit vectors), {self.cached} loaded from the cache "
+                f"(up to {self.vector_bits}-bit vectors{dot}), {self.cached} loaded from the cache "
                 f"({self.cache_dir})")
 
     def as_json(self) -> dict[str, object]:
         """The fields as `vkserve cache warm --json` prints them."""
         return {"kernels_compiled": self.compiled, "kernels_cached": self.cached,
                 "seconds": self.seconds, "cache_dir": self.cache_dir,
-                "vector_bits": self.vector_bits}
+                "vector_bits": self.vector_bits, "bf16_dot": self.bf16_dot}
 
     @classmethod
     def from_json(cls, entry: dict[str, object]) -> WarmReport:
         """Inverse of ``as_json``; KeyError / TypeError / ValueError on anything else."""
         return cls(float(entry["seconds"]), int(entry["kernels_compiled"]),  # type: ignore[arg-type]
                    int(entry["kernels_cached"]), str(entry["cache_dir"]),  # type: ignore[arg-type]
-                   int(entry["vector_bits"]))  # type: ignore[arg-type]
+                   int(entry["vector_bits"]), bool(entry["bf16_dot"]))  # type: ignore[arg-type]
 
 
 def _dispatchers(modules: tuple[ModuleType, ...]) -> list[Dispatcher]:
@@ -122,7 +125,7 @@ def _kernels_key() -> str:
     from vkserve.devices.cpu.jit import numba  # noqa: PLC0415
 
     parts = [numba.__version__, repr(numba.core.registry.cpu_target.target_context.codegen().magic_tuple()),
-             f"tile rows {VECTORS.tile_rows}"]
+             f"tile rows {VECTORS.tile_rows}", f"bf16 dot {VECTORS.bf16_dot}"]
     for module in KERNEL_MODULES:
         source = Path(str(module.__file__))
         info = source.stat()
@@ -168,4 +171,4 @@ def compile_kernels() -> WarmReport:
         log.warning("CPU kernels: cannot write %s (%s): the next start compiles them again",
                     _stamp_path(), describe_os_error(exc))
     return WarmReport(time.perf_counter() - start, new_misses - misses, new_hits - hits,
-                      os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits)
+                      os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits, VECTORS.bf16_dot)

@@ -16,16 +16,25 @@ one per stride phase, a tap (three at stride 1) per pass over all of a channel's
 Each output value's sum has a fixed order (bias, then k ascending; fma where the CPU has it).
 The micro kernel relies on LLVM's SLP vectorizer (``vkserve.devices.cpu.jit`` turns it on), the
 other loops on the loop vectorizer.
+
+On CPUs with AVX-512 BF16 (``DOT``) the GEMM multiplies bf16 pairs instead (``jit.bf16dot``):
+the panels hold the input's bf16 values (an fp32 input is rounded to bf16 there, as bf16 storage
+would have stored it), each k pair of a pixel adjacent, the weights likewise, and the sums run
+over k pairs ascending (within a pair in the order the CPU's instruction adds them; denormals
+flushed to zero). Nothing is widened.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from vkserve.devices.cpu.jit.bf16dot import compile_dot_micro
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
     apply_ops,
+    as_stored,
     finish_row,
     in_store,
     store_row_inline,
@@ -46,6 +55,15 @@ KC = 256
 #: every row chunk of a pixel block packs that block's input again)
 MIN_TASK_ROWS = 32
 
+#: bf16 pair products in the GEMM (``jit.bf16dot``; AVX-512 BF16 hosts)
+DOT = SETTINGS.bf16_dot
+#: depths a weight or panel row pairs up (2: bf16 pairs), and the input panels' element type
+#: and layout: (NB / NR strips, PANEL_ROWS, PANEL_COLS) = (strips, KC, NR) fp32, or with
+#: ``DOT`` (strips, KC / 2, NR pairs) bf16
+PAIR = 2 if DOT else 1
+PANEL = np.uint16 if DOT else np.float32
+PANEL_ROWS, PANEL_COLS = KC // PAIR, NR * PAIR
+
 #: index type of the hot loops: numba wraps negative signed indices, a select per access that
 #: keeps LLVM from vectorizing; unsigned ones need none
 _U = np.uint64
@@ -61,11 +79,15 @@ def geometry(groups: int, cg: int, og: int, kh: int, kw: int, sh: int, sw: int, 
 
 
 def pack_gemm_weights(w16: np.ndarray, groups: int, og: int, k: int) -> np.ndarray:
-    """bf16 weights [groups * og][k] -> panels (groups, row blocks, k, MR), rows zero-padded."""
+    """bf16 weights [groups * og][k] -> panels (groups, row blocks, k / PAIR, MR x PAIR), rows
+    zero-padded to a whole block, k to whole pairs: a row block's weights for depth k (a pair
+    of depths with ``DOT``, each row's two adjacent) are one run."""
     nrb = -(-og // MR)
-    w = np.zeros((groups, nrb * MR, k), dtype=np.uint16)
-    w[:, :og, :] = w16.reshape(groups, og, k)
-    return np.ascontiguousarray(w.reshape(groups, nrb, MR, k).transpose(0, 1, 3, 2))
+    kp = -(-k // PAIR) * PAIR
+    w = np.zeros((groups, nrb * MR, kp), dtype=np.uint16)
+    w[:, :og, :k] = w16.reshape(groups, og, k)
+    w = w.reshape(groups, nrb, MR, kp // PAIR, PAIR).transpose(0, 1, 3, 2, 4)
+    return np.ascontiguousarray(w).reshape(groups, nrb, kp // PAIR, MR * PAIR)
 
 
 def _micro_source(nr: int, rows_b: bool) -> str:
@@ -101,6 +123,31 @@ def compile_micro(nr: int, rows_b: bool = False):  # noqa: ANN201
 _micro = compile_micro(NR)
 #: for a block's last strip when it holds at most NR / 2 pixels (7 x 7 outputs: 49 = 3 x 16 + 1)
 _micro_half = compile_micro(NR // 2)
+#: with ``DOT``: MR x 2 strips (16 accumulators: enough to hide the product's latency), and a
+#: block's odd last strip
+_dot2 = compile_dot_micro(MR, 2)
+_dot1 = compile_dot_micro(MR, 1)
+
+
+def _put(panel, s, k, j, v):  # noqa: ANN001, ANN201  (numba overload below)
+    """The input panel's element (strip s, depth k, pixel j) = v, an input value (bf16 bits or
+    fp32), in the panel's layout (``PANEL``)."""
+    raise NotImplementedError
+
+
+@overload(_put, inline="always")
+def _put_impl(panel, s, k, j, v):  # noqa: ANN001, ANN202
+    if panel.dtype == types.uint16:
+        one = _U(1)
+
+        def pair(panel, s, k, j, v):  # noqa: ANN001, ANN202
+            ku = _U(k)
+            panel[_U(s), ku >> one, _U(2) * _U(j) + (ku & one)] = as_stored(v, panel)
+        return pair
+
+    def fp32(panel, s, k, j, v):  # noqa: ANN001, ANN202
+        panel[s, k, j] = as_stored(v, panel)
+    return fp32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -114,12 +161,14 @@ def _valid(n: int, start: int, step: int, size: int) -> tuple[int, int]:
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _fill_plane(x, c, iy0, ix0, sy, sx, padv, plane):  # noqa: ANN001
-    """plane[r, q] = widened x[c, iy0 + r sy, ix0 + q sx], ``padv`` outside the input (direct
-    unsigned indexing: no views, which cost an atomic reference count update each)."""
+    """plane[r, q] = x[c, iy0 + r sy, ix0 + q sx], ``padv`` outside the input, as ``plane``
+    stores them (``as_stored``: widened into fp32, kept or rounded into bf16; direct unsigned
+    indexing: no views, which cost an atomic reference count update each)."""
     h, w = x.shape[1], x.shape[2]
     rows, cols = plane.shape
     lo, hi = _valid(cols, ix0, sx, w)
     cu = _U(c)
+    padv = as_stored(padv, plane)
     for r in range(rows):
         iy = iy0 + r * sy
         if iy < 0 or iy >= h:
@@ -130,7 +179,7 @@ def _fill_plane(x, c, iy0, ix0, sy, sx, padv, plane):  # noqa: ANN001
             plane[r, q] = padv
         yu, base, st, ru, lu = _U(iy), _U(ix0 + lo * sx), _U(sx), _U(r), _U(lo)
         for q in range(_U(hi - lo)):
-            plane[ru, lu + q] = widen(x[cu, yu, base + st * q])
+            plane[ru, lu + q] = as_stored(x[cu, yu, base + st * q], plane)
         for q in range(hi, cols):
             plane[r, q] = padv
 
@@ -233,8 +282,9 @@ SHARED_PANELS_MAX = 16 << 20
 def shared_panels_shape(groups: int, og: int, npix: int, k_total: int, pixels: int,
                         rb_per_task: int) -> tuple[int, int, int, int, int]:
     """The work space ``conv_gemm`` packs every input panel into once, for all the row chunks
-    that read it: (groups x pixel blocks, K blocks, NB / NR, KC, NR) fp32; all zero (no
-    sharing) where the rows are not split, or where it would exceed SHARED_PANELS_MAX.
+    that read it: (groups x pixel blocks, K blocks, NB / NR, PANEL_ROWS, PANEL_COLS) of
+    ``PANEL``; all zero (no sharing) where the rows are not split, or where it would exceed
+    SHARED_PANELS_MAX.
 
     Without it each row chunk of a pixel block gathers the same receptive fields again:
     measured on this 2-core box, resnet50's 3x3 layers at 7x7 (K = 4608, 1 pixel block, 4 row
@@ -244,65 +294,139 @@ def shared_panels_shape(groups: int, og: int, npix: int, k_total: int, pixels: i
     chunks = -(-(-(-og // MR)) // rb_per_task)  # ceil(row blocks / row blocks a task)
     blocks = groups * -(-npix // pixels)
     kblocks = -(-k_total // KC)
-    if chunks < 2 or blocks * kblocks * NB * KC * 4 > SHARED_PANELS_MAX:
-        return (0, 0, NB // NR, KC, NR)
-    return (blocks, kblocks, NB // NR, KC, NR)
+    if chunks < 2 or blocks * kblocks * NB * KC * np.dtype(PANEL).itemsize > SHARED_PANELS_MAX:
+        return (0, 0, NB // NR, PANEL_ROWS, PANEL_COLS)
+    return (blocks, kblocks, NB // NR, PANEL_ROWS, PANEL_COLS)
+
+
+def _pack_flat(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201  (numba overload below)
+    """``_pack_panel`` of a 1x1 stride-1 unpadded layer: depth kk is channel c0 + kk of ``xf``
+    (channels, pixels), pixels p0 .. p0 + n - 1 (direct unsigned indexing, no views: an atomic
+    reference count update each). A bf16 panel is filled a k pair at a time, each pixel's pair
+    as one 32-bit store (the loop vectorizes; an element at a time it would not)."""
+    raise NotImplementedError
+
+
+@overload(_pack_flat)
+def _pack_flat_impl(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+    if panel.dtype == types.uint16:
+        def pairs(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+            pv = panel.view(np.uint32)  # element (s, k pair, j): even k in the low half
+            half = np.uint32(16)
+            for kp in range((kcb + 1) // 2):
+                cu, ku = _U(c0 + 2 * kp), _U(kp)
+                odd = 2 * kp + 1 < kcb
+                for si in range((n + NR - 1) // NR):
+                    su, b = _U(si), _U(p0 + si * NR)
+                    if odd:
+                        for j in range(_U(min(NR, n - si * NR))):
+                            lo = np.uint32(as_stored(xf[cu, b + j], panel))
+                            pv[su, ku, j] = lo | (np.uint32(as_stored(xf[cu + _U(1), b + j], panel)) << half)
+                    else:  # an odd depth's last channel: zero beside it
+                        for j in range(_U(min(NR, n - si * NR))):
+                            pv[su, ku, j] = np.uint32(as_stored(xf[cu, b + j], panel))
+        return pairs
+
+    def fp32(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+        for kk in range(kcb):
+            cu, ku = _U(c0 + kk), _U(kk)
+            for si in range((n + NR - 1) // NR):
+                su, b = _U(si), _U(p0 + si * NR)
+                for j in range(_U(min(NR, n - si * NR))):
+                    panel[su, ku, j] = widen(xf[cu, b + j])
+    return fp32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, plane, offs, panel):  # noqa: ANN001
-    """panel[s, kk, j] = widened input of receptive-field element k0 + kk for pixel p0 + s NR + j
-    (j < n - s NR), zeros in a partial last strip's unused lanes (garbage there could be
-    denormal, and slow); ``plane`` and ``offs`` as ``conv_gemm`` sets them up for the block."""
+def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, panel):  # noqa: ANN001
+    """Panel element (s, kk, j) (``_put``) = input of receptive-field element k0 + kk for pixel
+    p0 + s NR + j (j < n - s NR), zeros in a partial last strip's unused lanes (garbage there
+    could be denormal, and slow) and at the depth rounding kcb up to whole pairs; ``planes`` and
+    ``offs`` as ``conv_gemm`` sets them up for the block (channel c's rows in planes[c % PAIR]:
+    a k pair may span two channels)."""
     kh, kw, sh, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_DH], geo[G_DW]
     taps = kh * kw
     cg = geo[G_CG]
     ow = geo[G_OW]
-    wpad = plane.shape[1]
-    pflat = plane.reshape(plane.size)
+    plen, wpad = planes.shape[1] * planes.shape[2], planes.shape[2]
+    pflat = planes.reshape(planes.size)
     xf = x.reshape((x.shape[0], x.shape[1] * x.shape[2]))
     ns = (n + NR - 1) // NR
     oy0 = p0 // ow
+    zero = np.float32(0.0)
     for kk in range(kcb):
         for j in range(n - (ns - 1) * NR, NR):
-            panel[ns - 1, kk, j] = np.float32(0.0)
+            _put(panel, ns - 1, kk, j, zero)
+    for kk in range(kcb, -(-kcb // PAIR) * PAIR):
+        for si in range(ns):
+            for j in range(NR):
+                _put(panel, si, kk, j, zero)
+    if flat:
+        _pack_flat(xf, g * cg + k0, kcb, p0, n, panel)
+        return
     for kk in range(kcb):
         k = k0 + kk
         c = g * cg + k // taps
         t = k % taps
-        # direct unsigned indexing, no views (an atomic reference count update each)
-        ku = _U(kk)
-        if flat:
-            cu = _U(c)
-            for si in range(ns):
-                su, b = _U(si), _U(p0 + si * NR)
-                for j in range(_U(min(NR, n - si * NR))):
-                    panel[su, ku, j] = widen(xf[cu, b + j])
-        else:
-            if t == 0 or kk == 0:
-                _fill_plane(x, c, oy0 * sh - geo[G_PT], -geo[G_PL], 1, 1, padv, plane)
-            ky = t // kw
-            tap = ky * dh * wpad + (t - ky * kw) * dw
-            for si in range(ns):
-                for j in range(min(NR, n - si * NR)):
-                    panel[si, kk, j] = pflat[tap + offs[si * NR + j]]
+        if t == 0 or kk == 0:
+            _fill_plane(x, c, oy0 * sh - geo[G_PT], -geo[G_PL], 1, 1, padv, planes[c % PAIR])
+        ky = t // kw
+        tap = c % PAIR * plen + ky * dh * wpad + (t - ky * kw) * dw
+        for si in range(ns):
+            for j in range(min(NR, n - si * NR)):
+                _put(panel, si, kk, j, pflat[tap + offs[si * NR + j]])
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _block_geometry(geo, flat, p0, n):  # noqa: ANN001
-    """The padded-row plane a pixel block's receptive fields lie in, and each pixel's offset
-    in it (computed once per block)."""
+    """The padded-row planes (PAIR of them, of ``PANEL``) a pixel block's receptive fields lie
+    in, and each pixel's offset in one (computed once per block)."""
     kh, sh, sw, dh = geo[G_KH], geo[G_SH], geo[G_SW], geo[G_DH]
     ow = geo[G_OW]
     wpad = (ow - 1) * sw + (geo[G_KW] - 1) * geo[G_DW] + 1
     oy0 = p0 // ow
     prow = (((p0 + n - 1) // ow - oy0) * sh + (kh - 1) * dh + 1) if not flat else 1
-    plane = np.empty((prow, wpad), dtype=np.float32)
+    planes = np.empty((PAIR, prow, wpad), dtype=PANEL)
     offs = np.empty(NB, dtype=np.int64)
     for j in range(n):
         oy = (p0 + j) // ow
         offs[j] = (oy - oy0) * sh * wpad + (p0 + j - oy * ow) * sw
-    return plane, offs
+    return planes, offs
+
+
+def _block_product(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
+    """tile[r0:r0 + MR, :n] += the MR weight rows from w[w0:] (packed, K block of depth kcb)
+    times the K block's input panel: widened into ``wide`` and run by the fp32 micro kernel,
+    or with a bf16 panel (``DOT``) by the pair-product kernel straight from the packed weights."""
+    raise NotImplementedError
+
+
+@overload(_block_product, inline="always")
+def _block_product_impl(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
+    if panel.dtype == types.uint16:
+        def pairs(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
+            ns = (n + NR - 1) // NR
+            sb = panel.shape[1] * panel.shape[2]  # a strip
+            pf = panel.reshape(panel.size)
+            tf = tile.reshape(tile.size)
+            kc2 = (kcb + 1) // 2
+            c0 = r0 * tile.shape[1]
+            si = 0
+            while si + 1 < ns:
+                _dot2(w, w0, pf, si * sb, sb, tf, c0 + si * NR, tile.shape[1], kc2)
+                si += 2
+            if si < ns:
+                _dot1(w, w0, pf, si * sb, sb, tf, c0 + si * NR, tile.shape[1], kc2)
+        return pairs
+
+    def fp32(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
+        _widen_run(w, w0, wide.reshape(wide.size), kcb * MR)
+        for si in range((n + NR - 1) // NR):
+            if n - si * NR <= NR // 2:
+                _micro_half(wide, panel, tile, kcb, r0, si)
+            else:
+                _micro(wide, panel, tile, kcb, r0, si)
+    return fp32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
@@ -327,6 +451,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
     flat = (taps == 1 and geo[G_SH] == 1 and geo[G_SW] == 1 and geo[G_PT] == 0 and geo[G_PL] == 0
             and oh == x.shape[1] and ow == x.shape[2])
     wflat = wp.reshape(wp.size)
+    kstride = wp.shape[2] * wp.shape[3]  # a row block's packed weights
     is_shared = shared.shape[0] > 0
     no_ops = np.empty((0, 3), dtype=np.float32)
     if is_shared:
@@ -337,8 +462,8 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
             g = blk // n_blocks
             p0 = (blk - g * n_blocks) * pixels
             n = min(pixels, npix - p0)
-            plane, offs = _block_geometry(geo, flat, p0, n)
-            _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, plane, offs,
+            planes, offs = _block_geometry(geo, flat, p0, n)
+            _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs,
                         shared[blk, kb])
     for task in prange(groups * n_blocks * n_chunks):
         # row chunk outermost: consecutive tasks cover different pixel blocks (even loads)
@@ -347,14 +472,12 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
         g = blk // n_blocks
         p0 = (blk - g * n_blocks) * pixels
         n = min(pixels, npix - p0)
-        ns = (n + NR - 1) // NR
         rb0 = rc * rb_per_task
         nb = min(nrb, rb0 + rb_per_task) - rb0
         nrows = nb * MR
-        own = np.empty((0 if is_shared else NB // NR, KC, NR), dtype=np.float32)
-        plane, offs = _block_geometry(geo, flat, p0, n)
-        wide = np.empty((KC, MR), dtype=np.float32)
-        wide_flat = wide.reshape(KC * MR)
+        own = np.empty((0 if is_shared else NB // NR, PANEL_ROWS, PANEL_COLS), dtype=PANEL)
+        planes, offs = _block_geometry(geo, flat, p0, n)
+        wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
         tile = np.empty((nrows, NB), dtype=np.float32)
         for r in range(nrows):
             o = rb0 * MR + r
@@ -368,14 +491,9 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
                 panel = shared[blk, k0 // KC]
             else:
                 panel = own
-                _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, plane, offs, panel)
+                _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, panel)
             for i in range(nb):
-                _widen_run(wflat, (g * nrb + rb0 + i) * k_total * MR + k0 * MR, wide_flat, kcb * MR)
-                for si in range(ns):
-                    if n - si * NR <= NR // 2:
-                        _micro_half(wide, panel, tile, kcb, i * MR, si)
-                    else:
-                        _micro(wide, panel, tile, kcb, i * MR, si)
+                _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
         rows = min(nrows, og - rb0 * MR)
         row_ops = ops
         if not in_store(ops):  # one pass over the tile's rows (past n too: never stored)

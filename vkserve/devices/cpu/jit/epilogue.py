@@ -218,32 +218,30 @@ def _finish_row(src, s0, dst, row, col, n, ops):  # noqa: ANN001, ANN202
             store_row(src, s0, dst, row, col, n)
         elif code == OP_RELU:
             for i in range(np.uint64(n)):
-                dst[r, c + i] = _stored(max(src[s + i], zero) + zero, dst)  # as apply_ops
+                dst[r, c + i] = as_stored(max(src[s + i], zero) + zero, dst)  # as apply_ops
         elif code == OP_CLIP:
             lo, hi = ops[0, 1], ops[0, 2]
             for i in range(np.uint64(n)):
-                dst[r, c + i] = _stored(min(max(src[s + i], lo), hi), dst)
+                dst[r, c + i] = as_stored(min(max(src[s + i], lo), hi), dst)
         else:
             apply_ops(src[s0:s0 + n] if s0 else src, n, ops)
             store_row(src, s0, dst, row, col, n)
     return impl
 
 
-def _stored(v, dst):  # noqa: ANN001, ANN201  (numba overload below)
-    """fp32 ``v`` as ``dst`` stores it: bf16 bits (RNE) for uint16 storage, else itself."""
+def as_stored(v, dst):  # noqa: ANN001, ANN201  (numba overload below)
+    """``v`` (fp32, or bf16 bits) as array ``dst`` stores it: bf16 bits for uint16 storage
+    (fp32 rounded to nearest even), fp32 otherwise (bf16 widened)."""
     raise NotImplementedError
 
 
-@overload(_stored)
-def _stored_impl(v, dst):  # noqa: ANN001, ANN202
+@overload(as_stored)
+def _as_stored(v, dst):  # noqa: ANN001, ANN202
     if dst.dtype == types.uint16:
-        def bf16(v, dst):  # noqa: ANN001, ANN202
-            return narrow(v)
-        return bf16
-
-    def fp32(v, dst):  # noqa: ANN001, ANN202
-        return v
-    return fp32
+        if v == types.uint16:
+            return lambda v, dst: v
+        return lambda v, dst: narrow(v)
+    return lambda v, dst: widen(v)
 
 
 def _post_op(k: Kernel) -> tuple[int, float, float]:

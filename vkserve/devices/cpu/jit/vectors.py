@@ -12,8 +12,13 @@ median of 5 runs, both in one call: resnet50 74.2 -> 56.3 ms on 4 threads (33.5 
 vgg16 111.6 -> 89.4 ms (42.4 -> 38.9), mobilenet_v2 12.2 -> 12.5 ms (6.5 -> 7.1: its 1x1
 layers gain, its depthwise and first layers do not).
 
+Where the CPU also has AVX-512 BF16 (``+avx512bf16``: Zen 4, Sapphire Rapids and later), the
+GEMM convolution multiplies bf16 pairs with ``vdpbf16ps`` (``jit.bf16dot``) instead of widening
+both operands to fp32.
+
 An explicit ``NUMBA_CPU_FEATURES`` wins: the tile is then 8 rows only if it holds both
-``+avx512f`` and ``-prefer-256-bit``.
+``+avx512f`` and ``-prefer-256-bit``, and the bf16 products are used only if it also holds
+``+avx512bf16``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from numba.core.codegen import get_host_cpu_features
 __all__ = ["SETTINGS", "VectorSettings", "choose"]
 
 WIDE = "-prefer-256-bit"
+BF16 = "+avx512bf16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,7 @@ class VectorSettings:
     features: str | None  # numba's target features to set (None: leave numba's choice)
     tile_rows: int  # the GEMM micro kernel's rows (``jit.conv.MR``)
     vector_bits: int  # the widest vectors the kernels are compiled to use
+    bf16_dot: bool  # AVX-512 BF16 pair products in the GEMM convolution (``jit.bf16dot``)
 
 
 def _flags(features: str) -> set[str]:
@@ -50,11 +57,13 @@ def choose(host_features: str, env: Mapping[str, str]) -> VectorSettings:
     """From the host's LLVM feature string (``+avx2,-avx512f,...``) and the environment."""
     explicit = env.get("NUMBA_CPU_FEATURES")
     if explicit is not None:
-        bits = _bits(_flags(explicit))
-        return VectorSettings(None, 8 if bits == 512 else 4, bits)
-    if "+avx512f" in _flags(host_features):
-        return VectorSettings(f"{host_features},{WIDE}", 8, 512)
-    return VectorSettings(None, 4, _bits(_flags(host_features)))
+        flags = _flags(explicit)
+        bits = _bits(flags)
+        return VectorSettings(None, 8 if bits == 512 else 4, bits, bits == 512 and BF16 in flags)
+    flags = _flags(host_features)
+    if "+avx512f" in flags:
+        return VectorSettings(f"{host_features},{WIDE}", 8, 512, BF16 in flags)
+    return VectorSettings(None, 4, _bits(flags), False)
 
 
 #: this process's choice (``vkserve.devices.cpu.jit`` hands its features to numba before any

@@ -95,8 +95,8 @@ class Convolution(JitKernel):
             else:
                 g = self.p.group_count()
                 pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
-                got = pixels, rows, jit.conv.shared_panels_shape(g, oc // g, oh * ow, self.weight.shape[2],
-                                                                 pixels, rows)
+                k = self.in_shapes[0][0] // g * self.p.kernel_h * self.p.kernel_w
+                got = pixels, rows, jit.conv.shared_panels_shape(g, oc // g, oh * ow, k, pixels, rows)
             self._splits[n_threads] = got
         return got
 
@@ -112,7 +112,7 @@ class Convolution(JitKernel):
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
-            shared = self.buf("gemm_panels", shape) if shape[0] else np.empty(shape, np.float32)
+            shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
                           shared, out.reshape(oc, oh * ow))
 

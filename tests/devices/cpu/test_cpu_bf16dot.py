@@ -1,0 +1,95 @@
+"""bf16 pair products (``jit.bf16dot``): the register-tile kernel against float64 sums, and the
+GEMM convolution using them where the CPU has AVX-512 BF16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba.core.codegen import get_host_cpu_features
+
+from vkserve.devices.cpu import jit
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.jit import bf16dot, vectors
+
+HOST_BF16 = vectors.BF16 in get_host_cpu_features().split(",")
+needs_bf16 = pytest.mark.skipif(not jit.VECTORS.bf16_dot, reason="bf16 pair products need a CPU with AVX-512 BF16 (and kernels compiled for it)")
+
+
+@needs_bf16
+@pytest.mark.parametrize(("rows", "strips", "pairs"), [(8, 2, 128), (8, 1, 3), (3, 2, 1)])
+def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int) -> None:
+    """c += A B over k pairs, A (rows, 2 pairs) and B (2 pairs, strips x 16) in the kernel's
+    operand layout, at offsets into larger arrays (the tile's row stride wider than its strips);
+    products of bf16 values are exact in fp32, so only the sums' roundings separate it from
+    float64."""
+    rng = np.random.default_rng(3)
+    k = 2 * pairs
+    a16 = to_bf16(rng.standard_normal((rows, k)).astype(np.float32))
+    b16 = to_bf16(rng.standard_normal((strips, k, 16)).astype(np.float32))
+    c0 = rng.standard_normal((rows, 40)).astype(np.float32)
+    # A: pair p of row r at 2 rows p + 2 r; B: strip s, pair p, pixel j at s sb + 32 p + 2 j
+    a = np.concatenate([np.zeros(5, np.uint16), a16.reshape(rows, pairs, 2).transpose(1, 0, 2).ravel()])
+    sb = 32 * pairs + 6
+    b = np.zeros(3 + strips * sb, np.uint16)
+    for s in range(strips):
+        b[3 + s * sb:3 + s * sb + 32 * pairs] = b16[s].reshape(pairs, 2, 16).transpose(0, 2, 1).ravel()
+    c = c0.copy().ravel()
+    bf16dot.compile_dot_micro(rows, strips)(a, 5, b, 3, sb, c, 4, 40, pairs)
+    want = c0.astype(np.float64)
+    for s in range(strips):
+        want[:, 4 + 16 * s:20 + 16 * s] += from_bf16(a16).astype(np.float64) @ from_bf16(b16[s]).astype(np.float64)
+    got = c.reshape(rows, 40)
+    scale = np.abs(from_bf16(a16)).astype(np.float64) @ np.abs(from_bf16(b16).astype(np.float64)).max(axis=0)
+    bound = 4 * np.finfo(np.float32).eps * (k + 1) * (scale.max() + np.abs(c0).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+    untouched = np.ones(40, bool)
+    untouched[4:4 + 16 * strips] = False
+    assert np.array_equal(got[:, untouched], c0[:, untouched])  # nothing outside the tile written
+
+
+def _sums(w: np.ndarray, cols: np.ndarray, bias: np.ndarray, pairs: bool) -> np.ndarray:
+    """bias + W cols in fp32, k ascending (an FMA each), or by k pairs with each pair's odd k
+    first (Intel's definition of vdpbf16ps). Products of bf16 values are exact in fp32, so
+    numpy's rounded adds give those bits exactly."""
+    acc = np.repeat(bias[:, None], cols.shape[1], axis=1)
+    for k in range(w.shape[1] + 1):
+        kk = k ^ 1 if pairs else k
+        if kk < w.shape[1]:  # an odd K's missing partner adds nothing
+            acc = acc + w[:, kk:kk + 1] * cols[kk]
+    return acc
+
+
+def _conv3x3(x: np.ndarray, w16: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    c, hw, _ = x.shape
+    og = w16.shape[0]
+    geo = jit.geometry(1, c, og, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw)
+    shared = np.empty(jit.conv.shared_panels_shape(1, og, hw * hw, c * 9, 32, 2), jit.conv.PANEL)
+    out = np.empty((og, hw * hw), np.uint16)
+    jit.conv_gemm(x, jit.pack_gemm_weights(w16, 1, og, c * 9), bias, jit.epilogue_ops(0, []), np.float32(0),
+                  geo, 32, 2, shared, out)
+    return out
+
+
+def test_the_gemm_convolution_runs_the_path_this_cpu_has() -> None:
+    """On an AVX-512 BF16 host the GEMM convolution multiplies bf16 pairs, which read and write
+    denormals as zero (products of 1e-20 and 1e-20 vanish); elsewhere the fp32 kernel keeps
+    them."""
+    assert jit.conv.DOT == jit.VECTORS.bf16_dot <= HOST_BF16  # never where the CPU lacks them
+    tiny = to_bf16(np.full((5, 9, 9), 1e-20, np.float32))
+    out = _conv3x3(tiny, to_bf16(np.full((16, 45), 1e-20, np.float32)), np.zeros(16, np.float32))
+    assert np.all(out == 0) if jit.conv.DOT else np.all(out != 0)
+
+
+def test_the_gemm_convolutions_sums_are_one_of_the_two_orders() -> None:
+    """The sums' order, emulated exactly: k ascending for the fp32 kernel; for the pair products
+    Intel's (each pair's odd k first) or k ascending, which an AMD Zen 4 was measured giving."""
+    rng = np.random.default_rng(0)
+    x = to_bf16(rng.standard_normal((5, 9, 9)).astype(np.float32))  # K = 45: the last pair padded
+    w16 = to_bf16(rng.standard_normal((16, 45)).astype(np.float32))
+    bias = rng.standard_normal(16).astype(np.float32)
+    out = _conv3x3(x, w16, bias)
+    xp = np.pad(from_bf16(x), ((0, 0), (1, 1), (1, 1)))
+    cols = np.stack([xp[:, ky:ky + 9, kx:kx + 9] for ky in range(3) for kx in range(3)], axis=1).reshape(45, 81)
+    ascending = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, False)))
+    odd_first = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, True)))
+    assert ascending or (jit.conv.DOT and odd_first)
