@@ -21,26 +21,35 @@ NEON = "+neon,+fp-armv8"
 
 
 def test_avx512_hosts_get_full_width_vectors_and_the_8_row_tile() -> None:
-    s = vectors.choose(AVX512, {})
+    s = vectors.choose(AVX512, "znver4", {})
     assert s.features == AVX512 + ",-prefer-256-bit"
     assert (s.tile_rows, s.vector_bits, s.bf16_dot) == (8, 512, True)
-    no_bf16 = vectors.choose(AVX512.replace("+avx512bf16", "-avx512bf16"), {})
+    no_bf16 = vectors.choose(AVX512.replace("+avx512bf16", "-avx512bf16"), "znver4", {})
     assert (no_bf16.tile_rows, no_bf16.vector_bits, no_bf16.bf16_dot) == (8, 512, False)
 
 
+def test_bf16_pair_products_only_on_amd_cores() -> None:
+    """Intel's vdpbf16ps issues on one port, where its FMAs issue on two: measured slower than
+    the fp32 kernel on a Sapphire Rapids Xeon, so not used there (unless NUMBA_CPU_NAME says)."""
+    intel = vectors.choose(AVX512, "sapphirerapids", {})
+    assert (intel.tile_rows, intel.vector_bits, intel.bf16_dot) == (8, 512, False)
+    assert vectors.choose(AVX512, "sapphirerapids", {"NUMBA_CPU_NAME": "znver4"}).bf16_dot
+    assert vectors.choose(AVX512, "znver5", {}).bf16_dot
+
+
 def test_other_hosts_keep_numbas_choice_and_the_4_row_tile() -> None:
-    assert vectors.choose(AVX2, {}) == vectors.VectorSettings(None, 4, 256, False)
-    assert vectors.choose(NEON, {}) == vectors.VectorSettings(None, 4, 128, False)
+    assert vectors.choose(AVX2, "znver2", {}) == vectors.VectorSettings(None, 4, 256, False)
+    assert vectors.choose(NEON, "cortex-a76", {}) == vectors.VectorSettings(None, 4, 128, False)
 
 
 def test_an_explicit_numba_cpu_features_wins() -> None:
     # on an AVX-512 host, features without -prefer-256-bit: LLVM's 256-bit vectors, 4 rows, and
     # no bf16 products (their kernel is written for 512-bit registers)
-    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": AVX512}) == vectors.VectorSettings(None, 4, 256, False)
+    assert vectors.choose(AVX512, "znver4", {"NUMBA_CPU_FEATURES": AVX512}) == vectors.VectorSettings(None, 4, 256, False)
     wide = AVX512 + ",-prefer-256-bit"
-    assert vectors.choose(AVX2, {"NUMBA_CPU_FEATURES": wide}) == vectors.VectorSettings(None, 8, 512, True)
+    assert vectors.choose(AVX2, "znver2", {"NUMBA_CPU_FEATURES": wide}) == vectors.VectorSettings(None, 8, 512, True)
     no_bf16 = wide.replace("+avx512bf16", "-avx512bf16")
-    assert vectors.choose(AVX512, {"NUMBA_CPU_FEATURES": no_bf16}) == vectors.VectorSettings(None, 8, 512, False)
+    assert vectors.choose(AVX512, "znver4", {"NUMBA_CPU_FEATURES": no_bf16}) == vectors.VectorSettings(None, 8, 512, False)
 
 
 def test_this_process_compiles_with_its_choice() -> None:

@@ -12,13 +12,17 @@ median of 5 runs, both in one call: resnet50 74.2 -> 56.3 ms on 4 threads (33.5 
 vgg16 111.6 -> 89.4 ms (42.4 -> 38.9), mobilenet_v2 12.2 -> 12.5 ms (6.5 -> 7.1: its 1x1
 layers gain, its depthwise and first layers do not).
 
-Where the CPU also has AVX-512 BF16 (``+avx512bf16``: Zen 4, Sapphire Rapids and later), the
-GEMM convolution multiplies bf16 pairs with ``vdpbf16ps`` (``jit.bf16dot``) instead of widening
-both operands to fp32.
+On AMD cores with AVX-512 BF16 (``znver4`` and later) the GEMM convolution multiplies bf16 pairs
+with ``vdpbf16ps`` (``jit.bf16dot``) instead of widening both operands to fp32: there the
+instruction does twice an FMA's multiply-adds at the FMA's rate. Not on Intel's: measured on the
+GPU machine's Sapphire Rapids Xeon (one core, register tiles of 256-deep sums), the pair
+products ran at 59-83 GFLOP/s by tile shape, 61.5 for the 8 x 32 tile used, against 83 for the
+fp32 kernel (the instruction issues on one port where FMAs issue on two), and whole models at 4
+threads 1.0-1.5x slower (RESULTS.md); on the 2-core Zen 4 box 202 against 113 GFLOP/s.
 
 An explicit ``NUMBA_CPU_FEATURES`` wins: the tile is then 8 rows only if it holds both
 ``+avx512f`` and ``-prefer-256-bit``, and the bf16 products are used only if it also holds
-``+avx512bf16``.
+``+avx512bf16`` (on an AMD core: the host's, or ``NUMBA_CPU_NAME``).
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from llvmlite.binding import get_host_cpu_name
 from numba.core.codegen import get_host_cpu_features
 
 __all__ = ["SETTINGS", "VectorSettings", "choose"]
 
 WIDE = "-prefer-256-bit"
 BF16 = "+avx512bf16"
+#: LLVM names of the CPUs whose vdpbf16ps beats fp32 FMAs (AMD Zen 4 and later)
+FAST_BF16_CPUS = ("znver",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +60,25 @@ def _bits(flags: set[str]) -> int:
     return 256 if "+avx" in flags else 128  # AVX2 / AVX; else SSE or NEON
 
 
-def choose(host_features: str, env: Mapping[str, str]) -> VectorSettings:
-    """From the host's LLVM feature string (``+avx2,-avx512f,...``) and the environment."""
+def _pair_products(flags: set[str], bits: int, cpu_name: str) -> bool:
+    return bits == 512 and BF16 in flags and cpu_name.startswith(FAST_BF16_CPUS)
+
+
+def choose(host_features: str, host_name: str, env: Mapping[str, str]) -> VectorSettings:
+    """From the host's LLVM feature string (``+avx2,-avx512f,...``), its LLVM CPU name
+    (``znver4``, ``sapphirerapids``, ...) and the environment."""
+    cpu_name = env.get("NUMBA_CPU_NAME") or host_name
     explicit = env.get("NUMBA_CPU_FEATURES")
     if explicit is not None:
         flags = _flags(explicit)
         bits = _bits(flags)
-        return VectorSettings(None, 8 if bits == 512 else 4, bits, bits == 512 and BF16 in flags)
+        return VectorSettings(None, 8 if bits == 512 else 4, bits, _pair_products(flags, bits, cpu_name))
     flags = _flags(host_features)
     if "+avx512f" in flags:
-        return VectorSettings(f"{host_features},{WIDE}", 8, 512, BF16 in flags)
+        return VectorSettings(f"{host_features},{WIDE}", 8, 512, _pair_products(flags, 512, cpu_name))
     return VectorSettings(None, 4, _bits(flags), False)
 
 
 #: this process's choice (``vkserve.devices.cpu.jit`` hands its features to numba before any
 #: kernel compiles)
-SETTINGS = choose(get_host_cpu_features(), os.environ)
+SETTINGS = choose(get_host_cpu_features(), get_host_cpu_name(), os.environ)
