@@ -84,7 +84,10 @@ def wait_settings(engine_threads: int, env: Mapping[str, str]) -> dict[str, str]
     holds up every parallel region. Many threads: waking every sleeping worker is what each kernel
     launch pays. Measured on a 16-core Xeon (benchmarks/cpu_scaling.py): an empty parallel region
     costs 42 us on 16 threads passive, 7.5 us spinning, and whole models ran 20-35 % faster
-    spinning (efficientnet_b0 17.8 -> 11.6 ms, mobilenet_v3 14.4 -> 11.5 ms)."""
+    spinning (efficientnet_b0 17.8 -> 11.6 ms, mobilenet_v3 14.4 -> 11.5 ms). Measured again on
+    the 2-core VM once it was a Zen 4 (faster kernels, so wakes weigh more): a wake 68-91 us,
+    spinning 1.4-2x faster idle and 1.5-8x slower beside a busy process (RESULTS.md): still
+    passive below 4 threads, an explicit setting (the README says which) for dedicated boxes."""
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}
     if engine_threads >= SPIN_MIN_THREADS:
