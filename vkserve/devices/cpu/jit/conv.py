@@ -338,17 +338,15 @@ def _pack_flat_impl(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, panel):  # noqa: ANN001
+def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel):  # noqa: ANN001
     """Panel element (s, kk, j) (``_put``) = input of receptive-field element k0 + kk for pixel
     p0 + s NR + j (j < n - s NR), zeros in a partial last strip's unused lanes (garbage there
     could be denormal, and slow) and at the depth rounding kcb up to whole pairs; ``planes`` and
-    ``offs`` as ``conv_gemm`` sets them up for the block (channel c's rows in planes[c % PAIR]:
-    a k pair may span two channels)."""
-    kh, kw, sh, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_DH], geo[G_DW]
-    taps = kh * kw
+    ``offs``, ``runs`` as ``_block_geometry`` sets them up for the block (channel c's rows in
+    planes[c % PAIR]: a k pair may span two channels)."""
+    sh = geo[G_SH]
     cg = geo[G_CG]
     ow = geo[G_OW]
-    plen, wpad = planes.shape[1] * planes.shape[2], planes.shape[2]
     pflat = planes.reshape(planes.size)
     xf = x.reshape((x.shape[0], x.shape[1] * x.shape[2]))
     ns = (n + NR - 1) // NR
@@ -364,23 +362,77 @@ def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, panel):  # 
     if flat:
         _pack_flat(xf, g * cg + k0, kcb, p0, n, panel)
         return
-    for kk in range(kcb):
-        k = k0 + kk
-        c = g * cg + k // taps
-        t = k % taps
-        if t == 0 or kk == 0:
-            _fill_plane(x, c, oy0 * sh - geo[G_PT], -geo[G_PL], 1, 1, padv, planes[c % PAIR])
-        ky = t // kw
-        tap = c % PAIR * plen + ky * dh * wpad + (t - ky * kw) * dw
-        for si in range(ns):
-            for j in range(min(NR, n - si * NR)):
-                _put(panel, si, kk, j, pflat[tap + offs[si * NR + j]])
+    iy0, ix0 = oy0 * sh - geo[G_PT], -geo[G_PL]
+    for kk in range(0, kcb, PAIR):
+        # the depth's (and with pairs, the next one's) first value in the planes
+        a = _tap_offset(x, geo, g * cg, k0 + kk, kk == 0, iy0, ix0, padv, planes)
+        b = -1
+        if PAIR == 2 and kk + 1 < kcb:
+            b = _tap_offset(x, geo, g * cg, k0 + kk + 1, False, iy0, ix0, padv, planes)
+        _put_depth(panel, kk, pflat, a, b, offs, n, runs)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _tap_offset(x, geo, c0, k, first, iy0, ix0, padv, planes):  # noqa: ANN001, ANN202
+    """Where receptive-field element k (channel c0 + k // taps, tap k % taps) of a block's
+    first pixel lies in ``planes`` (flattened), its channel's plane filled first where k starts
+    the channel or the panel (``first``)."""
+    kh, kw, dh, dw = geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
+    taps = kh * kw
+    c = c0 + k // taps
+    t = k % taps
+    if t == 0 or first:
+        _fill_plane(x, c, iy0, ix0, 1, 1, padv, planes[c % PAIR])
+    ky = t // kw
+    return c % PAIR * planes.shape[1] * planes.shape[2] + ky * dh * planes.shape[2] + (t - ky * kw) * dw
+
+
+def _put_depth(panel, k, pf, a, b, offs, n, runs):  # noqa: ANN001, ANN201  (numba overload below)
+    """The panel at depth k (with pairs, k and k + 1): pixel j < n takes pf[a + offs[j]] (and
+    pf[b + offs[j]] beside it; b < 0: zero). A strip with runs[s] > 0 lies in one output row,
+    offs[j] = offs[s NR] + (j - s NR) runs[s], so its loads are a strided run that vectorizes
+    (a gather otherwise)."""
+    raise NotImplementedError
+
+
+@overload(_put_depth, inline="always")
+def _put_depth_impl(panel, k, pf, a, b, offs, n, runs):  # noqa: ANN001, ANN202
+    if panel.dtype == types.uint16:
+        def pairs(panel, k, pf, a, b, offs, n, runs):  # noqa: ANN001, ANN202
+            pv = panel.view(np.uint32)  # element (s, k pair, j): even k in the low half
+            ku, half = _U(k // 2), np.uint32(16)
+            for s in range((n + NR - 1) // NR):
+                su, o0, cnt = _U(s), s * NR, min(NR, n - s * NR)
+                if runs[s] > 0 and b >= 0:
+                    ia, ib, st = _U(a + offs[o0]), _U(b + offs[o0]), _U(runs[s])
+                    for j in range(_U(cnt)):
+                        pv[su, ku, j] = np.uint32(pf[ia + st * j]) | (np.uint32(pf[ib + st * j]) << half)
+                else:
+                    for j in range(cnt):
+                        o = offs[o0 + j]
+                        hi = np.uint32(pf[b + o]) << half if b >= 0 else np.uint32(0)
+                        pv[su, ku, j] = np.uint32(pf[a + o]) | hi
+        return pairs
+
+    def fp32(panel, k, pf, a, b, offs, n, runs):  # noqa: ANN001, ANN202
+        ku = _U(k)
+        for s in range((n + NR - 1) // NR):
+            su, o0, cnt = _U(s), s * NR, min(NR, n - s * NR)
+            if runs[s] > 0:
+                ia, st = _U(a + offs[o0]), _U(runs[s])
+                for j in range(_U(cnt)):
+                    panel[su, ku, j] = pf[ia + st * j]
+            else:
+                for j in range(cnt):
+                    panel[s, k, j] = pf[a + offs[o0 + j]]
+    return fp32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _block_geometry(geo, flat, p0, n):  # noqa: ANN001
     """The padded-row planes (PAIR of them, of ``PANEL``) a pixel block's receptive fields lie
-    in, and each pixel's offset in one (computed once per block)."""
+    in, each pixel's offset in one, and per strip of NR pixels its column stride where they lie
+    in one output row, else 0 (computed once per block)."""
     kh, sh, sw, dh = geo[G_KH], geo[G_SH], geo[G_SW], geo[G_DH]
     ow = geo[G_OW]
     wpad = (ow - 1) * sw + (geo[G_KW] - 1) * geo[G_DW] + 1
@@ -391,7 +443,12 @@ def _block_geometry(geo, flat, p0, n):  # noqa: ANN001
     for j in range(n):
         oy = (p0 + j) // ow
         offs[j] = (oy - oy0) * sh * wpad + (p0 + j - oy * ow) * sw
-    return planes, offs
+    runs = np.zeros(NB // NR, dtype=np.int64)
+    for si in range((n + NR - 1) // NR):
+        last = min(n, (si + 1) * NR) - 1
+        if (p0 + si * NR) // ow == (p0 + last) // ow:
+            runs[si] = sw
+    return planes, offs, runs
 
 
 def _block_product(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
@@ -462,8 +519,8 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
             g = blk // n_blocks
             p0 = (blk - g * n_blocks) * pixels
             n = min(pixels, npix - p0)
-            planes, offs = _block_geometry(geo, flat, p0, n)
-            _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs,
+            planes, offs, runs = _block_geometry(geo, flat, p0, n)
+            _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs, runs,
                         shared[blk, kb])
     for task in prange(groups * n_blocks * n_chunks):
         # row chunk outermost: consecutive tasks cover different pixel blocks (even loads)
@@ -476,7 +533,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
         nb = min(nrb, rb0 + rb_per_task) - rb0
         nrows = nb * MR
         own = np.empty((0 if is_shared else NB // NR, PANEL_ROWS, PANEL_COLS), dtype=PANEL)
-        planes, offs = _block_geometry(geo, flat, p0, n)
+        planes, offs, runs = _block_geometry(geo, flat, p0, n)
         wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
         tile = np.empty((nrows, NB), dtype=np.float32)
         for r in range(nrows):
@@ -491,7 +548,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
                 panel = shared[blk, k0 // KC]
             else:
                 panel = own
-                _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, panel)
+                _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
             for i in range(nb):
                 _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
         rows = min(nrows, og - rb0 * MR)
