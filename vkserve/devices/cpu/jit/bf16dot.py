@@ -3,7 +3,7 @@
 ``vdpbf16ps`` multiplies 16 pairs of bf16 values by 16 others and adds each pair's two products
 to one fp32 lane: twice the multiply-adds of an fp32 FMA per instruction, read straight from bf16
 storage (nothing widened). Measured on this project's 2-core AMD Zen 4 box, one core, 256-deep
-register tiles: the fp32 FMA kernel 113 GFLOP/s (the core's fp32 peak), bf16 pairs 166 GFLOP/s
+register tiles: the fp32 FMA kernel 113 GFLOP/s, bf16 pairs 166 GFLOP/s
 at 8 rows x 16 pixels and 202 at 8 x 32 (8 accumulators leave the instruction's latency
 showing; 16 hide it).
 
@@ -16,7 +16,8 @@ Operand layout (both bf16, as uint16): A, the weights, holds each k pair of a ro
 other: a[ia + 2 r], a[ia + 2 r + 1] = W[r, k], W[r, k + 1]; B, the input, holds each pixel's pair
 likewise: b[ib + 2 j], b[ib + 2 j + 1] = X[k, j], X[k + 1, j]. Intel defines the instruction to
 add the odd k's product, then the even one's (both exact in fp32: one rounding each); an AMD
-Zen 4 gives the bits of k ascending (measured: ``tests/devices/cpu/test_cpu_bf16dot.py``).
+Zen 4 gave the bits of k ascending (every output of a 45-deep convolution, this project's Zen 4
+box; ``tests/devices/cpu/test_cpu_bf16dot.py`` accepts either order).
 Either way the order is fixed by the CPU and the shape. Denormals are read and written as zero.
 """
 

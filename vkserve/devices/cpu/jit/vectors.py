@@ -18,7 +18,8 @@ instruction does twice an FMA's multiply-adds at the FMA's rate. Not on Intel's:
 GPU machine's Sapphire Rapids Xeon (one core, register tiles of 256-deep sums), the pair
 products ran at 59-83 GFLOP/s by tile shape, 61.5 for the 8 x 32 tile used, against 83 for the
 fp32 kernel (the instruction issues on one port where FMAs issue on two), and whole models at 4
-threads 1.0-1.5x slower (RESULTS.md); on the 2-core Zen 4 box 202 against 113 GFLOP/s.
+threads took 0.96-1.50x the fp32 kernel's time, 10 of 12 longer (RESULTS.md); on the 2-core Zen 4
+box 202 against 113 GFLOP/s.
 
 An explicit ``NUMBA_CPU_FEATURES`` wins: the tile is then 8 rows only if it holds both
 ``+avx512f`` and ``-prefer-256-bit``, and the bf16 products are used only if it also holds
