@@ -43,7 +43,7 @@ CASES = [
     ((9, 25, 23), 21, "4=1 15=2 14=0 16=1 18=0.75"),  # asymmetric pads, pad_value
     ((12, 26, 26), 16, "4=-233"),  # SAME_UPPER
     ((10, 30, 31), 17, "4=-1 15=-1 14=-1 16=-1"),  # negative pads
-    ((24, 40, 40), 150, "4=1"),  # 100 tiles (several blocks of TB, the last partial), 150 rows
+    ((40, 40, 40), 150, "4=1"),  # 100 tiles (several blocks of TB, the last partial), 150 rows
     ((64, 28, 28), 64, "4=1"),  # 49 tiles: a block with one tile
 ]
 
@@ -97,9 +97,9 @@ def test_winograd_is_fp32_accurate(tmp_path: Path, shape: tuple[int, int, int], 
 
 def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = kernel_for(tmp_path, (24, 40, 40), conv_line(24, 150, "4=1 9=1"))
+    kernel = kernel_for(tmp_path, (40, 40, 40), conv_line(40, 150, "4=1 9=1"))
     assert kernel.winograd
-    u = to_bf16(np.random.default_rng(15).uniform(-2, 2, (24, 40, 40)).astype(np.float32))
+    u = to_bf16(np.random.default_rng(15).uniform(-2, 2, (40, 40, 40)).astype(np.float32))
     runs = []
     for n in (1, max(2, threads.available_cores()), 3, 16):  # 3 and 16: inputs transformed once, shared by row chunks
         monkeypatch.setattr(threads, "THREADS", n)
@@ -109,8 +109,8 @@ def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
     assert runs[0] == runs[1] == runs[2] == runs[3]
     # 16 threads split the 150 rows into chunks: the shared transformed inputs are used
     rows = jit.gemm_row_chunks(1, 150, 100, 16, jit.winograd.TB, jit.winograd.MIN_TASK_ROWS)
-    assert jit.winograd.transformed_shape(kernel.geo, 24, rows, kernel.weight.shape[1])[0] == 4
-    assert jit.winograd.transformed_shape(kernel.geo, 24, kernel.weight.shape[1], kernel.weight.shape[1])[0] == 0
+    assert jit.winograd.transformed_shape(kernel.geo, 40, rows, kernel.weight.shape[1])[0] == 4
+    assert jit.winograd.transformed_shape(kernel.geo, 40, kernel.weight.shape[1], kernel.weight.shape[1])[0] == 0
 
 
 @pytest.mark.parametrize("shape,out,params", [
@@ -123,6 +123,19 @@ def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
 def test_winograd_only_where_it_wins(tmp_path: Path, shape: tuple[int, int, int], out: int, params: str) -> None:
     assert not kernel_for(tmp_path, shape, conv_line(shape[0], out, params)).winograd
     assert winograd.worthwhile(8, 16, 24, 24)
+
+
+def test_winograd_leaves_widening_layers_to_a_gemm_of_bf16_pairs() -> None:
+    """squeezenet's expanding 3x3 layers (16 -> 64 at 55x55, 32 -> 128 at 27x27) run faster as
+    the GEMM where it multiplies bf16 pairs; as the fp32 GEMM, and at equal widths, they stay
+    Winograd's."""
+    for cin, og, hw in ((16, 64, 55), (32, 128, 27)):
+        assert not winograd.worthwhile(cin, og, hw, hw, gemm_pairs=True)
+        assert winograd.worthwhile(cin, og, hw, hw, gemm_pairs=False)
+    assert winograd.worthwhile(64, 128, 28, 28, gemm_pairs=True)
+    assert winograd.worthwhile(64, 64, 56, 56, gemm_pairs=True)
+    # a layer takes the rule of the GEMM this process runs
+    assert winograd.worthwhile(16, 64, 55, 55) == (not jit.conv.DOT)
 
 
 def test_warm_up_net_reaches_the_winograd_and_pooling_kernels() -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from vkserve.devices.cpu.bf16 import from_bf16
-from vkserve.devices.cpu.jit.conv import _U, G_OG, G_OH, G_OW, G_PL, G_PT, MR, NR, _fill_plane, compile_micro
+from vkserve.devices.cpu.jit.conv import _U, DOT, G_OG, G_OH, G_OW, G_PL, G_PT, MR, NR, _fill_plane, compile_micro
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row
 
 #: tiles per task (a multiple of NR: the GEMM's pixel strips)
@@ -46,10 +46,21 @@ G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
 MIN_TILES = 36
 MIN_IN = 8
 MIN_OUT = 16
+#: where the direct GEMM multiplies bf16 pairs (``conv.DOT``, twice the fp32 kernel's rate; the
+#: Winograd products stay fp32) it also wins on layers widening the channels 4x or more, whose
+#: Winograd time goes mostly to the output transforms. Measured on the Zen 4 box (one layer,
+#: both kernels alternating, median of 7; 1 / 2 threads): 16 -> 64 at 55x55 GEMM 0.78x / 0.69x
+#: of Winograd's time, 32 -> 128 at 27x27 0.67x / 0.71x; 64 -> 128 at 28x28 (2x) 0.89x / 1.07x,
+#: and at equal widths Winograd kept its lead (64 -> 64 at 56x56 1.29x / 1.42x, 16 -> 16 at
+#: 112x112 1.58x / 1.41x).
+MAX_WIDENING_WITH_PAIRS = 4
 
 
-def worthwhile(cin: int, og: int, oh: int, ow: int) -> bool:
-    """Whether a dense 3x3 stride-1 convolution of these sizes runs faster as F(4, 3)."""
+def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT) -> bool:
+    """Whether a dense 3x3 stride-1 convolution of these sizes runs faster as F(4, 3) than as
+    the direct GEMM (``gemm_pairs``: that GEMM multiplies bf16 pairs)."""
+    if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
+        return False
     return cin >= MIN_IN and og >= MIN_OUT and -(-oh // 4) * -(-ow // 4) >= MIN_TILES
 
 
