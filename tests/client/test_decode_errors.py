@@ -28,8 +28,9 @@ from vkserve.client.protocol import (
     unpack_payload,
 )
 from vkserve.client.tensors import MAX_ELEMENTS
+from vkserve.models.binfile import read_bin
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import read_bin, read_param
+from vkserve.models.graph import read_param
 from vkserve.scheduler import BadInput
 from vkserve.scheduler.registry import read_model_folder
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vkserve.models.binfile import TAG_FP16, read_bin
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import TAG_FP16, load_model, parse_param_text, read_bin, read_param
+from vkserve.models.graph import load_model, parse_param_text, read_param
 from vkserve.models.weights import bin_size, write_random_bin
 
 GOOD = """7767517

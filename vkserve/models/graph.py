@@ -16,39 +16,42 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import struct
 from collections.abc import Sequence
 
 import numpy as np
 
+from vkserve.models.binfile import StoredWeights, read_bin
 from vkserve.models.errors import ModelFormatError, Where
-from vkserve.models.layers import LAYER_TYPES, LayerParams, Shape, ShapeError, WeightSpec
+from vkserve.models.layers import LAYER_TYPES, LayerParams, Shape, ShapeError
 from vkserve.models.paramdict import parse_paramdict
 from vkserve.models.randinit import random_weights
 
 log = logging.getLogger(__name__)
 
 MAGIC = "7767517"
-TAG_FP32 = 0x00000000
-TAG_FP16 = 0x01306B47
-TAG_INT8 = 0x000D4B38
-TAG_FP32_RAW = 0x0002C056
 
 
 @dataclasses.dataclass
 class Layer:
-    """One layer: ``weights`` are flat float32 arrays in ncnn load order (fp16 widened)."""
+    """One layer: ``weights`` are flat float32 arrays in ncnn load order (fp16 widened); from a
+    .bin they are `StoredWeights`, read from the file each time one is indexed."""
 
     type: str
     name: str
     inputs: list[str]
     outputs: list[str]
     params: LayerParams
-    weights: list[np.ndarray]
+    weights: Sequence[np.ndarray]
     line: int
 
     def where(self, file: str) -> Where:
         return Where(file, self.line, self.name, self.type)
+
+    def weight_elements(self) -> int:
+        """Values in the layer's weights (stored ones are not read)."""
+        if isinstance(self.weights, StoredWeights):
+            return self.weights.elements
+        return sum(int(np.asarray(w).size) for w in self.weights if w is not None)
 
 
 @dataclasses.dataclass
@@ -213,70 +216,6 @@ def read_param(param_path: str | os.PathLike[str]) -> list[Layer]:
     except UnicodeDecodeError as exc:
         raise ModelFormatError(file, None, None, f"not UTF-8 text ({exc.reason})") from exc
     return parse_param_text(text, file)
-
-
-# ---------------------------------------------------------------------------------------------
-# .bin
-
-
-class _BinReader:
-    def __init__(self, data: bytes, file: str) -> None:
-        self.data = data
-        self.file = file
-        self.offset = 0
-
-    def take(self, nbytes: int, what: str, layer: Layer) -> bytes:
-        left = len(self.data) - self.offset
-        if nbytes > left:
-            raise ModelFormatError.at(
-                layer.where(self.file),
-                f"{what}: expected {nbytes} bytes at offset {self.offset}, "
-                f"only {left} left (file is {len(self.data)} bytes)",
-            )
-        chunk = self.data[self.offset : self.offset + nbytes]
-        self.offset += nbytes
-        return chunk
-
-    def read_weight(self, spec: WeightSpec, layer: Layer) -> np.ndarray:
-        count = spec.count
-        if not spec.flagged:
-            return np.frombuffer(self.take(4 * count, spec.name, layer), "<f4").astype(np.float32)
-        tag_bytes = self.take(4, f"{spec.name} storage tag", layer)
-        (tag,) = struct.unpack("<I", tag_bytes)
-        what = f"{spec.name} ({count} elements, tag 0x{tag:08X})"
-        if tag == TAG_FP16:
-            raw = self.take(_align4(2 * count), what, layer)
-            return np.frombuffer(raw[: 2 * count], "<f2").astype(np.float32)
-        if tag == TAG_INT8:
-            raise ModelFormatError.at(
-                layer.where(self.file), f"{spec.name}: int8 weights are not supported"
-            )
-        if tag in (TAG_FP32, TAG_FP32_RAW):
-            return np.frombuffer(self.take(4 * count, what, layer), "<f4").astype(np.float32)
-        # any other tag: a 256-entry float table followed by uint8 indices into it
-        table = np.frombuffer(self.take(1024, what, layer), "<f4")
-        index = np.frombuffer(self.take(_align4(count), what, layer)[:count], np.uint8)
-        return table[index].astype(np.float32)
-
-
-def _align4(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def read_bin(layers: Sequence[Layer], bin_path: str | os.PathLike[str]) -> None:
-    """Fill each layer's ``weights`` from a .bin (raises when it is too short)."""
-    file = os.fspath(bin_path)
-    try:
-        with open(file, "rb") as f:
-            data = f.read()
-    except OSError as exc:  # named by its base name, as read_param does
-        raise ModelFormatError(os.path.basename(file), None, None, f"cannot read: {exc.strerror}") from exc
-    reader = _BinReader(data, os.path.basename(file))
-    for layer in layers:
-        layer.weights = [reader.read_weight(spec, layer) for spec in layer.params.weight_specs()]
-    if reader.offset != len(data):
-        log.warning("%s: %d trailing bytes after the last weight are ignored (as ncnn does)",
-                    file, len(data) - reader.offset)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vkserve.models.binfile import TAG_FP32
 from vkserve.models.errors import ModelFormatError
-from vkserve.models.graph import TAG_FP32, Graph, Layer, read_param
+from vkserve.models.graph import Graph, Layer, read_param
 from vkserve.models.randinit import random_weights
 
 

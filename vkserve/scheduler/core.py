@@ -1242,8 +1242,9 @@ class Scheduler:
     async def _using_weights(self, entry: _Model) -> AsyncIterator[None]:
         """Around a load or build that reads ``entry``'s weights. When the last one ends and
         the model serves somewhere, the weights are dropped: every Plan holds its own copy
-        (bf16 panels, device buffers), and the fp32 arrays were the largest thing the daemon
-        kept per model (vgg16: 528 MB). A later build reads them from the files again."""
+        (bf16 panels, device buffers). Weights from a .bin are read per layer as Plans are
+        built and never held (``models.binfile``); generated ones (``random_weights``) are
+        fp32 arrays in memory, freed here. A later build reads or generates them again."""
         entry.weight_users += 1
         try:
             yield

@@ -55,9 +55,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vkserve.devices.names import CPU, DeviceNameError, parse_device
+from vkserve.models.binfile import read_bin
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.files import model_files
-from vkserve.models.graph import Layer, build_graph, read_bin, read_param
+from vkserve.models.graph import Layer, build_graph, read_param
 from vkserve.models.randinit import random_weights
 from vkserve.processing.config import Postprocess, Preprocess, parse_postprocess, parse_preprocess
 from vkserve.processing.errors import ProcessingError

@@ -29,9 +29,9 @@ _HALF_MINUS_ONE = np.uint32(0x7FFF)
 NARROW_CHUNK = 256 * 1024
 
 
-def _narrow_flat(f: np.ndarray, t: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """RNE-narrow the flat float32 ``f`` using the uint32 scratch ``t`` (same size); writes
-    the uint16 result into the flat ``out`` when given (else leaves it in ``t``)."""
+def _narrow_flat(f: np.ndarray, t: np.ndarray, out: np.ndarray) -> None:
+    """RNE-narrow the flat float32 ``f`` into the flat uint16 ``out``, using the uint32
+    scratch ``t`` (same size)."""
     bits = f.view(np.uint32)
     # rounded = (bits + 0x7FFF + lsb) >> 16, lsb = bit 16 of bits (ties go to even)
     np.right_shift(bits, _U16, out=t)
@@ -44,43 +44,42 @@ def _narrow_flat(f: np.ndarray, t: np.ndarray, out: np.ndarray | None) -> np.nda
     if f.size and np.isnan(f.max()):  # max propagates NaN: one cheap pass when there is none
         m = np.isnan(f)
         t[m] = (bits[m] >> _U16) | _QUIET_BIT
-    if out is not None:
-        np.copyto(out, t, casting="unsafe")
-        return out
-    return t
+    np.copyto(out, t, casting="unsafe")
 
 
 def to_bf16(x: np.ndarray, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
     """Round float32 values to bf16 (RNE); returns uint16 bits (written into ``out`` if given).
 
     ``scratch``, when given, is a uint32 buffer of at least ``x.size`` elements used for the
-    intermediate (so nothing is allocated); ``x`` itself is never modified. Large arrays are
-    narrowed in chunks on the engine's threads (``vkserve.devices.cpu.threads``).
+    intermediate (so nothing is allocated); without it each piece narrows through a
+    `NARROW_CHUNK`-sized one of its own, so narrowing a large weight holds no second copy of
+    it (vgg16's fc6: 392 MiB of fp32 once took 392 MiB of intermediate on top). ``x`` itself is
+    never modified. Large arrays are narrowed in chunks on the engine's threads
+    (``vkserve.devices.cpu.threads``).
     """
     f = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     n = f.size
-    t = np.empty(n, np.uint32) if scratch is None or scratch.size < n else scratch.reshape(-1)[:n]
     if out is None:
-        parallel(lambda _, lo, hi: _narrow_flat(f[lo:hi], t[lo:hi], None), n, n)
-        return t.astype(BF16).reshape(np.shape(x))
-    if out.flags.c_contiguous:
-        o = out.reshape(-1)
+        out = np.empty(np.shape(x), BF16)
+    if not out.flags.c_contiguous:
+        np.copyto(out, to_bf16(f).reshape(out.shape), casting="unsafe")
+        return out
+    o = out.reshape(-1)
+    given = scratch is not None and scratch.size >= n
 
-        def piece(_: int, lo: int, hi: int) -> None:
-            # cache-sized chunks, each through all the passes while hot (the scratch chunk is
-            # reused), for 2M+ values: 3.2M values 4.5 -> 2.6 ms; no gain below ~1M values
-            step = NARROW_CHUNK if hi - lo > 8 * NARROW_CHUNK else hi - lo
-            for c0 in range(lo, hi, step):
-                c1 = min(hi, c0 + step)
-                _narrow_flat(f[c0:c1], t[lo : lo + c1 - c0], o[c0:c1])
+    def piece(_: int, lo: int, hi: int) -> None:
+        # cache-sized chunks, each through all the passes while hot (the scratch chunk is
+        # reused), for 2M+ values: 3.2M values 4.5 -> 2.6 ms; no gain below ~1M values
+        step = NARROW_CHUNK if hi - lo > 8 * NARROW_CHUNK else hi - lo
+        t = scratch.reshape(-1)[lo : lo + step] if given else np.empty(step, np.uint32)
+        for c0 in range(lo, hi, step):
+            c1 = min(hi, c0 + step)
+            _narrow_flat(f[c0:c1], t[: c1 - c0], o[c0:c1])
 
-        if threads.THREADS == 1 and n <= 8 * NARROW_CHUNK:
-            _narrow_flat(f, t, o)  # the common case, without the split's Python overhead
-        else:
-            parallel(piece, n, n)
+    if threads.THREADS == 1 and n <= 8 * NARROW_CHUNK:
+        piece(0, 0, n)  # the common case, without the split's Python overhead
     else:
-        parallel(lambda _, lo, hi: _narrow_flat(f[lo:hi], t[lo:hi], None), n, n)
-        np.copyto(out, t.reshape(out.shape), casting="unsafe")
+        parallel(piece, n, n)
     return out
 
 

@@ -155,7 +155,7 @@ class Plan:
         self.scratch = Scratch()
         #: bf16 weights the kernels narrowed at compile (shared with this Plan's ``sibling``s)
         self.weight_bytes: int = BYTES_PER_ELEMENT * sum(
-            int(np.asarray(w).size) for layer in graph.layers for w in layer.weights if w is not None)
+            layer.weight_elements() for layer in graph.layers)
         #: which Plan's weights these are (equal for siblings: count them once)
         self.weights_id = id(self)
         self._compile(graph, given)

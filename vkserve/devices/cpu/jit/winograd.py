@@ -73,12 +73,13 @@ def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:
     zero-padded to a whole block of MR. fp32, not bf16: rounding U to bf16 gave errors of 2.3 %
     of the output's largest value (the output transform's factors up to 8 amplify them), above
     the engine's bf16 tolerance; fp32 U is 0.0001 %."""
-    g = from_bf16(w16).reshape(og, cin, 3, 3).astype(np.float64)
-    u = np.einsum("ik,ockl,jl->ijoc", G, g, G).reshape(36, og, cin)
     nrb = -(-og // MR)
-    padded = np.zeros((36, nrb * MR, cin), dtype=np.float32)
-    padded[:, :og] = u
-    return np.ascontiguousarray(padded.reshape(36, nrb, MR, cin).transpose(0, 1, 3, 2))
+    u = np.zeros((36, nrb, cin, MR), dtype=np.float32)
+    w = w16.reshape(og, cin * 9)
+    for b in range(nrb):  # a row block at a time: float64 temporaries of one block's size
+        g = from_bf16(w[b * MR : (b + 1) * MR]).reshape(-1, cin, 3, 3).astype(np.float64)
+        u[:, b, :, : g.shape[0]] = np.einsum("ik,ockl,jl->ijco", G, g, G).reshape(36, cin, -1)
+    return u
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")

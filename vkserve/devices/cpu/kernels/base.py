@@ -80,9 +80,10 @@ class Kernel:
     def bf16_weight(self, index: int) -> np.ndarray:
         """Weight ``index`` narrowed to bf16 (uint16), or an empty array when absent."""
         ws = self.layer.weights
-        if index >= len(ws) or ws[index] is None or np.asarray(ws[index]).size == 0:
+        w = ws[index] if index < len(ws) else None  # read once: a stored weight is read per index
+        if w is None or np.asarray(w).size == 0:
             return np.zeros(0, dtype=np.uint16)
-        return to_bf16(np.asarray(ws[index], dtype=np.float32).ravel())
+        return to_bf16(np.asarray(w, dtype=np.float32).ravel())
 
 
 REGISTRY: dict[str, type[Kernel]] = {}

@@ -131,7 +131,7 @@ class InnerProduct(JitKernel):
         self.num_input = p.num_input()
         self.work = math.prod(in_shapes[0]) * p.num_output  # rows x num_input x num_output
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(p.num_output, dtype=np.float32)
-        self.weight = jit.pack_rows(self.bf16_weight(0), p.num_output, self.num_input)
+        self.weight = jit.pack_rows(self.layer.weights[0], p.num_output, self.num_input)
         return out
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
