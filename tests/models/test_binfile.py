@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.params import big_fc_model
 from vkserve.devices.cpu.executor import Plan
 from vkserve.models.binfile import StoredWeights
 from vkserve.models.errors import ModelFormatError
@@ -76,24 +77,13 @@ def test_a_bin_rewritten_or_replaced_since_the_load_is_an_error_naming_it(model,
         graph.layers[2].weights[1]
 
 
-BIG = """7767517
-4 4
-Input            data   0 1 data 0=2048
-InnerProduct     fc1    1 1 data h1 0=2048 1=1 2=4194304
-InnerProduct     fc2    1 1 h1 h2 0=2048 1=1 2=4194304
-InnerProduct     fc3    1 1 h2 out 0=2048 1=1 2=4194304
-"""
-
-
 def test_a_cpu_plan_build_holds_one_layers_fp32_weights_at_a_time(tmp_path):
     """Three 16 MiB fp32 weights: read whole, the build's peak held all 48 MiB beside the
     packed bf16 panels; stored, it holds the panels (24 MiB) and one layer's fp32 values."""
-    param = tmp_path / "big.param"
-    param.write_text(BIG)
-    write_random_bin(param, tmp_path / "big.bin", seed=1)
+    param, binf = big_fc_model(tmp_path, seed=1)
     tracemalloc.start()  # numpy's arrays are traced: the load's and the build's
     try:
-        graph = load_model(param, tmp_path / "big.bin")
+        graph = load_model(param, binf)
         plan = Plan(graph)
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 import vkserve.devices.vulkan.engine.plan as plan_module
 from tests.conftest import vulkan_caps  # noqa: F401 (a fixture)
+from tests.support.params import big_fc_model
 from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
     assert_near_cpu_kernels,
     engine_device,
@@ -20,7 +21,6 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.models.graph import load_model
-from vkserve.models.weights import write_random_bin
 
 NET = [
     "Convolution c1 1 1 x a 0=24 1=3 4=1 5=1 6=3240 9=1",
@@ -40,24 +40,13 @@ def test_weights_land_where_the_shaders_read_them(engine_device, monkeypatch, pr
     assert_near_cpu_kernels(got, graph, feed, precision)
 
 
-BIG = """7767517
-4 4
-Input            data   0 1 data 0=2048
-InnerProduct     fc1    1 1 data h1 0=2048 1=1 2=4194304
-InnerProduct     fc2    1 1 h1 h2 0=2048 1=1 2=4194304
-InnerProduct     fc3    1 1 h2 out 0=2048 1=1 2=4194304
-"""
-
-
 def test_the_upload_holds_no_whole_model_copy(engine_device, tmp_path):  # noqa: F811
     """Three 16 MiB fp32 weights: an fp32 blob of the whole model (48 MiB) beside the layers'
     layouts (48 MiB) is gone; what stays is the layouts and one layer being read."""
-    param = tmp_path / "big.param"
-    param.write_text(BIG)
-    write_random_bin(param, tmp_path / "big.bin", seed=2)
+    param, binf = big_fc_model(tmp_path, seed=2)
     tracemalloc.start()  # numpy's arrays are traced
     try:
-        graph = load_model(param, tmp_path / "big.bin")
+        graph = load_model(param, binf)
         plan = Plan(engine_device, graph, None, Precision.FP32, outputs=["out"])
         _, peak = tracemalloc.get_traced_memory()
     finally:
