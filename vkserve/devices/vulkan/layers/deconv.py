@@ -30,13 +30,13 @@ class VulkanDeconvolution(VulkanLayer):
         groups = p.group_count()
         self.icg, self.ocg = c // groups, oc // groups
         self.cut_top, _, self.cut_left, _ = p.pads(h, w)
-        weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
-        bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
-                else np.zeros(oc, np.float32))
-        self._weights = {"weight": weight, "bias": bias}
 
     def weights(self) -> dict[str, np.ndarray]:
-        return dict(self._weights)
+        """Read when asked for, never kept (see VulkanInnerProduct.weights)."""
+        p, ws = self.params, self.layer.weights
+        bias = (np.asarray(ws[1], dtype=np.float32).ravel() if p.bias_term
+                else np.zeros(self.out_shapes[0][0], np.float32))
+        return {"weight": np.asarray(ws[0], dtype=np.float32).ravel(), "bias": bias}
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params

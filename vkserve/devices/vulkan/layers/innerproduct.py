@@ -26,15 +26,16 @@ class VulkanInnerProduct(VulkanLayer):
         super().__init__(layer, in_shapes, out_shapes, precision)
         p = self.params
         self.activation = activation_constants(p.activation_type, p.activation_params)
-        weight = np.asarray(layer.weights[0], dtype=np.float32).ravel()
         self.num_input = p.num_input()
         self.rows = p.batch_rows(self.in_shapes[0]) or 1
-        bias = (np.asarray(layer.weights[1], dtype=np.float32).ravel() if p.bias_term
-                else np.zeros(p.num_output, np.float32))
-        self._weights = {"weight": weight, "bias": bias}
 
     def weights(self) -> dict[str, np.ndarray]:
-        return dict(self._weights)
+        """Read when asked for, never kept: a Plan uploads them and serves from the device
+        (vgg16's fc6 and fc7, 464 MiB of fp32, were held in host memory for the Plan's life)."""
+        p, ws = self.params, self.layer.weights
+        bias = (np.asarray(ws[1], dtype=np.float32).ravel() if p.bias_term
+                else np.zeros(p.num_output, np.float32))
+        return {"weight": np.asarray(ws[0], dtype=np.float32).ravel(), "bias": bias}
 
     def dispatches(self) -> list[Dispatch]:
         n_out = self.params.num_output
