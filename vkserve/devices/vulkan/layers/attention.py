@@ -44,12 +44,12 @@ class VulkanMultiHeadAttention(GemmLayer):
         if p.num_heads * self.src > MAX_GROUPS or p.num_heads > MAX_GROUPS:
             raise UnsupportedError(f"MultiHeadAttention of {p.num_heads} heads x {self.src} "
                                    "queries: too many softmax rows")
-        self._weights = {key: np.asarray(w, np.float32).ravel()
-                         for key, w in zip(_WEIGHT_KEYS, layer.weights)}
-        self._weights["none"] = np.zeros(2, np.float32)
 
     def weights(self) -> dict[str, np.ndarray]:
-        return dict(self._weights)
+        """Read when laid out, never kept (see VulkanInnerProduct.weights)."""
+        out = {key: np.asarray(w, np.float32).ravel() for key, w in zip(_WEIGHT_KEYS, self.layer.weights)}
+        out["none"] = np.zeros(2, np.float32)
+        return out
 
     def scratch(self) -> dict[str, int]:
         e, src, dst = self.params.embed_dim, self.src, self.dst

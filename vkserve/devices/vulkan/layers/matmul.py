@@ -243,23 +243,27 @@ class VulkanGemm(GemmLayer):
         self.m, self.n, self.k, self.c_kind = p.dims(self.in_shapes)
         if choose_gemm_tile(self.m, self.n, self.k, 1) is None:
             raise UnsupportedError(f"Gemm {self.m}x{self.n}: too many work groups")
-        ws = [np.asarray(w, np.float32).ravel() for w in layer.weights]
-        self._weights: dict[str, np.ndarray] = {"C": _DUMMY}
+        #: the constant operands, by the index of their weight (read when laid out, never kept)
+        self._constants = [key for key, constant in (("A", p.constantA), ("B", p.constantB),
+                                                     ("C", p.has_constant_c())) if constant]
+        #: a following layer scale folded in: B's columns and C's values multiplied by it
+        self._per_n: np.ndarray | None = None
         names = iter(self.layer.inputs)
         self.a = "w:A" if p.constantA else next(names)
         self.b = "w:B" if p.constantB else next(names)
-        if p.constantA:
-            self._weights["A"] = ws.pop(0)
-        if p.constantB:
-            self._weights["B"] = ws.pop(0)
         self.c = "w:C"
-        if p.has_constant_c():
-            self._weights["C"] = ws.pop(0)
-        elif not p.constantC:
+        if not p.has_constant_c() and not p.constantC:
             self.c = next(names, "w:C")
 
     def weights(self) -> dict[str, np.ndarray]:
-        return dict(self._weights)
+        out = {"C": _DUMMY}
+        out.update((key, np.asarray(w, np.float32).ravel()) for key, w in zip(self._constants, self.layer.weights))
+        if self._per_n is not None:
+            b = out["B"].reshape((self.n, self.k) if self.params.transB else (self.k, self.n))
+            out["B"] = (b * (self._per_n[:, None] if self.params.transB else self._per_n[None, :])).ravel()
+            if self.c_kind == 4:
+                out["C"] = out["C"] * self._per_n
+        return out
 
     #: the output matrix is written transposed (a following Permute folded in)
     transposed_out = False
@@ -283,10 +287,7 @@ class VulkanGemm(GemmLayer):
         per_n = by_m[0]
         if not np.array_equal(by_m, np.broadcast_to(per_n, by_m.shape)):
             return None  # not one value per column
-        b = self._weights["B"].reshape((self.n, self.k) if self.params.transB else (self.k, self.n))
-        self._weights["B"] = (b * (per_n[:, None] if self.params.transB else per_n[None, :])).ravel()
-        if self.c_kind == 4:
-            self._weights["C"] = self._weights["C"] * per_n
+        self._per_n = per_n if self._per_n is None else self._per_n * per_n
         self.layer = dataclasses.replace(self.layer, outputs=[output])
         return self.layer
 
