@@ -3,7 +3,9 @@ kernel sizes 1/3/5/7, strides, dilations, symmetric / asymmetric / SAME pads and
 depthwise (with a channel multiplier) and grouped convolutions, channel and pixel counts that
 are not multiples of the kernels' tiles (MR = 4 rows, 8 on AVX-512 hosts; NR = 16 pixels, NB = 128 pixels per task,
 KC = 256 per K block), every fused activation type, InnerProduct in both input forms; and the
-same bits with 1 and N threads and from run to run. (Winograd: test_cpu_winograd.py.)
+same bits with 1 and N threads and from run to run. Dense layers of up to
+``jit.direct.MAX_CHANNELS`` input channels run on ``jit.direct`` (from the input's planes), the
+others on ``conv_gemm``: the cases below have both. (Winograd: test_cpu_winograd.py.)
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ DENSE = [
     ((40, 9, 9), 150, (3, 3), "4=1"),  # K = 360 > KC, 150 rows (several row chunks)
     ((12, 13, 13), 33, (3, 3), "4=1"),  # 169 pixels: two pixel blocks, the second partial
     ((300, 5, 5), 77, (1, 1), ""),  # K = 300 > KC on the flat path
+    # jit.direct: several row chunks (70 rows > TASK_ROWS, not whole blocks of MR) and pixel
+    # blocks, one input channel, cropping pads
+    ((3, 40, 45), 70, (3, 3), "3=2 4=1"),
+    ((1, 20, 21), 9, (3, 3), "4=1"),
+    ((4, 14, 40), 12, (3, 3), "3=2 4=-1 15=-1 14=-1 16=-1"),
 ]
 
 
@@ -96,10 +103,12 @@ def test_depthwise_and_grouped_match_ncnn(tmp_path: Path, shape: tuple[int, int,
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("kind", ["conv", "dw", "fc"])
+@pytest.mark.parametrize("kind", ["conv", "direct", "dw", "fc"])
 def test_fused_activation_types_match_ncnn(tmp_path: Path, kind: str, act: str) -> None:
     if kind == "conv":
         line, shape = conv("Convolution", 5, 7, (3, 3), f"4=1 {act}"), (5, 9, 10)
+    elif kind == "direct":
+        line, shape = conv("Convolution", 3, 7, (3, 3), f"3=2 4=1 {act}"), (3, 19, 20)
     elif kind == "dw":
         line, shape = conv("ConvolutionDepthWise", 5, 5, (3, 3), f"4=1 {act}", group=5), (5, 9, 10)
     else:
@@ -172,16 +181,19 @@ def test_plans_on_several_threads_at_once(tmp_path: Path) -> None:
     assert all(r.tobytes() == want.tobytes() for rs in got for r in rs)
 
 
-def test_forward_paths_agree_with_the_plan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("channels", [6, 3], ids=["gemm", "direct"])
+def test_forward_paths_agree_with_the_plan(tmp_path: Path, channels: int) -> None:
     """``forward`` (fp32 in and out) and ``forward_bf16`` compute what the Plan's bf16 store
     path does, before the one RNE narrowing."""
     param = tmp_path / "one.param"
-    line = conv("Convolution", 6, 9, (3, 3), "4=1 3=2 9=2 -23310=1,0.1")
-    param.write_text(param_text({"data": (6, 15, 14)}, [line]))
-    graph = load_model(param, None, {"data": (6, 15, 14)}, seed=8)
-    u = to_bf16(np.random.default_rng(9).uniform(-2, 2, (6, 15, 14)).astype(np.float32))
+    shape = (channels, 15, 14)
+    line = conv("Convolution", channels, 9, (3, 3), "4=1 3=2 9=2 -23310=1,0.1")
+    param.write_text(param_text({"data": shape}, [line]))
+    graph = load_model(param, None, {"data": shape}, seed=8)
+    u = to_bf16(np.random.default_rng(9).uniform(-2, 2, shape).astype(np.float32))
     layer = next(lay for lay in graph.layers if lay.type == "Convolution")
-    kernel = REGISTRY[layer.type](layer, [(6, 15, 14)])
+    kernel = REGISTRY[layer.type](layer, [shape])
+    assert kernel.direct == (channels <= jit.direct.MAX_CHANNELS)
     wide = kernel.forward([from_bf16(u)])[0].copy()
     raw = kernel.forward_bf16([u])[0].copy()
     stored = np.empty(kernel.out_shapes[0], dtype=np.uint16)

@@ -82,7 +82,7 @@ module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]
 import numba
 import pytest
 from numba.core.dispatcher import Dispatcher
-from vkserve.devices.cpu.jit import conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd
+from vkserve.devices.cpu.jit import conv, direct, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd
 assert (conv.MR, conv.DOT) == (int(sys.argv[3]), sys.argv[4] == "dot"), (conv.MR, conv.DOT)
 TILE = {"MR", "DOT", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro_half", "_dot1", "_dot2",
         "_block_product", "_pack_flat", "_put", "compile_micro"}
@@ -103,10 +103,10 @@ def reaches_tile(d, seen):
             return True
     return False
 
-kernels = {d for m in (conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
+kernels = {d for m in (conv, direct, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
            for d in vars(m).values() if isinstance(d, Dispatcher) and d._cache.__class__.__name__ != "NullCache"}
 tiled = {d for d in kernels if reaches_tile(d, set())}
-assert {conv.conv_gemm, winograd.winograd43, winograd._multiply_and_store} <= tiled, tiled
+assert {conv.conv_gemm, direct.conv_direct, winograd.winograd43, winograd._multiply_and_store} <= tiled, tiled
 shared = numba.config.CACHE_DIR
 numba.config.CACHE_DIR = sys.argv[2]
 for d in tiled:

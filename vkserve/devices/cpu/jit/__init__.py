@@ -53,12 +53,12 @@ if VECTORS.features is not None:
 # loaded from there).
 numba.core.config.reload_config()
 
-from vkserve.devices.cpu.jit import pooling, winograd  # noqa: E402 (jit.pooling.*, jit.winograd.*)
+from vkserve.devices.cpu.jit import direct, pooling, winograd  # noqa: E402 (jit.direct.*, jit.pooling.*, jit.winograd.*)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "conv_gemm", "depthwise", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
 
 

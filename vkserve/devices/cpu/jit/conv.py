@@ -26,6 +26,8 @@ flushed to zero). Nothing is widened.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
@@ -90,20 +92,32 @@ def pack_gemm_weights(w16: np.ndarray, groups: int, og: int, k: int) -> np.ndarr
     return np.ascontiguousarray(w).reshape(groups, nrb, kp // PAIR, MR * PAIR)
 
 
-def _micro_source(nr: int, rows_b: bool) -> str:
+class BRead(enum.Enum):
+    """How a register-tile kernel reads its B operand (``_micro_source``): b(k, p) for depth k,
+    pixel p = s NR + j of the tile."""
+
+    STRIPS = "strips"  # b[s, k, j]: a packed panel of NR-wide strips
+    ROWS = "rows"  # b[k, p]: one (k, pixels) matrix
+    OFFSETS = "offsets"  # b[offs[k] + p0 + p]: row k of B at offs[k] in the flat array b
+
+
+def _micro_source(nr: int, b_read: BRead) -> str:
     """The MR x nr register-tile kernel as straight-line code (nr <= NR: the first nr pixels of
-    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b[s, k, j] (k ascending); with
-    ``rows_b``, ``b`` is one (k, pixels) matrix read as b[k, s NR + j] instead of NR-wide strips.
+    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b(k, s NR + j) (k ascending),
+    b read as ``b_read`` says (``BRead.OFFSETS``: the input planes of ``jit.direct``).
 
     Written out per accumulator so that LLVM's SLP vectorizer turns each row of NR scalars into
     vector registers that stay live across the k loop (numba cannot express SIMD types); the
     offsets are unsigned, since numba's wrap-around of negative signed indices would break the
     runs of consecutive addresses the vectorizer looks for."""
     acc = [[f"c{r}_{j}" for j in range(nr)] for r in range(MR)]
-    lines = ["def micro(a, b, c, kc, r0, s):", "    r0 = U(r0)", "    s = U(s)", f"    j0 = s * U({NR})"]
+    header = "def micro(a, b, offs, p0, c, kc, r0, s):" if b_read is BRead.OFFSETS else "def micro(a, b, c, kc, r0, s):"
+    lines = [header, "    r0 = U(r0)", "    s = U(s)", f"    j0 = s * U({NR})"]
     lines += [f"    {acc[r][j]} = c[r0 + U({r}), j0 + U({j})]" for r in range(MR) for j in range(nr)]
     lines += ["    for k in range(U(kc)):"]
-    load = "b[k, j0 + U({j})]" if rows_b else "b[s, k, U({j})]"
+    if b_read is BRead.OFFSETS:
+        lines += ["        o = U(offs[k]) + U(p0) + j0"]
+    load = {BRead.STRIPS: "b[s, k, U({j})]", BRead.ROWS: "b[k, j0 + U({j})]", BRead.OFFSETS: "b[o + U({j})]"}[b_read]
     lines += [f"        b{j} = " + load.format(j=j) for j in range(nr)]
     for r in range(MR):
         lines.append(f"        a{r} = a[k, U({r})]")
@@ -112,11 +126,11 @@ def _micro_source(nr: int, rows_b: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_micro(nr: int, rows_b: bool = False):  # noqa: ANN201
+def compile_micro(nr: int, b_read: BRead = BRead.STRIPS):  # noqa: ANN201
     """The register-tile kernel of ``_micro_source`` compiled (numba does not cache exec'd code)."""
     ns: dict[str, object] = {"U": _U}
-    name = f"<{__name__} micro kernel {MR}x{nr}{' rows' if rows_b else ''}>"
-    exec(compile(_micro_source(nr, rows_b), name, "exec"), ns)  # noqa: S102
+    name = f"<{__name__} micro kernel {MR}x{nr} {b_read.value}>"
+    exec(compile(_micro_source(nr, b_read), name, "exec"), ns)  # noqa: S102
     return njit(fastmath=FASTMATH, error_model="numpy")(ns["micro"])
 
 

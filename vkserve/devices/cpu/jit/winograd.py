@@ -25,7 +25,20 @@ import numpy as np
 from numba import njit, prange
 
 from vkserve.devices.cpu.bf16 import from_bf16
-from vkserve.devices.cpu.jit.conv import _U, DOT, G_OG, G_OH, G_OW, G_PL, G_PT, MR, NR, _fill_plane, compile_micro
+from vkserve.devices.cpu.jit.conv import (
+    _U,
+    DOT,
+    G_OG,
+    G_OH,
+    G_OW,
+    G_PL,
+    G_PT,
+    MR,
+    NR,
+    BRead,
+    _fill_plane,
+    compile_micro,
+)
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row
 
 #: tiles per task (a multiple of NR: the GEMM's pixel strips)
@@ -64,8 +77,8 @@ def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT) -> b
     return cin >= MIN_IN and og >= MIN_OUT and -(-oh // 4) * -(-ow // 4) >= MIN_TILES
 
 
-_micro = compile_micro(NR, rows_b=True)
-_micro_half = compile_micro(NR // 2, rows_b=True)
+_micro = compile_micro(NR, BRead.ROWS)
+_micro_half = compile_micro(NR // 2, BRead.ROWS)
 
 
 def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.kernels.base import register
 from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape
@@ -48,10 +49,12 @@ def fill_border(xp: np.ndarray, t: int, b: int, l: int, r: int, value: float) ->
 
 @register("Convolution", "ConvolutionDepthWise")
 class Convolution(JitKernel):
-    """Depthwise (one input channel per group) by ``jit.depthwise``; dense 3x3 stride 1 where
-    ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the layer's
-    bf16 weight bytes); the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels
-    packed at load."""
+    """Depthwise (one input channel per group) by ``jit.depthwise``; dense with few input
+    channels (``jit.direct.worthwhile``: a first layer on an image) by ``jit.direct`` from the
+    input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
+    where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
+    layer's bf16 weight bytes); the rest (dense and grouped) by ``jit.conv_gemm`` over weight
+    panels packed at load."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -68,12 +71,15 @@ class Convolution(JitKernel):
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
         self.depthwise = cg == 1
+        self.direct = not self.depthwise and jit.direct.worthwhile(g, cg)
         self._splits: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         self.winograd = (
-            g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
+            not self.direct and g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
             and jit.winograd.worthwhile(cg, og, oh, ow))
         if self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
+        elif self.direct:
+            self.weight = jit.direct.pack_weights(from_bf16(w16), oc, cg * p.kernel_h * p.kernel_w)
         elif self.winograd:
             self.weight = jit.winograd.transform_weights(w16, og, cg)
         else:
@@ -106,6 +112,11 @@ class Convolution(JitKernel):
         if self.depthwise:
             parts = min(oc, 4 * threads.THREADS)
             jit.depthwise(x, self.weight, self.bias, ops, self.pad_value, self.geo, parts, out.reshape(oc, oh * ow))
+            return
+        if self.direct:
+            work = self.buf("direct_planes", (jit.direct.planes_size(self.geo, x.shape[0]),))
+            jit.direct.conv_direct(x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
+                                   out.reshape(oc, oh * ow))
             return
         pixels, rows, shape = self._split(threads.THREADS)
         if self.winograd:
