@@ -37,8 +37,7 @@ from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
     apply_ops,
     as_stored,
-    finish_row,
-    in_store,
+    finish_tile,
     store_row_inline,
     widen,
 )
@@ -524,7 +523,6 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
     wflat = wp.reshape(wp.size)
     kstride = wp.shape[2] * wp.shape[3]  # a row block's packed weights
     is_shared = shared.shape[0] > 0
-    no_ops = np.empty((0, 3), dtype=np.float32)
     if is_shared:
         nkb = shared.shape[1]
         for item in prange(groups * n_blocks * nkb):
@@ -565,13 +563,7 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
                 _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
             for i in range(nb):
                 _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
-        rows = min(nrows, og - rb0 * MR)
-        row_ops = ops
-        if not in_store(ops):  # one pass over the tile's rows (past n too: never stored)
-            apply_ops(tile.reshape(nrows * NB), rows * NB, ops)
-            row_ops = no_ops
-        for r in range(rows):
-            finish_row(tile[r], 0, out, g * og + rb0 * MR + r, p0, n, row_ops)
+        finish_tile(tile, 0, min(nrows, og - rb0 * MR), n, out, g * og + rb0 * MR, p0, ops)
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside

@@ -39,7 +39,7 @@ from vkserve.devices.cpu.jit.conv import (
     compile_micro,
     fill_phases,
 )
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row_inline
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile
 
 #: input channels per group up to which a dense convolution runs here (``worthwhile``)
 MAX_CHANNELS = 4
@@ -121,8 +121,6 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
             for s in range((n + NR - 1) // NR):
                 _micro(a, work, offs, p0, tile, k_total, i * MR, s)
         rows = min(nrows, og - rb0 * MR)
-        if ops.shape[0]:
-            apply_ops(tile.reshape(nrows * NB), rows * NB, ops)
         # the block's output rows: plane pixels p0 .. p0 + n - 1, columns past ow dropped
         for oy in range(p0 // wq, (p0 + n - 1) // wq + 1):
             first = max(oy * wq, p0)
@@ -130,5 +128,4 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
             if cnt <= 0:
                 continue
             ox0 = first - oy * wq
-            for r in range(rows):
-                store_row_inline(tile[r], first - p0, out, rb0 * MR + r, oy * ow + ox0, cnt)
+            finish_tile(tile, first - p0, rows, cnt, out, rb0 * MR, oy * ow + ox0, ops)

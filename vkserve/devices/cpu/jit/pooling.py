@@ -26,7 +26,7 @@ from vkserve.devices.cpu.jit.conv import (
     G_SW,
     fill_phases,
 )
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, store_row, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, store_row, store_row_inline, widen
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -79,7 +79,7 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out):  # noqa: ANN001
                     for ox in range(ow):
                         acc[base + ox] *= scale
         for oy in range(oh):
-            store_row(acc, oy * wq, out, c, oy * ow, ow)
+            store_row_inline(acc, oy * wq, out, c, oy * ow, ow)
 
 
 
