@@ -64,6 +64,7 @@ def main() -> int:
 
     from vkserve.devices.cpu import threads
     from vkserve.devices.cpu.executor import Plan
+    from vkserve.devices.cpu.thread_choice import ThreadChoice
     from vkserve.devices.reference import random_inputs
     from vkserve.models.graph import load_model
 
@@ -90,6 +91,7 @@ def main() -> int:
         types: dict[str, str] = {}
         for n in counts:
             threads.configure(n)
+            plan.thread_choice = ThreadChoice.fixed(n)  # this count, not the Plan's own choice
             plan.run(inputs)
             steps = plan.profile(inputs, runs=args.runs)
             per_count[n] = {s.name: s.ms for s in steps}

@@ -7,7 +7,9 @@ Every model runs with seeded random weights (the same .bin for both), the same i
 the same thread count (ncnn's num_threads; vkserve's numba kernels through
 VKSERVE_CPU_THREADS and numpy's BLAS pool, both set in the environment before they load).
 The three engines run interleaved in one process, R rounds of K timed runs each after one
-warm-up; reported: the median of all R x K runs. Each block of K runs starts after a pause and
+warm-up (and, for vkserve, the runs in which its Plan chooses between one thread and N:
+``vkserve.devices.cpu.thread_choice``; the count it kept is reported); reported: the median
+of all R x K runs. Each block of K runs starts after a pause and
 one untimed run: both engines' OpenMP pools spin for a while after their work (ncnn's
 blocktime, vkserve's GOMP_SPINCOUNT on 4+ threads), and 16 spinning workers of one engine
 beside 16 working ones of the other measured the contention, not the engine.
@@ -177,6 +179,8 @@ def main() -> int:
             times: dict[str, list[float]] = {e: [] for e in ENGINES}
             for fn in runs.values():
                 fn()  # warm-up
+            while plan.thread_choice.chosen is None:  # vkserve's own thread choice, made first
+                plan.run(inputs)
             for _ in range(args.rounds):
                 for engine, fn in runs.items():
                     # each block on a quiet machine: the other engine's OpenMP workers stop
@@ -190,6 +194,7 @@ def main() -> int:
             row: dict[str, object] = {"model": param.stem}
             ms = {e: statistics.median(t) * 1e3 for e, t in times.items()}
             row.update({f"{e}_ms": round(v, 2) for e, v in ms.items()})
+            row["vkserve_threads"] = plan.thread_choice.chosen
             row["ratio_vs_ncnn_bf16"] = round(ms["vkserve_bf16"] / ms["ncnn_bf16"], 2)
             row["ratio_vs_ncnn_fp32"] = round(ms["vkserve_bf16"] / ms["ncnn_fp32"], 2)
             if args.rss:
@@ -204,11 +209,11 @@ def main() -> int:
     runs_each = args.rounds * args.repeat
     print(f"\nmachine: {machine}; threads {args.threads}; median of {runs_each} runs "
           f"({args.rounds} interleaved rounds)\nCPU flags: {flags}\n")
-    print("| model | vkserve bf16 (ms) | ncnn fp32 (ms) | ncnn bf16 (ms) | vs ncnn bf16 | vs ncnn fp32 |")
-    print("|---|---|---|---|---|---|")
+    print("| model | vkserve bf16 (ms) | its threads | ncnn fp32 (ms) | ncnn bf16 (ms) | vs ncnn bf16 | vs ncnn fp32 |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['vkserve_bf16_ms']} | {r['ncnn_fp32_ms']} | {r['ncnn_bf16_ms']} "
-              f"| {r['ratio_vs_ncnn_bf16']}x | {r['ratio_vs_ncnn_fp32']}x |")
+        print(f"| {r['model']} | {r['vkserve_bf16_ms']} | {r['vkserve_threads']} | {r['ncnn_fp32_ms']} "
+              f"| {r['ncnn_bf16_ms']} | {r['ratio_vs_ncnn_bf16']}x | {r['ratio_vs_ncnn_fp32']}x |")
     if args.rss:
         print("\npeak RSS, MiB (after imports alone: base)\n")
         print("| model | vkserve bf16 | ncnn fp32 | ncnn bf16 | vkserve vs ncnn bf16 |")

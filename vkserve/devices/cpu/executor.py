@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import logging
 import math
 import threading
 import time
@@ -46,9 +47,12 @@ from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels import REGISTRY, Kernel
 from vkserve.devices.cpu.kernels.elementwise import ELEMENT_WORK
 from vkserve.devices.cpu.scratch import Scratch
+from vkserve.devices.cpu.thread_choice import ThreadChoice
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.timing import StageTimes
 from vkserve.models.layers import Shape, ShapeError
+
+log = logging.getLogger(__name__)
 
 BYTES_PER_ELEMENT = 2
 
@@ -164,6 +168,7 @@ class Plan:
         self._lay_out()
         self._prepare()
         self._lock = threading.Lock()
+        self.thread_choice = ThreadChoice(threads.THREADS)
 
     def sibling(self, batch: int | None = None) -> Plan:
         """Another Plan of the same graph and shapes for concurrent runs: its own arena and
@@ -185,6 +190,7 @@ class Plan:
         twin._lay_out()
         twin._prepare()
         twin._lock = threading.Lock()
+        twin.thread_choice = ThreadChoice(threads.THREADS)  # measured per batch size
         return twin
 
     @property
@@ -396,9 +402,23 @@ class Plan:
             self._load_inputs(items)
             t1 = time.perf_counter()
             dynamic: dict[str, np.ndarray] = {}
-            for step in self._program_for(count):
-                self._run_step(step, dynamic)
+            if self.thread_choice.threads != threads.THREADS:  # the engine's count changed
+                self.thread_choice = ThreadChoice(threads.THREADS)
+            n = self.thread_choice.next()
+            jit.cap_threads(n)
+            try:
+                for step in self._program_for(count):
+                    self._run_step(step, dynamic)
+            finally:
+                jit.cap_threads(0)
             t2 = time.perf_counter()
+            if self.thread_choice.record(n, (t2 - t1) / count):
+                choice = self.thread_choice
+                log.info("CPU Plan of %s (batch %d): %d thread%s, measured over its first runs "
+                         "(median %.2f ms on 1 thread, %.2f ms on %d)", ", ".join(
+                             f"{name} {list(self.blob_shapes[name])}" for name in self.input_names),
+                         self.batch, choice.chosen, "s" if choice.chosen != 1 else "",
+                         1e3 * choice.median(1), 1e3 * choice.median(choice.threads), choice.threads)
             widened = {name: from_bf16(self._views[name][:count]) for name in self.output_names
                        if name not in dynamic}
             outputs = [{name: widened[name][i] if name in widened else dynamic[name].copy()

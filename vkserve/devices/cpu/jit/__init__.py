@@ -58,7 +58,7 @@ from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, 
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "launch",
            "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
 
 
@@ -135,9 +135,17 @@ class _ThreadSettings(threading.local):
 
     threads = 0
     chunked = False
+    #: at most this many threads for the calling thread's kernels (0: ``threads.THREADS``)
+    cap = 0
 
 
 _settings = _ThreadSettings()
+
+
+def cap_threads(n: int) -> None:
+    """Run the calling thread's next kernels on at most ``n`` threads (0: no cap): a Plan's
+    thread choice (``vkserve.devices.cpu.thread_choice``)."""
+    _settings.cap = n
 
 
 def use_threads(work: int = SMALL_WORK) -> None:
@@ -146,7 +154,7 @@ def use_threads(work: int = SMALL_WORK) -> None:
     capped by the pool numba started: ``NUMBA_NUM_THREADS``, all CPUs by default)."""
     if not _pool_started:
         _start_pool()
-    wanted = 1 if work < _small_work else threads.THREADS
+    wanted = 1 if work < _small_work else min(threads.THREADS, _settings.cap or threads.THREADS)
     n = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
     if _settings.threads != n:
         numba.set_num_threads(n)

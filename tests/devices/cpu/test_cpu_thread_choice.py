@@ -1,0 +1,109 @@
+"""A Plan's choice between one thread and the engine's (``vkserve.devices.cpu.thread_choice``):
+the measuring order and the rule, and on a real Plan the counts its kernels were launched with,
+the same bits on either count, the log line, and a sibling measuring on its own."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from tests.support.params import param_text
+from vkserve.devices.cpu import threads
+from vkserve.devices.cpu.executor import Plan
+from vkserve.devices.cpu.kernels import conv as conv_kernels
+from vkserve.devices.cpu.thread_choice import MARGIN, ROUNDS, WARMUP, ThreadChoice
+from vkserve.models.graph import load_model
+
+
+def test_runs_alternate_after_the_warm_up_then_the_choice_holds() -> None:
+    choice = ThreadChoice(4)
+    order = []
+    while choice.chosen is None:
+        n = choice.next()
+        order.append(n)
+        choice.record(n, 0.010 if n == 1 else 0.004)
+    assert order == [4] * WARMUP + [1, 4] * ROUNDS
+    assert choice.chosen == 4 and choice.next() == 4
+    assert not choice.record(4, 1.0) and choice.samples[4] == [0.004] * ROUNDS  # no more samples
+
+
+@pytest.mark.parametrize(("one", "many", "chosen"), [
+    (0.010, 0.010 * MARGIN, 4),  # saves the margin: the threads are worth their cores
+    (0.010, 0.010 * MARGIN * 1.01, 1),  # saves less: one thread
+    (0.010, 0.015, 1),  # slower on 4 (the pool's wake-ups): one thread
+])
+def test_several_threads_only_where_they_save_the_margin(one: float, many: float, chosen: int) -> None:
+    choice = ThreadChoice(4)
+    decided = []
+    while choice.chosen is None:
+        n = choice.next()
+        decided.append(choice.record(n, one if n == 1 else many))
+    assert choice.chosen == chosen
+    assert decided.count(True) == 1 and decided[-1]  # the last run chose
+
+
+def test_the_median_decides_not_one_slow_run() -> None:
+    choice = ThreadChoice(2)
+    times = {1: iter([0.010, 0.010, 0.010]), 2: iter([0.005, 0.050, 0.006])}  # one stall on 2
+    choice.record(choice.next(), 1.0)  # the warm-up: not a sample
+    while choice.chosen is None:
+        n = choice.next()
+        choice.record(n, next(times[n]))
+    assert choice.chosen == 2 and choice.median(2) == 0.006
+
+
+def test_one_thread_engines_and_fixed_counts_never_measure() -> None:
+    assert ThreadChoice(1).chosen == 1 and ThreadChoice(1).next() == 1
+    fixed = ThreadChoice.fixed(8)
+    assert fixed.next() == 8 and not fixed.record(8, 1.0) and fixed.runs == 0
+
+
+#: one 3x3 convolution large enough (~7 M multiply-adds) for the engine's threads by default
+LINE = "Convolution c 1 1 data out 0=64 1=3 4=1 5=1 6=" + str(64 * 32 * 9)
+SHAPE = (32, 20, 20)
+
+
+def big_plan(tmp_path: Path) -> Plan:
+    param = tmp_path / "big.param"
+    param.write_text(param_text({"data": SHAPE}, [LINE]))
+    return Plan(load_model(param, None, {"data": SHAPE}, seed=3))
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs numba's pool of 2 or more threads")
+def test_a_plan_launches_its_kernels_on_the_count_it_measures_then_keeps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(threads, "THREADS", 2)
+    launched: list[int] = []
+    launch = conv_kernels.Convolution._launch
+
+    def spy(self: conv_kernels.Convolution, *args: object) -> None:
+        launched.append(numba.get_num_threads())
+        launch(self, *args)
+
+    monkeypatch.setattr(conv_kernels.Convolution, "_launch", spy)
+    plan = big_plan(tmp_path)
+    x = {"data": np.random.default_rng(4).uniform(-1, 1, SHAPE).astype(np.float32)}
+    caplog.set_level(logging.INFO, logger="vkserve.devices.cpu.executor")
+    outputs = []
+    while plan.thread_choice.chosen is None:
+        outputs.append(plan.run(x)["out"])
+    chosen = plan.thread_choice.chosen
+    assert launched == [2] * WARMUP + [1, 2] * ROUNDS
+    for _ in range(3):
+        outputs.append(plan.run(x)["out"])
+    assert launched[-3:] == [chosen] * 3
+    assert all(o.tobytes() == outputs[0].tobytes() for o in outputs)  # either count: the same bits
+    lines = [r.getMessage() for r in caplog.records if "measured over its first runs" in r.getMessage()]
+    assert len(lines) == 1 and f": {chosen} thread" in lines[0] and "data [32, 20, 20]" in lines[0]
+    # a sibling (another instance, or another batch size) measures for itself
+    twin = plan.sibling(batch=2)
+    assert twin.thread_choice is not plan.thread_choice and twin.thread_choice.chosen is None
+    # the engine's count changing (the daemon's [cpu] threads) starts the measuring again
+    monkeypatch.setattr(threads, "THREADS", 1)
+    launched.clear()
+    plan.run(x)
+    assert plan.thread_choice.threads == 1 and launched == [1]

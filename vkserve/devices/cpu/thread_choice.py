@@ -1,0 +1,69 @@
+"""Whether a Plan runs on the engine's threads or on one: measured over its first runs.
+
+Every kernel launch on several threads wakes the pool's sleeping workers, and on a 2-core VM a
+wake costs 68-91 us (RESULTS.md); a mobile model launches 40-100 kernels, so there 2 threads
+ran slower than 1 (mobilenet_v2 15.0 against 10.5 ms) while large models gained 1.4-1.6x. Which
+one wins depends on the model, the machine and its load, so it is measured rather than modelled:
+a Plan's first runs alternate between one thread and ``threads.THREADS`` (after one warm-up
+run, whose first calls load the kernels), ``ROUNDS`` of each, and the Plan then keeps the count
+whose median was faster, preferring one thread unless the others save ``MARGIN`` of its time
+(a thread left idle serves another job). Outputs do not depend on the thread count (each output
+value is computed by one task in a fixed order), so the runs that measure serve as any other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+#: measured runs on each thread count before choosing
+ROUNDS = 3
+#: runs before measuring (the first run of a Plan loads its kernels)
+WARMUP = 1
+#: several threads are kept only where their median run takes at most this share of one thread's
+MARGIN = 0.9
+
+
+@dataclasses.dataclass
+class ThreadChoice:
+    """The thread count of one Plan's runs, for an engine of ``threads`` threads."""
+
+    threads: int
+    runs: int = 0
+    samples: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    chosen: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads <= 1:
+            self.chosen = 1
+
+    @classmethod
+    def fixed(cls, threads: int) -> ThreadChoice:
+        """Always ``threads``, never measured (a benchmark of a given thread count)."""
+        return cls(threads, chosen=threads)
+
+    def next(self) -> int:
+        """Threads for the next run: the chosen count, else the turn of the measurement."""
+        if self.chosen is not None:
+            return self.chosen
+        if self.runs < WARMUP:
+            return self.threads
+        return 1 if (self.runs - WARMUP) % 2 == 0 else self.threads
+
+    def record(self, threads: int, seconds: float) -> bool:
+        """A run on ``threads`` took ``seconds``; True when this run made the choice."""
+        if self.chosen is not None:
+            return False
+        self.runs += 1
+        if self.runs <= WARMUP:
+            return False
+        self.samples.setdefault(threads, []).append(seconds)
+        if min(len(self.samples.get(1, ())), len(self.samples.get(self.threads, ()))) < ROUNDS:
+            return False
+        one, many = self.median(1), self.median(self.threads)
+        self.chosen = self.threads if many <= MARGIN * one else 1
+        return True
+
+    def median(self, threads: int) -> float:
+        """Median seconds of the measured runs on ``threads``."""
+        return statistics.median(self.samples[threads])
