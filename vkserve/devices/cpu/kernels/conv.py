@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.kernels.base import register
 from vkserve.devices.cpu.kernels.jitted import JitKernel
@@ -110,7 +110,7 @@ class Convolution(JitKernel):
         x = xs[0]
         oc, oh, ow = self.out_shapes[0]
         if self.depthwise:
-            parts = min(oc, 4 * threads.THREADS)
+            parts = min(oc, 4 * jit.kernel_threads())
             jit.depthwise(x, self.weight, self.bias, ops, self.pad_value, self.geo, parts, out.reshape(oc, oh * ow))
             return
         if self.direct:
@@ -118,7 +118,7 @@ class Convolution(JitKernel):
             jit.direct.conv_direct(x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
                                    out.reshape(oc, oh * ow))
             return
-        pixels, rows, shape = self._split(threads.THREADS)
+        pixels, rows, shape = self._split(jit.kernel_threads())
         if self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vkserve.devices.cpu import threads
+from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.jit import lrn as jit_lrn
@@ -48,7 +48,7 @@ class _JitActivation(_ElementwiseJit):
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
         rows, cols = jit_elementwise.rows_cols(out.shape, batch=out.ndim > len(self.out_shapes[0]))
-        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * threads.THREADS),
+        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * jit.kernel_threads()),
                                    out.reshape(rows, cols))
 
 
@@ -235,7 +235,7 @@ class _TwoOperands(_ElementwiseJit):
         b_view = {jit_elementwise.B_PER_ROW: (rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
         b2 = b.reshape(b_view.get(f.bform, (rows, f.cols)))
         jit_elementwise.binary(a.reshape(rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
-                          ops, min(rows, 4 * threads.THREADS), out.reshape(rows, f.cols))
+                          ops, min(rows, 4 * jit.kernel_threads()), out.reshape(rows, f.cols))
 
 
 @register("BinaryOp")
@@ -375,7 +375,7 @@ class LRN(_ElementwiseJit):
         p = self.p
         c = self.out_shapes[0][0]
         jit_lrn.lrn_across(xs[0].reshape(c, -1), p.local_size // 2, np.float32(p.alpha / p.local_size),
-                           np.float32(p.bias), np.float32(-p.beta), ops, min(c, 4 * threads.THREADS),
+                           np.float32(p.bias), np.float32(-p.beta), ops, min(c, 4 * jit.kernel_threads()),
                            out.reshape(c, -1))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:

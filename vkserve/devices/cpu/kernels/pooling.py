@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import narrow_exact_into, to_bf16, widen_into
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
@@ -90,7 +90,7 @@ class Pooling(Kernel):
         """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
         c = self.view[0]
         with jit.launch(self.work):
-            jit.pooling.global_avg(x.reshape(c, -1), min(c, 4 * threads.THREADS), out.reshape(1, c))
+            jit.pooling.global_avg(x.reshape(c, -1), min(c, 4 * jit.kernel_threads()), out.reshape(1, c))
 
     @property
     def global_avg(self) -> bool:
