@@ -151,7 +151,7 @@ def cap_threads(n: int) -> None:
 def kernel_threads() -> int:
     """The threads the calling thread's large kernels run on (``threads.THREADS``, or fewer
     under ``cap_threads``): what a kernel splits its work for (split for 2 threads and run on
-    one, shufflenet_v2 ran 8 % slower than split for one)."""
+    one, four mobile models ran 1.00-1.03x as long as split for one)."""
     return min(threads.THREADS, _settings.cap or threads.THREADS)
 
 
