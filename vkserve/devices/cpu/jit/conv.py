@@ -499,6 +499,33 @@ def _block_product_impl(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, 
     return fp32
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def task_of(task, blocks, n_blocks, pixels, npix, rb_per_task, nrb):  # noqa: ANN001, ANN201
+    """A GEMM task's share: (pixel block over all groups, its group, first pixel, pixels, first
+    row block, row blocks) of ``blocks`` = groups x ``n_blocks`` blocks of ``pixels`` (of
+    ``npix``) and row chunks of ``rb_per_task`` (of ``nrb``) row blocks. The row chunk is
+    outermost: consecutive tasks cover different pixel blocks (even loads)."""
+    rc = task // blocks
+    blk = task - rc * blocks
+    g = blk // n_blocks
+    p0 = (blk - g * n_blocks) * pixels
+    rb0 = rc * rb_per_task
+    return blk, g, p0, min(pixels, npix - p0), rb0, min(nrb, rb0 + rb_per_task) - rb0
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def bias_tile(bias, base, first, rows, nrows):  # noqa: ANN001, ANN201
+    """An fp32 (nrows, NB) tile whose row r holds bias[base + first + r] (0 past ``rows``, the
+    group's output channels): the sums' start."""
+    tile = np.empty((nrows, NB), dtype=np.float32)
+    for r in range(nrows):
+        o = first + r
+        bv = bias[base + o] if o < rows else np.float32(0.0)
+        for j in range(NB):
+            tile[r, j] = bv
+    return tile
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  # noqa: ANN001
     """Grouped convolution, ``x`` (C, H, W) -> ``out`` (groups * og, OH * OW); ``wp`` from
@@ -535,25 +562,12 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
             _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs, runs,
                         shared[blk, kb])
     for task in prange(groups * n_blocks * n_chunks):
-        # row chunk outermost: consecutive tasks cover different pixel blocks (even loads)
-        rc = task // (groups * n_blocks)
-        blk = task - rc * groups * n_blocks
-        g = blk // n_blocks
-        p0 = (blk - g * n_blocks) * pixels
-        n = min(pixels, npix - p0)
-        rb0 = rc * rb_per_task
-        nb = min(nrb, rb0 + rb_per_task) - rb0
+        blk, g, p0, n, rb0, nb = task_of(task, groups * n_blocks, n_blocks, pixels, npix, rb_per_task, nrb)
         nrows = nb * MR
         own = np.empty((0 if is_shared else NB // NR, PANEL_ROWS, PANEL_COLS), dtype=PANEL)
         planes, offs, runs = _block_geometry(geo, flat, p0, n)
         wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
-        tile = np.empty((nrows, NB), dtype=np.float32)
-        for r in range(nrows):
-            o = rb0 * MR + r
-            bv = bias[g * og + o] if o < og else np.float32(0.0)
-            trow = tile[r]
-            for j in range(NB):
-                trow[j] = bv
+        tile = bias_tile(bias, g * og, rb0 * MR, og, nrows)
         for k0 in range(0, k_total, KC):
             kcb = min(KC, k_total - k0)
             if is_shared:

@@ -36,8 +36,10 @@ from vkserve.devices.cpu.jit.conv import (
     NB,
     NR,
     BRead,
+    bias_tile,
     compile_micro,
     fill_phases,
+    task_of,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile
 
@@ -104,18 +106,9 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
     n_chunks = (nrb + rb_task - 1) // rb_task
     n_blocks = (span + NB - 1) // NB
     for task in prange(n_blocks * n_chunks):
-        rc = task // n_blocks
-        p0 = (task - rc * n_blocks) * NB
-        n = min(NB, span - p0)
-        rb0 = rc * rb_task
-        nb = min(nrb, rb0 + rb_task) - rb0
+        _, _, p0, n, rb0, nb = task_of(task, n_blocks, n_blocks, NB, span, rb_task, nrb)
         nrows = nb * MR
-        tile = np.empty((nrows, NB), dtype=np.float32)
-        for r in range(nrows):
-            o = rb0 * MR + r
-            bv = bias[o] if o < og else np.float32(0.0)
-            for j in range(NB):
-                tile[r, j] = bv
+        tile = bias_tile(bias, 0, rb0 * MR, og, nrows)
         for i in range(nb):
             a = wa[rb0 + i]
             for s in range((n + NR - 1) // NR):
