@@ -181,7 +181,7 @@ def load_executors(device: DeviceHandle, graph: Graph, spec: ModelSpec,
     """Compile ``count`` slots of ``graph`` (built for one set of input shapes) for
     ``device`` (blocking; worker thread); ``progress`` hears of each Vulkan pipeline built."""
     if device.is_cpu:  # one Plan's weights, an arena (for a batch) per instance
-        single = CpuPlan(graph)
+        single = CpuPlan(graph, name=spec.name)
         batch = cpu_batch_size(single, spec.max_batch_size)
         first = single.sibling(batch=batch) if batch > 1 else single
         return [_CpuExecutor(first), *(_CpuExecutor(first.sibling()) for _ in range(count - 1))]

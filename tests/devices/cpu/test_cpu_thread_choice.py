@@ -98,10 +98,12 @@ def test_a_plan_launches_its_kernels_on_the_count_it_measures_then_keeps(
     assert launched[-3:] == [chosen] * 3
     assert all(o.tobytes() == outputs[0].tobytes() for o in outputs)  # either count: the same bits
     lines = [r.getMessage() for r in caplog.records if "measured over its first runs" in r.getMessage()]
-    assert len(lines) == 1 and f": {chosen} thread" in lines[0] and "data [32, 20, 20]" in lines[0]
+    assert len(lines) == 1 and f": {chosen} thread" in lines[0]
+    assert "CPU Plan of big.param (data [32, 20, 20]; batch 1)" in lines[0]
     # a sibling (another instance, or another batch size) measures for itself
     twin = plan.sibling(batch=2)
     assert twin.thread_choice is not plan.thread_choice and twin.thread_choice.chosen is None
+    assert Plan(load_model(tmp_path / "big.param", None, {"data": SHAPE}, seed=3), name="big").name == "big"
     # the engine's count changing (the daemon's [cpu] threads) starts the measuring again
     monkeypatch.setattr(threads, "THREADS", 1)
     launched.clear()

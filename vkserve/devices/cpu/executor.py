@@ -150,7 +150,10 @@ class Plan:
         outputs: Sequence[str] | None = None,
         fuse: bool = True,
         batch: int = 1,
+        name: str = "",
     ) -> None:
+        #: what log lines call the Plan: the model's name (default: its .param file's)
+        self.name: str = name or graph.file or "a graph"
         self.input_names: list[str] = list(graph.input_names)
         self.output_names: list[str] = list(outputs) if outputs is not None else list(graph.output_names)
         given = {k: tuple(int(v) for v in s) for k, s in (input_shapes or {}).items()}
@@ -414,8 +417,8 @@ class Plan:
             t2 = time.perf_counter()
             if self.thread_choice.record(n, (t2 - t1) / count):
                 choice = self.thread_choice
-                log.info("CPU Plan of %s (batch %d): %d thread%s, measured over its first runs "
-                         "(median %.2f ms on 1 thread, %.2f ms on %d)", ", ".join(
+                log.info("CPU Plan of %s (%s; batch %d): %d thread%s, measured over its first runs "
+                         "(median %.2f ms on 1 thread, %.2f ms on %d)", self.name, ", ".join(
                              f"{name} {list(self.blob_shapes[name])}" for name in self.input_names),
                          self.batch, choice.chosen, "s" if choice.chosen != 1 else "",
                          1e3 * choice.median(1), 1e3 * choice.median(choice.threads), choice.threads)
