@@ -72,6 +72,10 @@ def test_convolution_matches_ncnn(tmp_path: Path, shape: tuple[int, int, int], o
 # (input shape, out channels, group, (kh, kw), params)
 GROUPED = [
     ((6, 13, 11), 6, 6, (3, 3), "4=1"),  # depthwise 3x3 s1
+    # 3x3 s1 on maps of at least jit.conv.PAIR_ROWS_MIN_COLS columns (two rows at a time): an odd
+    # row count (the last row alone), a channel multiplier with pad_value
+    ((4, 15, 50), 4, 4, (3, 3), "4=1"),
+    ((3, 12, 64), 6, 3, (3, 3), "4=1 18=0.5"),
     ((7, 14, 15), 7, 7, (3, 3), "3=2 4=1"),  # depthwise 3x3 s2
     # stride 2 with planes of at least jit.conv.PAIR_MIN_COLS columns (both column phases filled
     # in one pass): no padding and an odd width, asymmetric pads with pad_value, dilation 2,

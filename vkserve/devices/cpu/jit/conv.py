@@ -632,6 +632,49 @@ def _taps9(acc, p, offs, cnt, bv, w):  # noqa: ANN001
         acc[q] = v
 
 
+#: output width from which a stride-1 3x3 depthwise layer runs two rows at a time: on narrower
+#: maps a row is too short a loop (whole layers, the kernel before and after alternating in one
+#: process, one core: 112 wide 1.16-1.20x and 56 wide 1.09-1.11x faster, 28 wide even, 14 and 7
+#: wide 1.15x and 1.39x slower)
+PAIR_ROWS_MIN_COLS = 48
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _taps9_rows2(acc, p, b, wq, cnt, bv, w):  # noqa: ANN001
+    """``_taps9`` for two output rows of a stride-1, undilated 3x3 kernel: acc[b + q] from plane
+    rows b / wq .. + 2 and acc[b + wq + q] from the rows one below, q < cnt, each sum in
+    ``_taps9``'s order. The two share two input rows: 12 loads for 18 products instead of 18
+    (measured on one core, 112 x 112: 0.205 ns an output against 0.267 over the span)."""
+    i0, i1, i2, i3 = _U(b), _U(b + wq), _U(b + 2 * wq), _U(b + 3 * wq)
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+    one, two = _U(1), _U(2)
+    for q in range(_U(cnt)):
+        a0, a1, a2 = p[i0 + q], p[i0 + q + one], p[i0 + q + two]
+        b0, b1, b2 = p[i1 + q], p[i1 + q + one], p[i1 + q + two]
+        c0, c1, c2 = p[i2 + q], p[i2 + q + one], p[i2 + q + two]
+        d0, d1, d2 = p[i3 + q], p[i3 + q + one], p[i3 + q + two]
+        v = bv + w0 * a0
+        v += w1 * a1
+        v += w2 * a2
+        v += w3 * b0
+        v += w4 * b1
+        v += w5 * b2
+        v += w6 * c0
+        v += w7 * c1
+        v += w8 * c2
+        u = bv + w0 * b0
+        u += w1 * b1
+        u += w2 * b2
+        u += w3 * c0
+        u += w4 * c1
+        u += w5 * c2
+        u += w6 * d0
+        u += w7 * d1
+        u += w8 * d2
+        acc[i0 + q] = v
+        acc[i1 + q] = u
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
     """acc[q] += w0 p[b + q] for q < cnt."""
@@ -653,7 +696,8 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     The planes' rows run on into each other, so a 3x3 kernel is one pass over all outputs at
     once, in plane coordinates (the extra columns between rows are computed and dropped); other
     kernels make a pass per 5-wide row, else per three taps of a row (each from its phase's
-    plane). Per output: bias, then taps ky-major, kx ascending."""
+    plane); a stride-1 3x3 kernel on wide maps two output rows at a time, which share two input rows. Per
+    output: bias, then taps ky-major, kx ascending."""
     kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
     dh, dw, pt, pl = geo[G_DH], geo[G_DW], geo[G_PT], geo[G_PL]
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
@@ -667,7 +711,7 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
         planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
         plen = prow * wq
         pf = planes.reshape(sh * sw * plen)
-        acc = np.empty(span, dtype=np.float32)
+        acc = np.zeros(span, dtype=np.float32)  # (row pairs leave the columns between rows)
         offs = np.empty(taps, dtype=np.int64)  # tap (ky, kx): phase (ky dh % sh, kx dw % sw)'s plane, shifted
         for ky in range(kh):
             for kx in range(kw):
@@ -677,7 +721,13 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                 wf[t] = widen(w16[o, t])
             fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]
-            if taps == 9 and kw == 3:
+            if taps == 9 and kw == 3 and sh == 1 and sw == 1 and dh == 1 and dw == 1 and ow >= PAIR_ROWS_MIN_COLS:
+                for oy in range(0, oh - 1, 2):
+                    _taps9_rows2(acc, pf, oy * wq, wq, ow, bv, wf)
+                if oh % 2:
+                    last = (oh - 1) * wq
+                    _taps9(acc[last:], pf[last:], offs, ow, bv, wf)
+            elif taps == 9 and kw == 3:
                 _taps9(acc, pf, offs, span, bv, wf)
             else:
                 for j in range(span):
