@@ -39,6 +39,7 @@ from vkserve.devices.cpu.jit.epilogue import (
     as_stored,
     finish_tile,
     store_row_inline,
+    tile_pass,
     widen,
 )
 from vkserve.devices.cpu.jit.vectors import SETTINGS
@@ -577,7 +578,8 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
                 _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
             for i in range(nb):
                 _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
-        finish_tile(tile, 0, min(nrows, og - rb0 * MR), n, out, g * og + rb0 * MR, p0, ops)
+        rows = min(nrows, og - rb0 * MR)
+        finish_tile(tile, 0, rows, n, out, g * og + rb0 * MR, p0, tile_pass(tile, rows, ops))
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside

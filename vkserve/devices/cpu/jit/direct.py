@@ -41,7 +41,7 @@ from vkserve.devices.cpu.jit.conv import (
     fill_phases,
     task_of,
 )
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile, tile_pass
 
 #: input channels per group up to which a dense convolution runs here (``worthwhile``)
 MAX_CHANNELS = 4
@@ -114,6 +114,7 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
             for s in range((n + NR - 1) // NR):
                 _micro(a, work, offs, p0, tile, k_total, i * MR, s)
         rows = min(nrows, og - rb0 * MR)
+        store_ops = tile_pass(tile, rows, ops)
         # the block's output rows: plane pixels p0 .. p0 + n - 1, columns past ow dropped
         for oy in range(p0 // wq, (p0 + n - 1) // wq + 1):
             first = max(oy * wq, p0)
@@ -121,4 +122,4 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
             if cnt <= 0:
                 continue
             ox0 = first - oy * wq
-            finish_tile(tile, first - p0, rows, cnt, out, rb0 * MR, oy * ow + ox0, ops)
+            finish_tile(tile, first - p0, rows, cnt, out, rb0 * MR, oy * ow + ox0, store_ops)

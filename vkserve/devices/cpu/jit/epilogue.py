@@ -191,18 +191,34 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
                 row[j] = min(max(row[j] * a + b, zero), one)
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def tile_pass(tile, rows, ops):  # noqa: ANN001, ANN201
+    """The epilogue ``ops`` that ``finish_tile`` cannot apply while storing (any chain but a
+    lone ReLU or Clip), applied in place to the first ``rows`` rows of ``tile``, whole (the
+    values past the columns stored too: the callers keep them finite), in one pass; returns the
+    ops left for ``finish_tile``: ``ops`` itself, or none. One pass per tile: a tile stored in
+    pieces (``jit.direct``: a block's output rows) took one per piece and row before, and its
+    hardswish / sigmoid first layers ran 1.20-1.28x slower (measured on the 2-core VM, same
+    bits)."""
+    if ops.shape[0] == 0 or (ops.shape[0] == 1 and (int(ops[0, 0]) == OP_RELU or int(ops[0, 0]) == OP_CLIP)):
+        return ops
+    apply_ops(tile.reshape(tile.size), rows * tile.shape[1], ops)
+    return ops[:0]
+
+
 def finish_tile(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN201  (numba overload below)
-    """dst[row0 + r, col + q] = the epilogue ``ops`` of tile[r, s0 + q] for r < rows, q < n, as
-    ``dst`` stores it (``tile`` may be changed).
+    """dst[row0 + r, col + q] = tile[r, s0 + q] for r < rows, q < n, as ``dst`` stores it, with
+    ``ops`` what ``tile_pass`` left of the epilogue: none, or a lone ReLU or Clip (other ops are
+    not applied here; no check either: a raise inside a kernel's prange body makes numba run
+    that loop on one thread).
 
     A lone ReLU or Clip (the usual epilogues) goes in the storing pass itself: a separate pass
     writing the fp32 values back cost more than the narrowing store (measured on the 2-core VM:
     0.65 ns a value in place, against 0.21 for the store and 0.24 for ReLU and store
-    together). Other chains take a pass over the values first (one over the whole tile where
-    it stores whole rows). Inlined where it is called, one loop per row with no view: a call
-    per row (its view's reference count update, the call) made conv_gemm's 1x1 layers of few
-    input channels 1.1-1.45x slower (measured on the 2-core VM, old and new kernel alternating
-    in one process, same bits: 16 -> 96 channels at 112 x 112, 0.71 -> 0.51 ms)."""
+    together). Inlined where it is called, one loop per row with no view: a call per row (its
+    view's reference count update, the call) made conv_gemm's 1x1 layers of few input channels
+    1.1-1.45x slower (measured on the 2-core VM, old and new kernel alternating in one process,
+    same bits: 16 -> 96 channels at 112 x 112, 0.71 -> 0.51 ms)."""
     raise NotImplementedError
 
 
@@ -211,13 +227,6 @@ def _finish_tile(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN20
     def impl(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN202
         zero = np.float32(0.0)
         code = int(ops[0, 0]) if ops.shape[0] == 1 else -1
-        if ops.shape[0] and code != OP_RELU and code != OP_CLIP:
-            if s0 == 0 and n == tile.shape[1]:
-                apply_ops(tile.reshape(tile.size), rows * n, ops)
-            else:
-                for r in range(rows):
-                    apply_ops(tile[r, s0:], n, ops)
-            code = -1
         lo = ops[0, 1] if code == OP_CLIP else zero
         hi = ops[0, 2] if code == OP_CLIP else zero
         su, cu, nu = np.uint64(s0), np.uint64(col), np.uint64(n)
