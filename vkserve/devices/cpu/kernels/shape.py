@@ -90,10 +90,6 @@ class Slice(Kernel):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [xs[0][part] for part in self.parts]
 
-    def forward_into(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        for part, out in zip(self.parts, outs):
-            np.copyto(out, xs[0][part])
-
 
 @register("Permute")
 class Permute(Kernel):
