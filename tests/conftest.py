@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tests.support.daemon import Daemon, Launch, running_daemon
-from vkserve.cache.persist import default_cache_dir
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
+from vkserve.devices.cpu.kernel_cache import default_numba_dir
 from vkserve.devices.discovery import discover_devices
 
 
@@ -37,7 +37,7 @@ def private_cache_home(tmp_path_factory):
     compiled CPU kernels stay where vkserve keeps them for this user (numba keys them by source
     and CPU): compiling them all again costs every daemon of a run started alone 1-2 minutes
     (tests that need a cold numba cache set ``NUMBA_CACHE_DIR`` themselves)."""
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(default_cache_dir() / "numba"))
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(default_numba_dir()))
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
     os.environ.pop("CACHE_DIRECTORY", None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import REPO
+from vkserve.devices.cpu.kernel_cache import sources_key
 
 OUR_PARTS = ("cache", "cli", "client", "daemon", "devices", "models", "scheduler")
 PIP_TIMEOUT_S = 600
@@ -104,14 +105,15 @@ def test_installed_wheel_serves_digits_from_an_empty_folder(installed: tuple[Pat
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VKSERVE_", "VIRTUAL_ENV"))}
     env.update(PYTHONUNBUFFERED="1", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("PYTHONPATH", None)
-    env.pop("NUMBA_CACHE_DIR", None)  # the daemon's default: numba/ in its XDG cache folder
+    env.pop("NUMBA_CACHE_DIR", None)  # the daemon's default: numba/<key> in its XDG cache folder
     site = subprocess.run([str(env_dir / "bin" / "python"), "-c",
                            "import vkserve, pathlib; print(pathlib.Path(vkserve.__file__).parent)"],
                           capture_output=True, text=True, cwd=empty, env=env, timeout=60, check=True)
     package = Path(site.stdout.strip())
     sample = package / "examples" / "digits" / "samples" / "3.npy"
     assert sample.is_relative_to(env_dir) and not sample.is_relative_to(REPO)
-    seed_cpu_kernels(package / "devices" / "cpu" / "jit", tmp_path / "cache" / "vkserve" / "numba")
+    # the installed copy's kernels folder: named by its sources, the same as the checkout's
+    seed_cpu_kernels(package / "devices" / "cpu" / "jit", tmp_path / "cache" / "vkserve" / "numba" / sources_key())
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen([exe, "serve", "--socket", str(sock), "--metrics-listen", "off"], cwd=empty,
                             env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

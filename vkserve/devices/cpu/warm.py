@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,7 @@ from vkserve.devices.cpu.jit import (
     Dispatcher,
     bf16dot,
     conv,
+    direct,
     elementwise,
     epilogue,
     innerproduct,
@@ -36,6 +38,7 @@ from vkserve.devices.cpu.jit import (
     pooling,
     winograd,
 )
+from vkserve.devices.cpu.kernel_cache import kernel_sources, sources_key, stale_folders
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
 
@@ -44,7 +47,7 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (bf16dot, conv, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
+KERNEL_MODULES = (bf16dot, conv, direct, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
@@ -117,17 +120,16 @@ _STAMP = "vkserve-kernels.stamp"
 
 def _kernels_key() -> str:
     """What numba's cache entries of the kernels depend on: its version, the CPU and features
-    its code generator targets, the GEMM tile's rows, each kernel module's file (numba keys an
-    entry on its source file's time and size; the stamp takes every module, since a kernel
-    inlines other modules' functions). The same in the daemon and its compiling child, which
-    sees the daemon's features as an explicit NUMBA_CPU_FEATURES."""
+    its code generator targets, the GEMM tile's rows, the kernel modules' sources and each one's
+    file (numba keys an entry on its source file's time and size; the stamp takes every module,
+    since a kernel inlines other modules' functions). The same in the daemon and its compiling
+    child, which sees the daemon's features as an explicit NUMBA_CPU_FEATURES."""
     # numba through the jit package alone, which turns its failure to load into JitUnavailable
     from vkserve.devices.cpu.jit import numba  # noqa: PLC0415
 
     parts = [numba.__version__, repr(numba.core.registry.cpu_target.target_context.codegen().magic_tuple()),
-             f"tile rows {VECTORS.tile_rows}", f"bf16 dot {VECTORS.bf16_dot}"]
-    for module in KERNEL_MODULES:
-        source = Path(str(module.__file__))
+             f"tile rows {VECTORS.tile_rows}", f"bf16 dot {VECTORS.bf16_dot}", f"sources {sources_key()}"]
+    for source in kernel_sources():
         info = source.stat()
         parts.append(f"{source}:{info.st_mtime_ns}:{info.st_size}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -144,6 +146,23 @@ def kernels_cached() -> bool:
         return _stamp_path().read_text() == _kernels_key()
     except OSError:  # no stamp yet (a first start), or an unreadable one: not known to be there
         return False
+
+
+def _remove_stale(numba_dir: Path) -> None:
+    """Once this version's kernels are in: the folders other sources' kernels left beside them
+    (``kernel_cache.stale_folders``), so upgrades do not pile them up."""
+    stale = stale_folders(numba_dir)
+    for entry in stale:
+        try:
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+        except OSError as exc:  # another user's files, or a read-only folder: they stay
+            log.warning("CPU kernels: cannot remove %s (%s)", exc.filename or entry, describe_os_error(exc))
+    if stale:
+        log.info("CPU kernels: removed what other versions of the kernels left in %s: %s",
+                 numba_dir.parent, ", ".join(entry.name for entry in stale))
 
 
 def compile_kernels() -> WarmReport:
@@ -167,6 +186,7 @@ def compile_kernels() -> WarmReport:
     try:
         if not kernels_cached():  # a warm start (the daemon checked just before) writes nothing
             atomic_write(_stamp_path(), _kernels_key().encode())
+            _remove_stale(Path(os.environ["NUMBA_CACHE_DIR"]))
     except OSError as exc:  # numba's cache folder read-only or missing: the next start compiles apart again
         log.warning("CPU kernels: cannot write %s (%s): the next start compiles them again",
                     _stamp_path(), describe_os_error(exc))

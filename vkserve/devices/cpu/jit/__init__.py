@@ -6,9 +6,10 @@ computed by one task, in an order fixed by the shape alone (K blocks, taps, k as
 results are the same bits whatever the thread count (``vkserve.devices.cpu.threads``).
 
 Compiled code is cached on disk (``cache=True``) in ``NUMBA_CACHE_DIR``; unset, this package sets
-it before numba loads to ``numba/`` in vkserve's cache folder (``$CACHE_DIRECTORY``: the systemd
-unit's CacheDirectory=, else the XDG cache), beside the pipeline caches, because an installed
-package's own folder is read-only under the unit. An explicit ``NUMBA_CACHE_DIR`` wins.
+it before numba loads to ``numba/<hash of this package's sources>`` in vkserve's cache folder
+(``$CACHE_DIRECTORY``: the systemd unit's CacheDirectory=, else the XDG cache), beside the
+pipeline caches, because an installed package's own folder is read-only under the unit
+(``vkserve.devices.cpu.kernel_cache`` says why the hash). An explicit ``NUMBA_CACHE_DIR`` wins.
 """
 
 import os
@@ -16,11 +17,11 @@ import threading
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 
-from vkserve.cache.persist import default_cache_dir
+from vkserve.devices.cpu.kernel_cache import default_numba_dir
 from vkserve.devices.errors import JitUnavailable
 
 if "NUMBA_CACHE_DIR" not in os.environ:
-    os.environ["NUMBA_CACHE_DIR"] = str(default_cache_dir() / "numba")
+    os.environ["NUMBA_CACHE_DIR"] = str(default_numba_dir())
 
 try:
     import numba  # noqa: E402 (after its cache folder is set)
