@@ -23,6 +23,7 @@ from vkserve.scheduler import (
 
 def snapshot() -> Status:
     gpu = DeviceStatus(index=0, name="GPU", kind="vulkan", software=False, healthy=True, in_flight=2,
+                       runs=7, inline_runs=3,
                        memory=MemoryStats(in_use_bytes=1000, pooled_bytes=24, budget_bytes=4096),
                        pipeline_cache=CacheStats(pipeline_hits=5, pipeline_misses=3, spirv_hits=3,
                                                  compile_seconds=1.5))
@@ -62,6 +63,8 @@ def test_exposition_has_every_family():
         'vkserve_queue_limit_requests{model="digits"} 64.0',
         'vkserve_in_flight_requests{device="vulkan:0"} 2.0',
         'vkserve_device_healthy{device="cpu"} 0.0',
+        'vkserve_device_runs_total{device="vulkan:0",thread="worker"} 4.0',
+        'vkserve_device_runs_total{device="vulkan:0",thread="loop"} 3.0',
         'vkserve_device_memory_budget_bytes{device="vulkan:0"} 4096.0',
         'vkserve_pipeline_cache_hits_total{device="vulkan:0",tier="pipeline"} 5.0',
         'vkserve_pipeline_cache_misses_total{device="vulkan:0",tier="pipeline"} 3.0',

@@ -15,6 +15,8 @@ class SchedulerConfig:
     batches of 8 served 2,160 req/s with 2 and 3,098 with 4 (2,702 with 8: smaller batches;
     RESULTS.md, issue 14). ``cpu_instances`` is the same for the CPU device, whose kernels use
     every core within a job: two in flight overlap one job's Python with the other's kernels.
+    ``inline_run_ms``: a run expected (measured) to take less than this, while nothing else is
+    in flight, runs on the event loop's own thread rather than a device's run thread; 0 never.
     """
 
     queue_limit_per_model: int = 64  # queued (not yet running) jobs per model; more -> OVERLOADED
@@ -25,6 +27,7 @@ class SchedulerConfig:
     default_warmup: int = 1  # warm-up runs per Plan instance when config.toml gives none
     latency_ewma_alpha: float = 0.2  # weight of the newest run in the per-(model, device) EWMA
     default_latency_s: float = 0.01  # latency prior for a (model, device) never measured
+    inline_run_ms: float = 0.5  # shorter runs, all there is to do, run on the loop's thread
     use_vulkan: bool = True  # False: serve on the CPU only even when GPUs and the engine exist
     cache_dir: str | None = None  # pipeline caches of Vulkan devices (None: no persistence)
 
@@ -41,5 +44,7 @@ class SchedulerConfig:
             raise ValueError(f"default_warmup must be >= 0, got {self.default_warmup}")
         if not 0.0 < self.latency_ewma_alpha <= 1.0:
             raise ValueError(f"latency_ewma_alpha must be in (0, 1], got {self.latency_ewma_alpha}")
+        if not 0.0 <= self.inline_run_ms <= 10.0:
+            raise ValueError(f"inline_run_ms must be in [0, 10], got {self.inline_run_ms}")
         if self.default_latency_s <= 0:
             raise ValueError(f"default_latency_s must be > 0, got {self.default_latency_s}")

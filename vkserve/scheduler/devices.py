@@ -159,6 +159,12 @@ class DeviceHandle:
     def resume(self) -> None:
         self._gate.set()
 
+    def hooked(self) -> bool:
+        """Is a hook set (paused, a delay or faults to come)? Runs then stay off the event
+        loop's thread (a paused run there would hold the loop that resumes it)."""
+        with self._lock:
+            return not self._gate.is_set() or self._delay_s > 0 or self._faults > 0
+
     def wait_gate(self, between_waits: Callable[[], None]) -> None:
         """Worker thread, before a run: block while paused.
 

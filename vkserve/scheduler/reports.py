@@ -121,6 +121,7 @@ class DeviceStatus:
     latency_ms: dict[str, float | None] = dataclasses.field(default_factory=dict)
     mean_latency_ms: float | None = None
     runs: int = 0
+    inline_runs: int = 0  # of runs, those run on the event loop's thread (inline_run_ms)
     completed: int = 0
     faults: int = 0
     memory: MemoryStats | None = None  # None on the CPU and before the Vulkan device opens
