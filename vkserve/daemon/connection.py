@@ -603,8 +603,20 @@ class Connection:
         loop round, in one write."""
         if self._broken:
             return
-        self._outbox.append(frame)
         self._queued += 1
+        if not self._outbox and not self._writing and not self.busy:
+            # the connection's last answer in flight: nothing would join it, so it goes out
+            # now rather than in the writer's next round (the rest there, if the socket is full)
+            try:
+                sent = self._send_now(frame)
+            except OSError as exc:
+                self._mark_broken(f"send failed: {exc!r}")
+                return
+            if sent == len(frame):
+                self._written += 1
+                return
+            frame = memoryview(frame)[sent:]
+        self._outbox.append(frame)
         self._answers.set()
 
     async def _write_answers(self) -> None:
