@@ -1,10 +1,11 @@
 """Per-request overhead of the daemon and its throughput at concurrency 1/4/16.
 
-    python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--requests N]
-        [--concurrency 1,4,16] [--scheduler "cpu_instances = 1"] [--json OUT]
+    python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--model digits|NAME]
+        [--requests N] [--concurrency 1,4,16] [--scheduler "cpu_instances = 1"] [--json OUT]
 
-Starts `vkserve serve` on a temporary Unix socket with the digits example (a tiny model) on
-the chosen devices, then:
+Starts `vkserve serve` on a temporary Unix socket with the digits example (a tiny model), or
+NAME.param of tests/data/models with seeded random weights (fp16 on a GPU; inputs of 600 KB for
+mobilenet, which the client sends through shared memory), on the chosen devices, then:
 - one sync client, N sequential requests: round-trip p50/p99, the daemon's own run time
   for the same requests (`run_seconds` in each reply) and the same model run in-process
   (the engine the daemon uses, no daemon); overhead = round trip - in-process run time;
@@ -37,6 +38,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
 from vkserve.client import AsyncClient, Client, InferReply  # noqa: E402
 from vkserve.client.loadgen import BenchSettings, sweep  # noqa: E402
+from vkserve.models.graph import Graph, load_model  # noqa: E402
+
+DIGITS = ROOT / "vkserve" / "examples" / "digits"
+MODELS = ROOT / "tests" / "data" / "models"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -49,6 +54,25 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1e3
 
 
+def model_repository(tmp: Path, model: str, devices: str) -> Path:
+    if model == "digits":
+        return digits_repository(tmp, devices)
+    folder = tmp / "models" / model
+    folder.mkdir(parents=True)
+    shutil.copy(MODELS / f"{model}.param", folder / "model.param")
+    (folder / "config.toml").write_text(f'random_weights = true\nprecision = "fp16"\n'
+                                        f'devices = "{devices}"\nwarmup = 2\n')
+    return tmp / "models"
+
+
+def model_inputs(model: str) -> dict[str, np.ndarray]:
+    if model == "digits":
+        return {"data": np.load(DIGITS / "samples" / "3.npy").astype(np.float32)}
+    graph = model_graph(model)
+    rng = np.random.default_rng(0)
+    return {n: rng.uniform(-1, 1, graph.blob_shapes[n]).astype(np.float32) for n in graph.input_names}
+
+
 def digits_repository(tmp: Path, devices: str) -> Path:
     repo = tmp / "models"
     shutil.copytree(ROOT / "vkserve" / "examples" / "digits", repo / "digits")
@@ -57,21 +81,27 @@ def digits_repository(tmp: Path, devices: str) -> Path:
     return repo
 
 
-def in_process_ms(devices: str, x: np.ndarray, n: int) -> tuple[float, str]:
-    """Median run time of the digits model on the engine the daemon would use."""
-    from vkserve.models.graph import load_model
+def model_graph(model: str) -> Graph:
+    """The digits example with its weights, or a benchmark model with the daemon's seeded
+    random weights (``random_weights = true``, seed 0)."""
+    if model == "digits":
+        return load_model(DIGITS / "model.param", DIGITS / "model.bin")
+    return load_model(MODELS / f"{model}.param")
 
-    graph = load_model(ROOT / "vkserve/examples/digits/model.param", ROOT / "vkserve/examples/digits/model.bin")
+
+def in_process_ms(devices: str, model: str, inputs: dict[str, np.ndarray], n: int) -> tuple[float, str]:
+    """Median run time of the model on the engine the daemon would use."""
+    graph = model_graph(model)
     if devices == "cpu":
         from vkserve.devices.cpu.executor import Plan
 
         plan = Plan(graph)
-        run, engine, close = (lambda: plan.run({"data": x})), "cpu (bf16)", (lambda: None)
+        run, engine, close = (lambda: plan.run(inputs)), "cpu (bf16)", (lambda: None)
     else:
         from vkserve.devices.vulkan.engine import load_plan
 
         loaded = load_plan(graph, 0, "fp16")
-        run, engine = (lambda: loaded.plan.run({"data": x})), f"vulkan {loaded.device.caps.name}"
+        run, engine = (lambda: loaded.plan.run(inputs)), f"vulkan {loaded.device.caps.name}"
         close = loaded.close  # before exit: a Plan left to the interpreter's teardown crashed it
     times = []
     try:
@@ -93,38 +123,39 @@ def served(sock: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="cpu", choices=["cpu", "gpu", "all"])
+    ap.add_argument("--model", default="digits", help="digits, or NAME.param of tests/data/models")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--scheduler", default="", help="extra [scheduler] lines for the daemon")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    x = np.load(ROOT / "vkserve/examples/digits/samples/3.npy").astype(np.float32)
+    x = model_inputs(args.model)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as d:
-        proc, sock = start_daemon(Path(d), digits_repository(Path(d), args.devices),
+        proc, sock = start_daemon(Path(d), model_repository(Path(d), args.model, args.devices),
                                   scheduler=args.scheduler)
         try:
             rtt: list[float] = []
             with Client.connect(f"unix:{sock}") as c:
                 for _ in range(50):
-                    c.infer("digits", {"data": x})
+                    c.infer(args.model, x)
                 cpu_before = cpu_seconds(proc.pid)
                 for _ in range(args.requests):
                     t0 = time.perf_counter()
-                    c.infer("digits", {"data": x})
+                    c.infer(args.model, x)
                     rtt.append(time.perf_counter() - t0)
                 sequential_cpu = (cpu_seconds(proc.pid) - cpu_before) / args.requests
 
             async def replies() -> list[InferReply]:
                 async with AsyncClient.connect(f"unix:{sock}") as tc:
-                    return [await tc.infer_detailed("digits", {"data": x}) for _ in range(200)]
+                    return [await tc.infer_detailed(args.model, x) for _ in range(200)]
 
             answers = trio.run(replies)
             stages = {name: round(statistics.median(getattr(r, name) or 0.0 for r in answers) * 1e3, 4)
                       for name in ("queue_seconds", "copy_in_seconds", "device_seconds",
                                    "copy_out_seconds", "run_seconds")}
-            settings = BenchSettings("digits", {"data": x}, window_seconds=args.window,
+            settings = BenchSettings(args.model, x, window_seconds=args.window,
                                      max_windows=8)
             served_before, cpu_before = served(sock), cpu_seconds(proc.pid)
             levels = trio.run(lambda: sweep(lambda: AsyncClient.connect(f"unix:{sock}"),
@@ -133,10 +164,10 @@ def main() -> int:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    local_ms, engine = in_process_ms(args.devices, x, 500)
+    local_ms, engine = in_process_ms(args.devices, args.model, x, 500)
     result = {
         "machine": f"{os.uname().machine}, {os.cpu_count()} cores",
-        "devices": args.devices, "engine": engine, "requests": args.requests,
+        "devices": args.devices, "model": args.model, "engine": engine, "requests": args.requests,
         "rtt_p50_ms": round(pct(rtt, 50), 3), "rtt_p99_ms": round(pct(rtt, 99), 3),
         "scheduler": args.scheduler,
         "server_stages_p50_ms": stages,

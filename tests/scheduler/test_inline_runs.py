@@ -35,6 +35,8 @@ def run_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 LOOP = threading.main_thread().name  # the tests' trio loop runs on the main thread
+#: well above the tiny model's runs on a slow CI box (its warm-up runs seed the estimate)
+LIMIT_MS = 5.0
 
 
 async def _submit_and_wait(sched: Scheduler, seed: int) -> Job:
@@ -49,7 +51,7 @@ async def _submit_and_wait(sched: Scheduler, seed: int) -> Job:
 
 async def test_a_lone_short_run_runs_on_the_loop_thread(tmp_path: Path, run_threads: list[str]) -> None:
     folder = write_model(tmp_path)
-    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:  # warm-up measured its latency
+    async with serving([DeviceHandle.cpu(0)], tmp_path, inline_run_ms=LIMIT_MS) as sched:
         before = len(run_threads)
         for seed in range(3):
             job = await _submit_and_wait(sched, seed)
@@ -66,7 +68,8 @@ async def test_a_lone_short_run_runs_on_the_loop_thread(tmp_path: Path, run_thre
 async def test_runs_stay_on_the_run_threads_while_other_work_is_in_flight(
         tmp_path: Path, run_threads: list[str]) -> None:
     write_model(tmp_path, config="max_batch_size = 1\n")
-    async with serving([DeviceHandle.cpu(0)], tmp_path, instances_per_device=2) as sched:
+    async with serving([DeviceHandle.cpu(0)], tmp_path, instances_per_device=2,
+                       inline_run_ms=LIMIT_MS) as sched:
         before = len(run_threads)
         ended: list[Job] = []
         for seed in range(2):  # the second is admitted while the first is in flight
@@ -83,7 +86,7 @@ async def test_a_hooked_device_a_longer_run_or_zero_keep_runs_off_the_loop(
         tmp_path: Path, run_threads: list[str]) -> None:
     write_model(tmp_path)
     device = DeviceHandle.cpu(0)
-    async with serving([device], tmp_path) as sched:
+    async with serving([device], tmp_path, inline_run_ms=LIMIT_MS) as sched:
         before = len(run_threads)
         device.pause()  # a paused run on the loop's thread would hold the loop that resumes it
         job = sched.submit("tiny", {"data": x()}, priority=None, deadline=None, outputs=None,
@@ -106,7 +109,7 @@ async def test_a_device_fault_on_the_loop_thread_fails_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_threads: list[str]) -> None:
     folder = write_model(tmp_path)
     first, second = DeviceHandle.cpu(0), DeviceHandle.cpu(1)
-    async with serving([first, second], tmp_path) as sched:
+    async with serving([first, second], tmp_path, inline_run_ms=LIMIT_MS) as sched:
         recording = scheduler_core._run_blocking
 
         faults = [1]

@@ -569,7 +569,7 @@ class Scheduler:
     async def _run_inline(self) -> None:
         """Run the runs ``_start`` keeps on the loop's thread, one loop round after it: a
         job's end is never delivered inside ``submit``, and a wake-up here is a task switch,
-        not a system call. The loop waits for the run (under a millisecond, by the rule)."""
+        not a system call. The loop waits for the run (a fraction of a millisecond, by the rule)."""
         while True:
             if self._inline is None:
                 await self._inline_lot.park()
@@ -993,10 +993,10 @@ class Scheduler:
 
     def _runs_inline(self, batch: list[Job], device: _Device, latency: float) -> bool:
         """Does this run go to the loop's own thread? When it is all there is to do (no other
-        job queued or running anywhere: the loop would only wait for it), its measured
+        job queued or running anywhere), its measured
         latency is under ``inline_run_ms`` and the device has no test hook set. Two thread
-        hand-offs (a queue put waking a run thread, its outcome waking the loop) cost ~0.15
-        ms of a sequential request on a 2-core box (RESULTS, issue 14): more than such a run."""
+        hand-offs (a queue put waking a run thread, its outcome waking the loop) cost 0.15-0.2
+        ms of a sequential request (RESULTS, issue 14): about as much as such a run."""
         return (latency < self.config.inline_run_ms / 1e3 and len(self._jobs) == len(batch)
                 and len(device.running) == 1 and not device.handle.hooked())
 
