@@ -1,7 +1,8 @@
 """One GPU against every GPU, with and without dynamic batching, in one run (issue 18).
 
     python benchmarks/multi_gpu_throughput.py [--models resnet50,mobilenet] [--model-dir DIR]
-        [--concurrency 8,32,128] [--seconds 5] [--warmup 2] [--clients 4] [--json OUT]
+        [--concurrency 8,32,128] [--seconds 5] [--warmup 2] [--clients 4]
+        [--scheduler "instances_per_device = 2"] [--json OUT]
     python benchmarks/multi_gpu_throughput.py --smoke [--json OUT]
         [--failover-after RUNS]
 
@@ -205,7 +206,7 @@ def run_failover(pool: ProcessPoolExecutor, args: argparse.Namespace, devices: D
     first = devices.devices.strip("[]").split(",")[0] if devices.devices.startswith("[") else "0"
     with tempfile.TemporaryDirectory() as d:
         repo = model_repository(Path(d), model, param, devices.devices, args.batch)
-        proc, sock = start_daemon(Path(d), repo, env={
+        proc, sock = start_daemon(Path(d), repo, scheduler=args.scheduler, env={
             "VKSERVE_TEST_DEVICE_FAULT": f"{first}=1@{args.failover_after}"})
         log = Path(d) / "daemon.log"
         loads: list[Load] = []
@@ -238,6 +239,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--clients", type=int, default=4, help="load processes")
+    ap.add_argument("--scheduler", default="", help="extra [scheduler] lines for the daemons")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--failover-after", type=int, default=500,
                     help="last, a run where the first GPU fails after this many runs (0: none)")
@@ -263,7 +265,7 @@ def main() -> int:
                 for batching, max_batch in (("off", 1), ("on", args.batch)):
                     with tempfile.TemporaryDirectory() as d:
                         repo = model_repository(Path(d), model, param, devices.devices, max_batch)
-                        proc, sock = start_daemon(Path(d), repo)
+                        proc, sock = start_daemon(Path(d), repo, scheduler=args.scheduler)
                         try:
                             for level in levels:
                                 row = {"model": model, "devices": devices.label,
@@ -281,6 +283,7 @@ def main() -> int:
     print(table(rows))
     result = {"machine": f"{os.uname().machine}, {os.cpu_count()} cores",
               "device_sets": [dataclasses.asdict(s) for s in sets], "clients": args.clients,
+              "scheduler": args.scheduler,
               "seconds": args.seconds, "rows": rows, "speedup": speedups(rows, sets),
               "failover": failover}
     if failover:
