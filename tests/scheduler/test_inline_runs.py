@@ -36,7 +36,7 @@ def run_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 LOOP = threading.main_thread().name  # the tests' trio loop runs on the main thread
 #: well above the tiny model's runs on a slow CI box (its warm-up runs seed the estimate)
-LIMIT_MS = 5.0
+LIMIT_MS = 100.0
 
 
 async def _submit_and_wait(sched: Scheduler, seed: int) -> Job:

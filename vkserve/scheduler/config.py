@@ -48,7 +48,7 @@ class SchedulerConfig:
             raise ValueError(f"default_warmup must be >= 0, got {self.default_warmup}")
         if not 0.0 < self.latency_ewma_alpha <= 1.0:
             raise ValueError(f"latency_ewma_alpha must be in (0, 1], got {self.latency_ewma_alpha}")
-        if not 0.0 <= self.inline_run_ms <= 10.0:
-            raise ValueError(f"inline_run_ms must be in [0, 10], got {self.inline_run_ms}")
+        if not 0.0 <= self.inline_run_ms <= 1000.0:
+            raise ValueError(f"inline_run_ms must be in [0, 1000], got {self.inline_run_ms}")
         if self.default_latency_s <= 0:
             raise ValueError(f"default_latency_s must be > 0, got {self.default_latency_s}")
