@@ -15,6 +15,7 @@ import trio
 
 from tests.scheduler.test_scheduler import device_info, reference, until, write_model, x
 from tests.support.scheduler import serving
+from vkserve.devices.capabilities import DeviceCaps
 from vkserve.devices.vulkan.errors import VulkanError
 from vkserve.scheduler import DeviceHandle, Job, Scheduler
 from vkserve.scheduler import core as scheduler_core
@@ -63,6 +64,18 @@ async def test_a_lone_short_run_runs_on_the_loop_thread(tmp_path: Path, run_thre
         assert run_threads[before:] == [LOOP] * 6
         info = device_info(sched, 0)
         assert info.inline_runs == 6 and info.runs >= 6
+
+
+async def test_a_vulkan_run_on_the_loop_thread_waits_for_its_fence_there(
+        tmp_path: Path, run_threads: list[str], vulkan_caps: DeviceCaps) -> None:
+    """lavapipe: the Plan's submission, fence wait and read-back on the loop's thread."""
+    folder = write_model(tmp_path, config='devices = "gpu"\nprecision = "fp32"\n')
+    async with serving([DeviceHandle(vulkan_caps)], tmp_path, inline_run_ms=LIMIT_MS) as sched:
+        before = len(run_threads)
+        job = await _submit_and_wait(sched, 5)
+        assert job.result is not None and job.error is None and job.result.device == "vulkan:0"
+        assert run_threads[before:] == [LOOP]
+        np.testing.assert_allclose(job.result.outputs["prob"], reference(folder, x(5)), rtol=2e-2, atol=2e-2)
 
 
 async def test_runs_stay_on_the_run_threads_while_other_work_is_in_flight(
