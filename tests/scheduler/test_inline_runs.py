@@ -141,3 +141,6 @@ async def test_a_device_fault_on_the_loop_thread_fails_over(
         unhealthy = [d for d in sched.status().devices if not d.healthy]
         assert len(unhealthy) == 1 and "a fault on the loop's thread" in str(unhealthy[0].fault)
         assert sched.status().totals.retried == 1
+        # the failed run is not counted (as runs are not); the retry ran on the loop's thread too
+        counts = [(d.runs, d.inline_runs) for d in sched.status().devices]
+        assert sorted(counts) == [(0, 0), (1, 1)], counts

@@ -352,9 +352,9 @@ class Scheduler:
         self._devices: dict[int, _Device] = {}
         self._models: dict[str, _Model] = {}
         self._jobs: dict[int, Job] = {}
-        # the run ``_start`` handed to the loop's own thread (``_run_inline``): its work and
-        # its end; at most one, since it is only chosen while nothing else is in flight
-        self._inline: tuple[Callable[[], tuple[BatchRun, float]],
+        # the run ``_start`` handed to the loop's own thread (``_run_inline``): its device, work
+        # and end; at most one, since it is only chosen while nothing else is in flight
+        self._inline: tuple[_Device, Callable[[], tuple[BatchRun, float]],
                             Callable[[outcome.Outcome[tuple[BatchRun, float]]], None]] | None = None
         self._inline_lot = trio.lowlevel.ParkingLot()
         # reloads (load-new-then-swap, see ``rescan``): new versions still loading, by name,
@@ -574,9 +574,12 @@ class Scheduler:
             if self._inline is None:
                 await self._inline_lot.park()
                 continue
-            work, done = self._inline
+            device, work, done = self._inline
             self._inline = None
-            done(outcome.capture(work))
+            ran = outcome.capture(work)
+            if isinstance(ran, outcome.Value):  # counted as ``runs`` is: the runs that ended well
+                device.inline_runs += 1
+            done(ran)
 
     async def _watch_deadlines(self) -> None:
         """End `submit`'s jobs whose deadline passed (as `_wait` does for `infer`'s)."""
@@ -984,8 +987,7 @@ class Scheduler:
                                  device.threads.check_stopped)
         done = functools.partial(self._run_done, batch, entry, placement, shape, device, executor)
         if self._inline is None and self._runs_inline(batch, device, latency):
-            device.inline_runs += 1
-            self._inline = (work, done)
+            self._inline = (device, work, done)
             self._inline_lot.unpark()
         else:
             device.threads.submit(work, done)
