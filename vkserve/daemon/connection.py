@@ -210,12 +210,18 @@ class Connection:
         self._unix = sock if sock is not None and sock.family == socket.AF_UNIX else None
         self._fds: collections.deque[int] = collections.deque()
         self.regions = Regions(SHM_MAX_REGIONS, SHM_MAX_BYTES) if self._unix is not None else None
+        #: the Unix socket's descriptor as a plain socket, for reads without trio's speculative
+        #: try (``_receive_with_fds``); made and detached (never closed) by ``run``
+        self._raw: socket.socket | None = None
+        self._drained = False  # the last read took less than it asked for: the socket was empty
 
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Serve the connection until the peer leaves, breaks framing or the daemon drains."""
         reason = "closed"
+        if self._unix is not None:
+            self._raw = socket.socket(fileno=self._unix.fileno())
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_answers)
@@ -233,6 +239,9 @@ class Connection:
             reason = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("connection %s failed", self.peer)
         finally:
+            if self._raw is not None:
+                self._raw.detach()  # the descriptor is trio's socket's, which closes it
+                self._raw = None
             self.server.buffers.release(self._reserved)
             self._reserved = 0
             while self._fds:
@@ -294,8 +303,24 @@ class Connection:
         return None
 
     async def _receive_with_fds(self, sock: trio.socket.SocketType, max_bytes: int) -> bytes:
-        """``receive_some`` that also keeps the descriptors a Unix peer sent (SCM_RIGHTS)."""
-        data, ancdata, _, _ = await sock.recvmsg(max_bytes, socket.CMSG_SPACE(4 * MAX_PENDING_FDS))
+        """``receive_some`` that also keeps the descriptors a Unix peer sent (SCM_RIGHTS).
+
+        trio's ``recvmsg`` tries the call at once, waits for the socket only when it finds
+        nothing, and checkpoints after a read. After a read that emptied the socket (a client
+        waiting for its answers, as under most loads) the try is a wasted system call and the
+        checkpoint a wasted loop round, so then this waits first and reads once. Measured on an
+        H200, mobilenet with 32 in flight: 1.05-1.26x the requests a second of trio's path in
+        three alternating pairs (the loop 179-261 us a request against 228-329)."""
+        size = socket.CMSG_SPACE(4 * MAX_PENDING_FDS)
+        if self._drained and self._raw is not None:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                data, ancdata, _, _ = self._raw.recvmsg(max_bytes, size)
+            except BlockingIOError:  # readable, and yet nothing (another reader can't exist)
+                data, ancdata, _, _ = await sock.recvmsg(max_bytes, size)
+        else:
+            data, ancdata, _, _ = await sock.recvmsg(max_bytes, size)
+        self._drained = len(data) < max_bytes
         for level, kind, payload in ancdata:
             if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
                 continue
