@@ -865,15 +865,15 @@ class Connection:
                 await self._write_outbox()
 
     async def _write_outbox(self) -> None:
-        """Write everything queued, one write per round (what queued meanwhile goes in the
-        next round)."""
+        """Write everything queued: what is queued in one write, then what queued while a
+        write waited for the socket. The writer task runs a round after an answer's ``_post``,
+        so the answers of every run that ended by then (a batch's) share a write; waiting one
+        round more for further answers, as this once did while requests were in flight, cost
+        mobilenet at 32 in flight on an H200 ~10 % of its requests a second (3,242 against
+        3,609 req/s, two pairs alternating)."""
         self._writing = True
         try:
             while self._outbox and not self._broken:
-                if self.busy:
-                    # other requests are in flight here: let the answers that end in this
-                    # loop round (a batch's) join this one and go out in one write
-                    await trio.lowlevel.cancel_shielded_checkpoint()
                 frames, self._outbox = self._outbox, []
                 data = frames[0] if len(frames) == 1 else b"".join(frames)
                 try:
