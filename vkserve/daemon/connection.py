@@ -172,7 +172,7 @@ class Connection:
             min(PREAUTH_MAX_FRAME_SIZE, self.cfg.max_frame_size) if needs_auth else self.cfg.max_frame_size
         )
         #: frames waiting to be written, in order; a task writing them holds ``_writing``
-        self._outbox: list[bytes] = []
+        self._outbox: list[bytes | memoryview] = []
         self._writing = False
         self._queued = 0  # frames ever queued
         self._written = 0  # of those, frames written
@@ -623,8 +623,9 @@ class Connection:
         self.server.requests_done += 1
 
     def _post(self, frame: bytes) -> None:
-        """Queue an answer from outside a task: the task writing now takes it, else the
-        connection's answer writer (`_write_answers`), after the other answers ending in this
+        """An answer from outside a task: written at once when it is the connection's last in
+        flight and nothing waits to be written; else queued for the task writing now, or the
+        connection's answer writer (`_write_answers`), with the other answers ending in this
         loop round, in one write."""
         if self._broken:
             return
@@ -640,8 +641,9 @@ class Connection:
             if sent == len(frame):
                 self._written += 1
                 return
-            frame = memoryview(frame)[sent:]
-        self._outbox.append(frame)
+            self._outbox.append(memoryview(frame)[sent:])
+        else:
+            self._outbox.append(frame)
         self._answers.set()
 
     async def _write_answers(self) -> None:
@@ -912,7 +914,7 @@ class Connection:
             return False
         return True
 
-    def _send_now(self, data: bytes) -> int:
+    def _send_now(self, data: bytes | memoryview) -> int:
         """Bytes of ``data`` the socket took at once (0 when its buffer is full), written
         without a schedule point: an answer usually fits the socket's buffer, and trio's
         ``send_all`` costs the loop a round per answer even then (a sequential client's
