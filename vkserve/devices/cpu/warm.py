@@ -51,10 +51,10 @@ KERNEL_MODULES = (bf16dot, conv, direct, elementwise, epilogue, innerproduct, lr
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
-#: (Eltwise, BinaryOp, an activation on its own), fused activations; the detection layers'
-#: NMS is called on its own
+#: (Eltwise, BinaryOp, an activation on its own), Softmax, fused activations; the detection
+#: layers' NMS is called on its own
 _NET = """7767517
-16 18
+17 19
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -70,7 +70,8 @@ BinaryOp scale 1 1 e4a e4 0=2 1=1 2=0.5
 Pooling pool 1 1 e4 f 0=1 1=2 2=2
 LRN lrn 1 1 f f2 0=0 1=3
 Pooling gap 1 1 f2 g 0=1 4=1
-InnerProduct fc 1 1 g out 0=4 1=1 2=32 9=4
+InnerProduct fc 1 1 g fc 0=4 1=1 2=32 9=4
+Softmax prob 1 1 fc out
 """
 
 

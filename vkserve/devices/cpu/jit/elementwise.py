@@ -1,6 +1,6 @@
 """Element-wise kernels: ``binary`` (BinaryOp, two-input Eltwise) and ``activation`` (the
 activation layers not fused into a producer): widen, op, fused activations, narrow, in one
-pass over each row.
+pass over each row; and ``softmax``, over one axis.
 
 The operands are seen as (rows, cols) matrices: ``a`` full, ``b`` full too, or broadcast as
 one value per row (a per-channel scale), one row for all rows (along w), or one scalar.
@@ -156,3 +156,45 @@ def activation(a, ops, parts, out):  # noqa: ANN001
                 t[j] = widen(a[ru, j])
             apply_ops(t, cols, ops)
             store_row(t, 0, out, r, 0, cols)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def softmax(a, n, ops, parts, out):  # noqa: ANN001
+    """Softmax along the middle axis of ``a`` seen as (outer, ``n``, inner) = (rows / n, n,
+    cols): each block of n rows is widened once, then per column its maximum, exp(x - max), their
+    sum in row order and the division, the epilogue, and the block's n narrowed rows; blocks
+    split into ``parts`` tasks. (numpy took ~0.1 ms for a classifier's 1,000 scores in its six
+    passes and their calls.)"""
+    rows, cols = out.shape
+    blocks = rows // n
+    for part in prange(parts):
+        t = np.empty(n * cols, dtype=np.float32)
+        acc = np.empty(cols, dtype=np.float32)
+        for blk in range(part * blocks // parts, (part + 1) * blocks // parts):
+            r0 = blk * n
+            for k in range(n):
+                ru, b = _U(r0 + k), _U(k * cols)
+                for j in range(_U(cols)):
+                    t[b + j] = widen(a[ru, j])
+            for j in range(cols):
+                acc[j] = t[j]
+            for k in range(1, n):
+                b = k * cols
+                for j in range(cols):
+                    acc[j] = max(acc[j], t[b + j])
+            for k in range(n):
+                b = k * cols
+                for j in range(cols):
+                    t[b + j] = np.exp(t[b + j] - acc[j])
+            for j in range(cols):
+                acc[j] = t[j]
+            for k in range(1, n):
+                b = k * cols
+                for j in range(cols):
+                    acc[j] += t[b + j]
+            for k in range(n):
+                b = k * cols
+                for j in range(cols):
+                    t[b + j] /= acc[j]
+                apply_ops(t[b:b + cols], cols, ops)
+                store_row(t, b, out, r0 + k, 0, cols)

@@ -342,12 +342,21 @@ class Eltwise(_TwoOperands):
 
 
 @register("Softmax")
-class Softmax(Kernel):
+class Softmax(_ElementwiseJit):
+    """``jit.elementwise.softmax`` on the Plan's path; ``forward`` stays numpy (fp32)."""
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         self.axis = positive_axis(self.p.axis, len(in_shapes[0]))
         return super().infer(in_shapes)
 
     batched = True
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        axis = self.axis + out.ndim - len(self.out_shapes[0])  # past a batch's item axis
+        n, cols = out.shape[axis], math.prod(out.shape[axis + 1:])
+        blocks = math.prod(out.shape[:axis])
+        jit_elementwise.softmax(xs[0].reshape(blocks * n, cols), n, ops,
+                                min(blocks, 4 * jit.kernel_threads()), out.reshape(blocks * n, cols))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
