@@ -567,9 +567,9 @@ class Scheduler:
         return job
 
     async def _run_inline(self) -> None:
-        """Run the runs ``_start`` keeps on the loop's thread, one loop round after it: a
+        """Execute the runs ``_start`` keeps on the loop's thread, one loop round after it: a
         job's end is never delivered inside ``submit``, and a wake-up here is a task switch,
-        not a system call. The loop waits for the run (a fraction of a millisecond, by the rule)."""
+        not a system call. The loop waits for the run (under ``inline_run_ms``, by the rule)."""
         while True:
             if self._inline is None:
                 await self._inline_lot.park()
@@ -986,21 +986,23 @@ class Scheduler:
         work = functools.partial(_run_blocking, device.handle, executor, [j.inputs for j in batch],
                                  device.threads.check_stopped)
         done = functools.partial(self._run_done, batch, entry, placement, shape, device, executor)
-        if self._inline is None and self._runs_inline(batch, device, latency):
+        if self._inline is None and self._runs_inline(batch, device, placement, latency):
             self._inline = (device, work, done)
             self._inline_lot.unpark()
         else:
             device.threads.submit(work, done)
         self._notify()
 
-    def _runs_inline(self, batch: list[Job], device: _Device, latency: float) -> bool:
+    def _runs_inline(self, batch: list[Job], device: _Device, placement: _Placement,
+                     latency: float) -> bool:
         """Does this run go to the loop's own thread? When it is all there is to do (no other
-        job queued or running anywhere), its measured
-        latency is under ``inline_run_ms`` and the device has no test hook set. Two thread
+        job queued or running anywhere), its expected latency, measured on this device, is
+        under ``inline_run_ms`` and the device has no test hook set. Two thread
         hand-offs (a queue put waking a run thread, its outcome waking the loop) cost 0.15-0.2
         ms of a sequential request (RESULTS, issue 14): about as much as such a run."""
-        return (latency < self.config.inline_run_ms / 1e3 and len(self._jobs) == len(batch)
-                and len(device.running) == 1 and not device.handle.hooked())
+        return (placement.latency is not None and latency < self.config.inline_run_ms / 1e3
+                and len(self._jobs) == len(batch) and len(device.running) == 1
+                and not device.handle.hooked())
 
     def _run_done(self, batch: list[Job], entry: _Model, placement: _Placement,
                   shape: ShapeSlots, device: _Device, executor: Executor,
