@@ -119,6 +119,19 @@ async def test_a_hooked_device_a_longer_run_or_zero_keep_runs_off_the_loop(
             assert ran.startswith("vkserve-run cpu") and device_info(sched, 0).inline_runs == 0
 
 
+async def test_a_run_not_yet_measured_on_its_device_stays_off_the_loop(
+        tmp_path: Path, run_threads: list[str]) -> None:
+    """No warm-up, and a prior under the limit: the first run is measured on a run thread."""
+    write_model(tmp_path, config="warmup = 0\n")
+    async with serving([DeviceHandle.cpu(0)], tmp_path, inline_run_ms=LIMIT_MS,
+                       default_latency_s=1e-6) as sched:
+        before = len(run_threads)
+        await _submit_and_wait(sched, 6)
+        await _submit_and_wait(sched, 7)
+        first, second = run_threads[before:]
+        assert first.startswith("vkserve-run cpu") and second == LOOP
+
+
 async def test_a_device_fault_on_the_loop_thread_fails_over(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_threads: list[str]) -> None:
     folder = write_model(tmp_path)
