@@ -7,7 +7,7 @@ For each model, the fp16 Plan is profiled in one process (`profile_plan`: per-di
 timestamps, median of `runs` replays) with VKSERVE_COOPMAT=0, then with =1 once per tile
 setting (`auto`: the layer's own choice; `FM,FN`: that tile with K split by the layer's rule;
 `FM,FN,KSPLIT`: that tile and split, 1 = not split; `FM,FN,gT`: K split by the layer's rule
-aiming at T work groups instead of conv.COOP_TARGET_GROUPS), and every convolution that took
+aiming at T work groups instead of compute_util.COOP_TARGET_GROUPS), and every convolution that took
 conv_coopmat is listed beside its conv_gemm time with its GEMM shape (M output channels per
 group, N output pixels, K = input channels per group x kernel taps, groups) and its tile
 (a split layer's two dispatches summed), and so is every Gemm / MatMul / MultiHeadAttention
@@ -56,13 +56,13 @@ ORIGINAL: dict = {}  # the layer's own choose_coop_tile, kept while settings rep
 
 def force_tile(setting: str) -> None:
     """Make every conv_coopmat layer take `setting` (see the module's docstring)."""
-    from vkserve.devices.vulkan.layers import conv
+    from vkserve.devices.vulkan.layers import compute_util, conv
 
     own = ORIGINAL.setdefault("choose", conv.choose_coop_tile)
     if setting == "auto":
         conv.choose_coop_tile = own
         return
-    own_target = ORIGINAL.setdefault("target", conv.COOP_TARGET_GROUPS)
+    own_target = ORIGINAL.setdefault("target", compute_util.COOP_TARGET_GROUPS)
     fm, fn, *split = setting.split(",")
     target = int(split[0][1:]) if split and split[0].startswith("g") else own_target
 
@@ -71,11 +71,11 @@ def force_tile(setting: str) -> None:
             per = -(-steps // int(split[0]))
             return conv.CoopTile(int(fm), int(fn), -(-steps // per), per)
         tiles = -(-m // (32 * int(fm))) * -(-n // (64 * int(fn))) * groups
-        conv.COOP_TARGET_GROUPS = target
+        compute_util.COOP_TARGET_GROUPS = target
         try:
-            return conv.CoopTile(int(fm), int(fn), *conv.split_k(tiles, steps))
+            return conv.CoopTile(int(fm), int(fn), *compute_util.split_k(tiles, steps))
         finally:
-            conv.COOP_TARGET_GROUPS = own_target
+            compute_util.COOP_TARGET_GROUPS = own_target
 
     conv.choose_coop_tile = choose
 

@@ -19,6 +19,7 @@ from tests.devices.vulkan.test_vulkan_layers_compute import conv_line, write_par
 from vkserve.devices.capabilities import CoopMatrixShape, DeviceCaps, Precision
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.coopmat import coopmat_wanted
+from vkserve.devices.vulkan.layers import compute_util
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS
 from vkserve.devices.vulkan.shader_registry import builtin_shader
 from vkserve.models.graph import load_model
@@ -42,16 +43,16 @@ def test_the_shader_compiles_in_both_fp16_modes(coop_caps, precision):
 @pytest.mark.parametrize("tiles", [1, 2, 7, 50, 131, 132, 264, 5000])
 @pytest.mark.parametrize("steps", [1, 3, 4, 9, 18, 72, 144, 1000])
 def test_a_split_is_never_empty_and_nears_the_target_when_k_allows(tiles, steps):
-    ksplit, per = conv_layers.split_k(tiles, steps)
+    ksplit, per = compute_util.split_k(tiles, steps)
     assert ksplit >= 1 and per >= 1
     assert (ksplit - 1) * per < steps <= ksplit * per  # every split has steps, K is covered
     if ksplit > 1:
-        assert per >= conv_layers.COOP_MIN_SPLIT_STEPS
-    if tiles >= conv_layers.COOP_TARGET_GROUPS:
+        assert per >= compute_util.COOP_MIN_SPLIT_STEPS
+    if tiles >= compute_util.COOP_TARGET_GROUPS:
         assert ksplit == 1
-    elif steps >= conv_layers.COOP_MIN_SPLIT_STEPS * -(-conv_layers.COOP_TARGET_GROUPS // tiles):
+    elif steps >= compute_util.COOP_MIN_SPLIT_STEPS * -(-compute_util.COOP_TARGET_GROUPS // tiles):
         # whole steps per split: within 4/5 of the target (at least 4 steps each)
-        assert tiles * ksplit >= 0.8 * conv_layers.COOP_TARGET_GROUPS
+        assert tiles * ksplit >= 0.8 * compute_util.COOP_TARGET_GROUPS
 
 
 def test_the_tile_follows_k_and_fits_the_grid():

@@ -16,7 +16,7 @@ from tests.support.vulkan_engine import graph_of
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS
-from vkserve.devices.vulkan.layers.conv import GEMM_UNITS
+from vkserve.devices.vulkan.layers.compute_util import GEMM_UNITS
 from vkserve.devices.vulkan.layers.matmul import COOP_GEMM_BK, choose_coop_gemm, choose_coop_gemm_tile
 from vkserve.devices.vulkan.shader_registry import buildable, builtin_shader
 

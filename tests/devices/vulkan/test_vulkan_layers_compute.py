@@ -29,6 +29,7 @@ from vkserve.devices.reference import run_ncnn
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.context import VulkanContext
 from vkserve.devices.vulkan.dispatch import dispatch
+from vkserve.devices.vulkan.layers import compute_util
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS, Shape
 from vkserve.devices.vulkan.shader_registry import builtin_shader
 from vkserve.models.graph import Graph, load_model
@@ -186,7 +187,7 @@ def test_convolution_gemm_tile_choice():
     assert small.ks >= 8 and (large.bm, large.bn, large.ks) == (64, 64, 1)
     assert conv_layers.choose_gemm_tile(64, 64 * 65536, 9, 1) is None  # grid too large: `conv`
     for t in conv_layers.GemmTile.candidates():
-        assert t.bm * t.bn * t.ks == 16 * conv_layers.GEMM_THREADS
+        assert t.bm * t.bn * t.ks == 16 * compute_util.GEMM_THREADS
         assert t.ks * t.bk * (t.bm + t.bn) <= conv_layers.GEMM_SHARED_FLOATS and t.bk <= min(t.bm, t.bn)
 
 

@@ -17,6 +17,23 @@ from vkserve.models.layers import activation_values
 # Work-group size of the shaders that reduce across a work group (they declare it themselves).
 REDUCE_LOCAL = 64
 
+# The GPU that the GEMM shaders' tile and split choices aim at: a big discrete one (an H100
+# has 132 SMs of up to 2048 resident invocations). Layers do not see the device's caps, so
+# one figure is used everywhere; on a smaller GPU the choices only split K more than needed.
+GEMM_UNITS = 132          # compute units (SMs)
+GEMM_THREADS = 256        # the GEMM shaders' work-group size (they declare it)
+COOP_TARGET_GROUPS = 2 * GEMM_UNITS  # work groups that keep every unit busy: K is split to reach it
+COOP_MIN_SPLIT_STEPS = 4  # steps per split at least: partials cost a write and a read per split
+
+
+def split_k(tiles: int, steps: int) -> tuple[int, int]:
+    """(ksplit, split_steps) of the cooperative-matrix GEMMs: the fewest splits that give
+    `COOP_TARGET_GROUPS` work groups with `tiles` output tiles, each split at least
+    `COOP_MIN_SPLIT_STEPS` steps of `steps`."""
+    want = min(-(-COOP_TARGET_GROUPS // tiles), max(1, steps // COOP_MIN_SPLIT_STEPS))
+    per = -(-steps // max(1, want))
+    return -(-steps // per), per
+
 
 def activation_constants(activation_type: int, activation_params: Sequence[float]) -> tuple[Scalar, ...]:
     """(type, param 0, param 1) for the shaders' `activate()` (vkserve.models.layers'

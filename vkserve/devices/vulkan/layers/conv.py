@@ -1,4 +1,4 @@
-"""Convolution and ConvolutionDepthWise on Vulkan: four shaders chosen per layer.
+"""Convolution and ConvolutionDepthWise on Vulkan: five ways chosen per layer.
 
 - ``convdw``: depthwise (one input and one output channel per group), one output per
   invocation, weights in ncnn's order;
@@ -9,6 +9,9 @@
 - ``conv_coopmat``: the same GEMM on cooperative matrices (tensor cores), for the conv_gemm
   layers that vulkan.coopmat's measured rule gives it on devices that have them (fp16 modes);
   K tap-major, split over work groups (``CoopTile``) when the output tiles are too few;
+- ``conv_winograd``: 3x3 stride-1 convolutions of one group where vulkan.winograd's measured
+  rule takes them: F(2x2, 3x3) in three passes (input transform, 16 GEMMs through
+  ``gemm_dispatches``, output transform with the epilogue);
 - ``conv``: the rest (grouped convs with few channels per group), 4 output channels of one
   group per invocation.
 
@@ -38,7 +41,16 @@ from vkserve.devices.vulkan.layers.base import (
     is_transpose,
     register,
 )
-from vkserve.devices.vulkan.layers.compute_util import activation_constants, make_dispatch
+from vkserve.devices.vulkan.layers.compute_util import (
+    GEMM_THREADS,
+    GEMM_UNITS,
+    NO_ACTIVATION,
+    activation_constants,
+    make_dispatch,
+    split_k,
+)
+from vkserve.devices.vulkan.layers.matmul import CoopGemm, choose_coop_gemm, gemm_dispatches
+from vkserve.devices.vulkan.winograd import ELEMENTS, eligible, tiles, transform_weights, winograd_wanted
 from vkserve.models.graph import Layer
 
 
@@ -50,15 +62,11 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# The GPU that conv_gemm's tile choice aims at: a big discrete one (an H100 has 132 SMs of
-# up to 2048 resident invocations). Layers do not see the device's caps, so one table is
-# used everywhere; on a smaller GPU the choice only splits K more than it needs to. The
-# constants were checked against every tile forced on every conv of mobilenet, mobilenet_v2,
-# resnet50 and vgg16 on an H100 (fp16): the choice's total is within 4 % of the per-layer best.
-GEMM_UNITS = 132          # compute units (SMs)
+# conv_gemm's tile choice aims at the GPU of compute_util.GEMM_UNITS. The constants were
+# checked against every tile forced on every conv of mobilenet, mobilenet_v2, resnet50 and
+# vgg16 on an H100 (fp16): the choice's total is within 4 % of the per-layer best.
 GEMM_GROUPS_PER_UNIT = 8  # resident 256-invocation work groups per unit
 GEMM_STEP_LATENCY = 1000  # cycles a step takes however little arithmetic it has (load, barriers)
-GEMM_THREADS = 256        # conv_gemm's work-group size (it declares it)
 GEMM_SHARED_FLOATS = 4096  # conv_gemm's shared memory (16 KiB of vec4)
 
 
@@ -113,8 +121,6 @@ def choose_gemm_tile(m: int, n: int, k: int, groups: int) -> GemmTile | None:
 # shared memory a work group may have everywhere (two buffers of A and B, the epilogue tile)
 COOP_TILES = ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1))
 COOP_BK = 32  # conv_coopmat's values of K per step (one kernel tap, 32 input channels)
-COOP_TARGET_GROUPS = 2 * GEMM_UNITS  # work groups that keep every unit busy: K is split to reach it
-COOP_MIN_SPLIT_STEPS = 4  # steps per split at least: partials cost a write and a read per split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,14 +141,6 @@ class CoopTile:
     @property
     def bn(self) -> int:
         return 64 * self.fn
-
-
-def split_k(tiles: int, steps: int) -> tuple[int, int]:
-    """(ksplit, split_steps): the fewest splits that give `COOP_TARGET_GROUPS` work groups
-    with `tiles` output tiles, each split at least `COOP_MIN_SPLIT_STEPS` steps of `steps`."""
-    want = min(_ceil(COOP_TARGET_GROUPS, tiles), max(1, steps // COOP_MIN_SPLIT_STEPS))
-    per = _ceil(steps, max(1, want))
-    return _ceil(steps, per), per
 
 
 COOP_SHORT_K = 16  # steps of K up to which the 32 x 64 tile is taken, the 64 x 64 above
@@ -186,13 +184,15 @@ class VulkanConvolution(VulkanLayer):
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
         self.coop_tile: CoopTile | None = None
+        self.wino_coop = False  # conv_winograd: its GEMMs may run on gemm_coopmat
         self.residual = False
         self.out_hwc = False  # convdw: the output stored channels-last (a Permute folded in)
 
     def take_residual(self, residual: str, activation: tuple[Scalar, ...], output: str) -> Layer | None:
         """The GEMM kinds add the residual in their epilogue, before the activation; only
         without an activation of their own (it would come before the sum)."""
-        if self.kind not in ("conv_gemm", "conv_coopmat") or self.activation[0] != 0 or self.residual:
+        if (self.kind not in ("conv_gemm", "conv_coopmat", "conv_winograd") or self.activation[0] != 0
+                or self.residual):
             return None
         self.layer = dataclasses.replace(self.layer, inputs=[self.layer.inputs[0], residual], outputs=[output])
         self.in_shapes = [self.in_shapes[0], self.out_shapes[0]]
@@ -213,10 +213,19 @@ class VulkanConvolution(VulkanLayer):
         return self.layer
 
     def specialize(self, caps: DeviceCaps) -> None:
-        """On tensor-core devices in the fp16 modes, the conv_gemm layers big enough to fill
-        16 x 16 x 16 products and measured faster that way (vulkan.coopmat) run as conv_coopmat."""
+        """The conv_gemm layers that vulkan.winograd's rule takes run as conv_winograd; on
+        tensor-core devices in the fp16 modes, of the others those big enough to fill
+        16 x 16 x 16 products and measured faster that way (vulkan.coopmat) as conv_coopmat."""
+        p = self.params
+        coop = fp16_coopmat(caps, self.precision)
+        if (self.kind == "conv_gemm"
+                and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w), (p.dilation_h, p.dilation_w),
+                             self.groups)
+                and winograd_wanted(self.icg, self.ocg, self.outh, self.outw, coop)):
+            self.kind, self.wino_coop = "conv_winograd", coop
+            return
         n, k = self.outh * self.outw, self.icg * self.params.kernel_h * self.params.kernel_w
-        if not (self.kind == "conv_gemm" and self.ocg >= 16 and fp16_coopmat(caps, self.precision)
+        if not (self.kind == "conv_gemm" and self.ocg >= 16 and coop
                 and coopmat_wanted(self.icg, self._coop_cpad(), self.ocg, n, k)):
             return
         steps = self.params.kernel_h * self.params.kernel_w * self._coop_cpad() // COOP_BK
@@ -234,6 +243,8 @@ class VulkanConvolution(VulkanLayer):
     def _layout(self, weight: np.ndarray, bias: np.ndarray, maxk: int) -> dict[str, np.ndarray]:
         if self.kind == "convdw":
             return {"weight": weight, "bias": bias}
+        if self.kind == "conv_winograd":
+            return {"weight": transform_weights(weight.reshape(self.ocg, self.icg, 3, 3)).ravel(), "bias": bias}
         g, icg, ocg = self.groups, self.icg, self.ocg
         if self.kind == "conv_coopmat":
             # A[group][m][tap][channel]: K tap-major (the shader's order), channels padded
@@ -275,7 +286,16 @@ class VulkanConvolution(VulkanLayer):
     def scratch(self) -> dict[str, int]:
         """conv_coopmat's fp32 partials of a split K ([split][group][mpad][npad]), counted in
         the fp16 storage elements of the modes it runs in; one value when K is not split (the
-        shader declares the binding either way)."""
+        shader declares the binding either way). conv_winograd's transformed input
+        (V[element][channel][tile]) and products (M[element][out channel][tile]), and its
+        GEMMs' partials where gemm_coopmat splits their K."""
+        if self.kind == "conv_winograd":
+            t = self._wino_tiles()
+            out = {"wino_v": ELEMENTS * self.icg * t, "wino_m": ELEMENTS * self.ocg * t}
+            launch = self._wino_launch()
+            if launch is not None and launch.ksplit > 1:
+                out["partial"] = launch.partial_floats(self.ocg, t, ELEMENTS) * 2
+            return out
         if self.kind != "conv_coopmat":
             return {}
         t = self.coop_tile
@@ -290,6 +310,8 @@ class VulkanConvolution(VulkanLayer):
         c, h, w = self.in_shapes[0]
         outh, outw = self.outh, self.outw  # (out_shapes[0] is channels-last after a fold)
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias")
+        if self.kind == "conv_winograd":
+            return self._wino_dispatches()
         if self.kind in ("conv_gemm", "conv_coopmat"):
             kpad, mpad = self._padded_km()
             psc = (w, h, outw, outh, self.icg, self.ocg, p.kernel_w, p.kernel_h, p.dilation_w,
@@ -335,6 +357,38 @@ class VulkanConvolution(VulkanLayer):
             return [gemm]
         return [gemm, make_dispatch("conv_coopmat", bindings, (n, self.ocg, self.groups), psc=psc,
                                     fixed=fixed(1), local_size=(GEMM_THREADS, 1, 1), batched=True)]
+
+    def _wino_tiles(self) -> int:
+        th, tw = tiles(self.outh, self.outw)
+        return th * tw
+
+    def _wino_launch(self) -> CoopGemm | None:
+        """gemm_coopmat's launch for conv_winograd's 16 GEMMs, None where gemm.comp runs them."""
+        if not self.wino_coop:
+            return None
+        return choose_coop_gemm(self.ocg, self._wino_tiles(), self.icg, ELEMENTS, split=True)
+
+    def _wino_dispatches(self) -> list[Dispatch]:
+        """Input transform, the 16 GEMMs M[e] = U[e] (out x in) @ V[e] (in x tiles), output
+        transform with the bias, residual and activation."""
+        p = self.params
+        c, h, w = self.in_shapes[0]
+        th, tw = tiles(self.outh, self.outw)
+        t, m, k = th * tw, self.ocg, self.icg
+        into = make_dispatch("winograd_input", (self.layer.inputs[0], "s:wino_v"), (t, c, 1),
+                             psc=(w, h, c, tw, th, self.pad_left, self.pad_top, float(p.pad_value)),
+                             local_size=(64, 1, 1))
+        products = gemm_dispatches(("w:weight", "s:wino_v", "w:weight", "s:wino_m"), m, t, k,
+                                   a=(k, 1), b=(t, 1), c=None, out=(t, 1), batches=ELEMENTS,
+                                   a_batch=(m * k, 0), b_batch=(k * t, 0), out_batch=m * t,
+                                   what=f"Convolution {self.layer.name}", coop=self.wino_coop,
+                                   partial="s:partial" if self.wino_coop else None,
+                                   activation=NO_ACTIVATION)
+        back = make_dispatch("winograd_output", ("s:wino_m", self.layer.outputs[0], "w:bias",
+                                                 self._residual_binding()),
+                             (t, m, 1), psc=(self.outw, self.outh, m, tw, th),
+                             fixed=self.activation + (int(self.residual),), local_size=(64, 1, 1))
+        return [into, *products, back]
 
     def _residual_binding(self) -> str:
         """The GEMM shaders' residual binding: the folded residual, else the input (unread)."""

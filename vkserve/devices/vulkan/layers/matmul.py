@@ -38,8 +38,7 @@ from vkserve.devices.vulkan.layers.base import (
     is_transpose,
     register,
 )
-from vkserve.devices.vulkan.layers.compute_util import NO_ACTIVATION
-from vkserve.devices.vulkan.layers.conv import GEMM_THREADS, GEMM_UNITS, split_k
+from vkserve.devices.vulkan.layers.compute_util import GEMM_THREADS, GEMM_UNITS, NO_ACTIVATION, split_k
 from vkserve.models.graph import Layer
 
 _DUMMY = np.zeros(2, np.float32)
@@ -161,7 +160,7 @@ class CoopGemm:
 def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool) -> CoopGemm | None:
     """gemm_coopmat's launch for the product, or None where gemm.comp should run it
     (``coop_gemm_wanted``). With `split` (the layer has room for partials) K is split over
-    work groups as conv_coopmat's is when the output tiles are too few (``conv.split_k``)."""
+    work groups as conv_coopmat's is when the output tiles are too few (``compute_util.split_k``)."""
     tile = choose_coop_gemm_tile(m, n, batches)
     if tile is None:
         return None

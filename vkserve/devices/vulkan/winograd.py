@@ -1,0 +1,70 @@
+"""Winograd F(2x2, 3x3) convolutions on Vulkan: when they run, and the weights' transform.
+
+A 3x3 stride-1 convolution (one group) computes each 2 x 2 output tile from a 4 x 4 input
+patch with 16 products per channel pair instead of 36 (Lavin and Gray, "Fast Algorithms for
+Convolutional Neural Networks", 2015): the input patches are transformed (B^T d B,
+winograd_input.comp), each of the 16 transformed elements is one GEMM of (output channels x
+input channels) by (input channels x tiles) (gemm_coopmat.comp on the tensor cores, gemm.comp
+elsewhere: layers.matmul's ``gemm_dispatches``), and the products are transformed back (A^T m
+A, with the bias, a folded residual and the activation: winograd_output.comp). The weights'
+transform U = G g G^T is made once, at load. F(2x2, 3x3) and not F(4x4, 3x3): its transforms
+are sums and differences (0.5 in G only), so in the fp16 storage modes the intermediate
+values keep the direct convolution's precision; F(4, 3)'s coefficients (up to 8 in A, 5 in B)
+would amplify fp16 rounding.
+
+``VKSERVE_WINOGRAD``: unset or ``auto`` = `winograd_wanted`'s measured rule, ``1`` = every
+convolution that can (for measuring), ``0`` = never.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+TILE = 2  # outputs per tile side
+PATCH = 4  # input patch side, and the transformed tile's
+ELEMENTS = PATCH * PATCH  # GEMMs per layer
+
+#: G of F(2, 3): U = G g G^T maps a 3 x 3 kernel to the 4 x 4 transformed one
+G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]], np.float64)
+
+
+def transform_weights(weight: np.ndarray) -> np.ndarray:
+    """(out, in, 3, 3) kernels -> U[element][out][in] (element = 4 i + j of G g G^T), fp32:
+    the A operand of the 16 GEMMs, K (input channels) contiguous."""
+    out, cin = weight.shape[:2]
+    u = np.einsum("ik,ockl,jl->ijoc", G, weight.astype(np.float64), G)
+    return np.ascontiguousarray(u.reshape(ELEMENTS, out, cin), dtype=np.float32)
+
+
+def tiles(outh: int, outw: int) -> tuple[int, int]:
+    """(tiles along h, along w): an odd-sized output's last tile overhangs it."""
+    return -(-outh // TILE), -(-outw // TILE)
+
+
+def eligible(kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+             groups: int) -> bool:
+    """Whether the shaders can run this convolution: 3x3, stride 1, dilation 1, one group."""
+    return kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1
+
+
+def _mode() -> str:
+    mode = os.environ.get("VKSERVE_WINOGRAD", "auto")
+    if mode not in ("auto", "0", "1"):
+        log.warning("VKSERVE_WINOGRAD=%r is not auto, 0 or 1: taken as auto", mode)
+        return "auto"
+    return mode
+
+
+def winograd_wanted(cin: int, cout: int, outh: int, outw: int, coop: bool) -> bool:
+    """Whether an eligible convolution of `cin` -> `cout` channels with an `outh` x `outw`
+    output runs as Winograd, by ``VKSERVE_WINOGRAD`` (see above); `coop`: its GEMMs would run
+    on the tensor cores (else the direct kernel it competes with is conv_gemm)."""
+    mode = _mode()
+    if mode != "auto":
+        return mode == "1"
+    return False
