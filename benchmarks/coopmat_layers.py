@@ -28,21 +28,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def profiled(graph, inputs: dict, device: int, coopmat: bool, runs: int) -> dict[str, tuple[set[str], float]]:
-    """Layer label -> (its shaders, GPU ms of its dispatches) of one Plan."""
+def profiled(graph, inputs: dict, device: int, env: dict[str, str], runs: int,
+             precision: str = "fp16") -> dict[str, tuple[set[str], float]]:
+    """Layer label -> (its shaders, GPU ms of its dispatches) of one Plan, built with the
+    environment variables `env` set (the kernel switches: VKSERVE_COOPMAT, VKSERVE_WINOGRAD)."""
     from vkserve.devices.vulkan.engine import load_plan
     from vkserve.devices.vulkan.engine.profile import profile_plan
 
-    os.environ["VKSERVE_COOPMAT"] = "1" if coopmat else "0"
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         with tempfile.TemporaryDirectory() as cache_dir:
-            loaded = load_plan(graph, device, "fp16", cache_dir=Path(cache_dir))
+            loaded = load_plan(graph, device, precision, cache_dir=Path(cache_dir))
             try:
                 steps, _ = profile_plan(loaded.plan, inputs, runs=runs)
             finally:
                 loaded.close()
     finally:
-        os.environ.pop("VKSERVE_COOPMAT", None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     out: dict[str, tuple[set[str], float]] = {}
     for s in steps:
         label = s.label.rsplit(" ", 1)[0]
@@ -123,11 +130,11 @@ def main() -> int:
     for name in args.only:
         graph = load_graph(args.models, name)
         inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
-        fma = profiled(graph, inputs, args.device, False, args.runs)
+        fma = profiled(graph, inputs, args.device, {"VKSERVE_COOPMAT": "0"}, args.runs)
         coop = {}
         for setting in args.tiles:
             force_tile(setting)
-            coop[setting] = profiled(graph, inputs, args.device, True, args.runs)
+            coop[setting] = profiled(graph, inputs, args.device, {"VKSERVE_COOPMAT": "1"}, args.runs)
         force_tile("auto")
         shapes = gemm_shapes(graph)
         totals = {"model": name, "layer": "(whole model, GPU)", "fma_ms": round(sum(v[1] for v in fma.values()), 4)}

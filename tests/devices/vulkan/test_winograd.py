@@ -4,6 +4,9 @@ residual sum, batches); which convolutions can take it; the VKSERVE_WINOGRAD swi
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import pytest
 
 from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spirv_for: the fixture)
@@ -11,7 +14,19 @@ from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spi
     check_layer,
     conv_line,
     spirv_for,
+    write_param,
 )
+from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixture)
+    assert_near_cpu_kernels,
+    engine_device,
+    graph_of,
+    run_plan,
+)
+from vkserve.devices.capabilities import Precision
+from vkserve.devices.vulkan.engine.plan import Plan
+from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
+from vkserve.devices.vulkan.winograd import transform_weights
+from vkserve.models.graph import load_model
 
 WINOGRAD = {
     # id: (input shape, num_output, params)
@@ -27,8 +42,98 @@ WINOGRAD = {
 
 @pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
 @pytest.mark.parametrize("case", list(WINOGRAD))
-def test_winograd_convolution(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, precision):
+def test_winograd_convolution(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, precision):  # noqa: F811
     monkeypatch.setenv("VKSERVE_WINOGRAD", "1")
     shape, out, params = WINOGRAD[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line("Convolution", shape[0], out, params),
                 {"data": shape}, precision)
+
+
+def _layer(tmp_path, line: str, shape: tuple[int, int, int], precision: Precision = Precision.FP32):
+    write_param(tmp_path / "choice.param", {"data": shape}, line)
+    graph = load_model(tmp_path / "choice.param", None, {"data": shape}, seed=7)
+    return VULKAN_LAYERS["Convolution"](graph.layers[-1], [shape], [graph.blob_shapes["out"]], precision)
+
+
+@pytest.mark.parametrize("params, taken", [
+    ("4=1 5=1", True),
+    ("4=1 5=1 3=2", False),           # stride 2
+    ("4=2 5=1 2=2", False),           # dilation 2
+])
+def test_which_convolutions_can_take_it(tmp_path, vulkan_caps, monkeypatch, params, taken):
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "1")
+    vl = _layer(tmp_path, conv_line("Convolution", 16, 24, params), (16, 12, 12))
+    vl.specialize(vulkan_caps)
+    shaders = [d.shader for d in vl.dispatches()]
+    if taken:
+        assert vl.kind == "conv_winograd"
+        assert shaders == ["winograd_input", "gemm", "winograd_output"]  # lavapipe: no tensor cores
+    else:
+        assert vl.kind == "conv_gemm" and shaders == ["conv_gemm"]
+
+
+def test_other_kernel_shapes_and_groups_keep_their_kernels(tmp_path, vulkan_caps, monkeypatch):
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "1")
+    five = _layer(tmp_path, conv_line("Convolution", 16, 24, "4=2 5=1", (5, 5)), (16, 12, 12))
+    five.specialize(vulkan_caps)
+    grouped = _layer(tmp_path, conv_line("ConvolutionDepthWise", 16, 16, "4=1 5=1", (3, 3), 2), (16, 12, 12))
+    grouped.specialize(vulkan_caps)
+    assert (five.kind, grouped.kind) == ("conv_gemm", "conv_gemm")
+
+
+def test_switch(tmp_path, vulkan_caps, monkeypatch, caplog):
+    """0 turns it off; a value that is not auto, 0 or 1 is logged and taken as auto."""
+    line = conv_line("Convolution", 64, 64, "4=1 5=1")
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "0")
+    off = _layer(tmp_path, line, (64, 28, 28))
+    off.specialize(vulkan_caps)
+    assert off.kind == "conv_gemm"
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "yes")
+    with caplog.at_level(logging.WARNING, logger="vkserve.devices.vulkan.winograd"):
+        auto = _layer(tmp_path, line, (64, 28, 28))
+        auto.specialize(vulkan_caps)
+    assert "VKSERVE_WINOGRAD='yes' is not auto, 0 or 1" in caplog.text
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "auto")
+    again = _layer(tmp_path, line, (64, 28, 28))
+    again.specialize(vulkan_caps)
+    assert auto.kind == again.kind
+
+
+RESIDUAL = [
+    "Convolution c1 1 1 x a 0=32 1=3 4=1 5=1 6=9216",
+    "Eltwise s1 2 1 a x b 0=1",
+    "ReLU r1 1 1 b c",
+    "Convolution c2 1 1 c d 0=32 1=3 4=1 5=1 6=9216 9=1",
+    "BinaryOp s2 2 1 d c e 0=0",
+]
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.FP16_STORAGE], ids=lambda p: p.value)
+def test_plan_folds_residual_sums_and_runs_batches(engine_device, monkeypatch, precision):  # noqa: F811
+    """Through a whole Plan: a residual sum (and its ReLU) folded into the output transform,
+    a convolution with its own activation left unfolded, against the CPU kernels; a batch of 3
+    (the three passes once per item, each with its own transformed blobs) equal to the items
+    run alone."""
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "1")
+    shapes = {"x": (32, 15, 13)}
+    graph = graph_of(RESIDUAL, shapes, seed=4)
+    feed = {"x": np.random.default_rng(2).uniform(-1, 1, shapes["x"]).astype(np.float32)}
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["e"])
+    assert summary["folded_residuals"] == 1
+    assert [shader for name, shader in steps if name == "c1"] == ["winograd_input", "gemm", "winograd_output"]
+    assert_near_cpu_kernels(got, graph, feed, precision)
+    feeds = [{"x": np.random.default_rng(s).uniform(-1, 1, shapes["x"]).astype(np.float32)} for s in range(3)]
+    with Plan(engine_device, graph, None, precision, outputs=["e"], max_instances=1) as plan:
+        alone = [plan.run(f) for f in feeds]
+        together = plan.run_batch(feeds)
+    for a, b in zip(alone, together):
+        np.testing.assert_array_equal(b["e"], a["e"])
+    assert not np.array_equal(alone[0]["e"], alone[1]["e"])
+
+
+def test_weight_transform_is_exact_for_a_known_kernel():
+    """U = G g G^T: a kernel of ones gives G's row sums' outer product (1, 1.5, 0.5, 1)."""
+    u = transform_weights(np.ones((2, 3, 3, 3), np.float32))
+    sums = np.array([1.0, 1.5, 0.5, 1.0])
+    assert u.shape == (16, 2, 3)
+    np.testing.assert_array_equal(u[:, 1, 2], np.outer(sums, sums).ravel().astype(np.float32))

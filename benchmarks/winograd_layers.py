@@ -1,0 +1,92 @@
+"""Per layer: Winograd F(2x2, 3x3) (conv_winograd) against the kernel each 3x3 stride-1
+convolution takes without it, GPU time side by side.
+
+    python benchmarks/winograd_layers.py [--models DIR] [--only vgg16 resnet18 ...]
+        [--precisions fp16 fp32] [--runs 20] [--device 0] [--json OUT]
+
+For each model and precision the Plan is profiled (`coopmat_layers.profiled`: per-dispatch GPU
+timestamps, median of `runs` replays) with VKSERVE_WINOGRAD=0 and =1 in one process, twice
+each, alternating (the host's clocks move between Plans), and every convolution that took
+conv_winograd is listed with its input and output channels, output size, the kernel it runs
+otherwise (conv_gemm or conv_coopmat: VKSERVE_COOPMAT's rule) and both times (each the lower
+of its two Plans; a layer's passes summed): the data for `vulkan.winograd.winograd_wanted`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.coopmat_layers import load_graph, profiled  # noqa: E402
+
+
+def conv_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
+    """Convolution label prefix -> (in channels, out channels, out h, out w)."""
+    out = {}
+    for layer in graph.layers:
+        if layer.type == "Convolution":
+            oc, oh, ow = graph.blob_shapes[layer.outputs[0]]
+            out[f"{layer.name} ({layer.type})"] = (graph.blob_shapes[layer.inputs[0]][0], oc, oh, ow)
+    return out
+
+
+def best_of(runs: list[dict[str, tuple[set[str], float]]]) -> dict[str, tuple[set[str], float]]:
+    return {label: (runs[0][label][0], min(r[label][1] for r in runs)) for label in runs[0]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=Path, default=ROOT / "tests" / "data" / "models")
+    ap.add_argument("--only", nargs="*", default=["vgg16", "resnet18", "resnet50"])
+    ap.add_argument("--precisions", nargs="*", default=["fp16", "fp32"])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    from vkserve.devices.reference import random_inputs
+
+    rows = []
+    for name in args.only:
+        graph = load_graph(args.models, name)
+        inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+        shapes = conv_shapes(graph)
+        for precision in args.precisions:
+            runs: dict[str, list] = {"0": [], "1": []}
+            for _ in range(2):
+                for mode in ("0", "1"):
+                    runs[mode].append(profiled(graph, inputs, args.device, {"VKSERVE_WINOGRAD": mode},
+                                               args.runs, precision))
+            base, wino = best_of(runs["0"]), best_of(runs["1"])
+            for label, (shaders, ms) in wino.items():
+                if "winograd_output" not in shaders or label not in base:
+                    continue
+                cin, cout, oh, ow = shapes[label]
+                rows.append({"model": name, "precision": precision, "layer": label, "in": cin, "out": cout,
+                             "h": oh, "w": ow, "other": "/".join(sorted(base[label][0])),
+                             "other_ms": round(base[label][1], 4), "winograd_ms": round(ms, 4),
+                             "gemm": "/".join(sorted(shaders - {"winograd_input", "winograd_output"}))})
+                print(json.dumps(rows[-1]), flush=True)
+            rows.append({"model": name, "precision": precision, "layer": "(whole model, GPU)",
+                         "other_ms": round(sum(v[1] for v in base.values()), 4),
+                         "winograd_ms": round(sum(v[1] for v in wino.values()), 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    print("| model | precision | layer | in -> out, output | other kernel | other ms | Winograd (GEMM) ms | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        shape = f"{r['in']} -> {r['out']}, {r['h']}x{r['w']}" if "in" in r else ""
+        print(f"| {r['model']} | {r['precision']} | {r['layer']} | {shape} | {r.get('other', '')} | "
+              f"{r['other_ms']} | {r['winograd_ms']} ({r.get('gemm', '')}) | "
+              f"{r['winograd_ms'] / max(r['other_ms'], 1e-9):.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
