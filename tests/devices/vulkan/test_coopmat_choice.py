@@ -27,6 +27,13 @@ from vkserve.models.graph import load_model
 FP16_PRODUCT = CoopMatrixShape(16, 16, 16, "float16_t", "float16_t", "float", "float")
 
 
+@pytest.fixture(autouse=True)
+def without_winograd(monkeypatch):
+    """These cases are conv_gemm's and conv_coopmat's: without the tensor cores (lavapipe, fp32)
+    vulkan.winograd's rule would take their deep 3x3 layers (tests/devices/vulkan/test_winograd.py)."""
+    monkeypatch.setenv("VKSERVE_WINOGRAD", "0")
+
+
 @pytest.fixture
 def coop_caps(vulkan_caps) -> DeviceCaps:
     """The CI device as if it offered 16 x 16 x 16 fp16 -> fp32 products on 32-wide subgroups."""

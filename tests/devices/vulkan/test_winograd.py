@@ -25,7 +25,7 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
-from vkserve.devices.vulkan.winograd import transform_weights
+from vkserve.devices.vulkan.winograd import transform_weights, winograd_wanted
 from vkserve.models.graph import load_model
 
 WINOGRAD = {
@@ -137,3 +137,28 @@ def test_weight_transform_is_exact_for_a_known_kernel():
     sums = np.array([1.0, 1.5, 0.5, 1.0])
     assert u.shape == (16, 2, 3)
     np.testing.assert_array_equal(u[:, 1, 2], np.outer(sums, sums).ravel().astype(np.float32))
+
+
+@pytest.mark.parametrize("cin, pixels, coop, taken", [
+    (128, 7 * 7, False, True),
+    (512, 28 * 28, False, True),
+    (64, 112 * 112, False, True),
+    (64, 56 * 56, False, False),      # 64 channels on a smaller map: conv_gemm was faster
+    (32, 224 * 224, False, False),
+    (512, 28 * 28, True, False),      # on the tensor cores conv_coopmat wins
+])
+def test_auto_rule(monkeypatch, cin, pixels, coop, taken):
+    monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)
+    assert winograd_wanted(cin, pixels, coop) is taken
+
+
+def test_auto_rule_on_this_device(tmp_path, vulkan_caps, monkeypatch):
+    """lavapipe has no tensor cores: a deep 3x3 layer takes Winograd in every mode by default,
+    a shallow one keeps conv_gemm."""
+    monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)
+    for precision in MODES:
+        deep = _layer(tmp_path, conv_line("Convolution", 128, 128, "4=1 5=1"), (128, 14, 14), precision)
+        deep.specialize(vulkan_caps)
+        shallow = _layer(tmp_path, conv_line("Convolution", 64, 64, "4=1 5=1"), (64, 56, 56), precision)
+        shallow.specialize(vulkan_caps)
+        assert (deep.kind, shallow.kind) == ("conv_winograd", "conv_gemm"), precision

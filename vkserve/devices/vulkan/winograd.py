@@ -60,11 +60,26 @@ def _mode() -> str:
     return mode
 
 
-def winograd_wanted(cin: int, cout: int, outh: int, outw: int, coop: bool) -> bool:
-    """Whether an eligible convolution of `cin` -> `cout` channels with an `outh` x `outw`
-    output runs as Winograd, by ``VKSERVE_WINOGRAD`` (see above); `coop`: its GEMMs would run
-    on the tensor cores (else the direct kernel it competes with is conv_gemm)."""
+#: The rule, from every eligible layer of vgg16, resnet18, resnet50, alexnet, yolov4-tiny and
+#: squeezenet on an H200 (benchmarks/winograd_layers.py, GPU time per layer; RESULTS.md, issue
+#: 17). Against conv_gemm (fp16 without the tensor cores, and fp32) Winograd took 0.39-0.92x of
+#: its time with 128 or more input channels (fp32: 0.56-1.03x), 0.65-0.66x with 64 on maps of
+#: 112 x 112 and more (fp32: 0.83-0.94x), but 1.08-1.37x with 64 on 52-56 (fp32 1.19-1.39x) and
+#: 1.1-2.6x with fewer. Against conv_coopmat it lost on every layer but two (1.14-2.7x; vgg16's
+#: 512-channel 28 x 28 layers 0.89-0.91x): its 16 GEMMs are short (K = input channels, N = tiles)
+#: where conv_coopmat's one GEMM has 9x the K, so on the tensor cores it never runs.
+AUTO_MIN_CHANNELS = 128
+AUTO_WIDE_MIN_CHANNELS = 64
+AUTO_WIDE_MIN_PIXELS = 112 * 112
+
+
+def winograd_wanted(cin: int, pixels: int, coop: bool) -> bool:
+    """Whether an eligible convolution of `cin` input channels and an output of `pixels`
+    pixels runs as Winograd, by ``VKSERVE_WINOGRAD`` (see above); `coop`: the device and mode
+    run the cooperative-matrix shaders."""
     mode = _mode()
     if mode != "auto":
         return mode == "1"
-    return False
+    if coop:
+        return False
+    return cin >= AUTO_MIN_CHANNELS or (cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS)

@@ -221,7 +221,7 @@ class VulkanConvolution(VulkanLayer):
         if (self.kind == "conv_gemm"
                 and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w), (p.dilation_h, p.dilation_w),
                              self.groups)
-                and winograd_wanted(self.icg, self.ocg, self.outh, self.outw, coop)):
+                and winograd_wanted(self.icg, self.outh * self.outw, coop)):
             self.kind, self.wino_coop = "conv_winograd", coop
             return
         n, k = self.outh * self.outw, self.icg * self.params.kernel_h * self.params.kernel_w
