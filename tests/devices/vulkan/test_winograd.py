@@ -145,7 +145,11 @@ def test_weight_transform_is_exact_for_a_known_kernel():
     (64, 112 * 112, False, True),
     (64, 56 * 56, False, False),      # 64 channels on a smaller map: conv_gemm was faster
     (32, 224 * 224, False, False),
-    (512, 28 * 28, True, False),      # on the tensor cores conv_coopmat wins
+    (512, 28 * 28, True, True),       # on the tensor cores: only large layers
+    (256, 56 * 56, True, True),
+    (512, 14 * 14, True, False),
+    (256, 26 * 26, True, False),
+    (128, 56 * 56, True, False),
 ])
 def test_auto_rule(monkeypatch, cin, pixels, coop, taken):
     monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)

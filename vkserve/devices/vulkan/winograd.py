@@ -65,21 +65,25 @@ def _mode() -> str:
 #: 17). Against conv_gemm (fp16 without the tensor cores, and fp32) Winograd took 0.39-0.92x of
 #: its time with 128 or more input channels (fp32: 0.56-1.03x), 0.65-0.66x with 64 on maps of
 #: 112 x 112 and more (fp32: 0.83-0.94x), but 1.08-1.37x with 64 on 52-56 (fp32 1.19-1.39x) and
-#: 1.1-2.6x with fewer. Against conv_coopmat it lost on every layer but two (1.14-2.7x; vgg16's
-#: 512-channel 28 x 28 layers 0.89-0.91x): its 16 GEMMs are short (K = input channels, N = tiles)
-#: where conv_coopmat's one GEMM has 9x the K, so on the tensor cores it never runs.
+#: 1.1-2.6x with fewer. Against conv_coopmat (its GEMMs on gemm_coopmat too) it took 0.79-0.88x
+#: with 256 or more input channels on maps of 28 x 28 and more (vgg16's conv3_2 to conv4_3),
+#: 0.98x with 128 on 56 x 56, and lost everywhere else (1.16-2.4x: 26 x 26 and smaller maps, or
+#: fewer channels): its 16 GEMMs are short (K = the input channels, N = the tiles) where
+#: conv_coopmat's one GEMM has 9x the K, so only large layers repay the transforms there.
 AUTO_MIN_CHANNELS = 128
 AUTO_WIDE_MIN_CHANNELS = 64
 AUTO_WIDE_MIN_PIXELS = 112 * 112
+AUTO_COOP_MIN_CHANNELS = 256
+AUTO_COOP_MIN_PIXELS = 28 * 28
 
 
 def winograd_wanted(cin: int, pixels: int, coop: bool) -> bool:
     """Whether an eligible convolution of `cin` input channels and an output of `pixels`
     pixels runs as Winograd, by ``VKSERVE_WINOGRAD`` (see above); `coop`: the device and mode
-    run the cooperative-matrix shaders."""
+    run the cooperative-matrix shaders (conv_coopmat is the kernel to beat)."""
     mode = _mode()
     if mode != "auto":
         return mode == "1"
     if coop:
-        return False
+        return cin >= AUTO_COOP_MIN_CHANNELS and pixels >= AUTO_COOP_MIN_PIXELS
     return cin >= AUTO_MIN_CHANNELS or (cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS)

@@ -122,8 +122,12 @@ def choose_gemm_tile(m: int, n: int, k: int, batches: int) -> MatmulTile | None:
     return min(fits, key=lambda t: (t.cost(m, n, k, batches), t.ks), default=None)
 
 
-#: gemm_coopmat's FM x FN (BM = 32 FM rows by BN = 64 FN columns), largest first
-COOP_GEMM_TILES = ((2, 2), (2, 1), (1, 1))
+#: gemm_coopmat's FM x FN (BM = 32 FM rows by BN = 64 FN columns), largest first. Not 64 x 128
+#: (2, 2): on an H200 it ran Winograd's 16 GEMMs of vgg16's conv3_2 (256 x 784 x 256) in 0.0745
+#: ms against 0.0362 with 64 x 64, and 1 x 2 was as slow; convnext_tiny's and resnet50's
+#: products took the same time either way (RESULTS.md, issue 17, fourteenth session), as
+#: conv_coopmat's 128-wide tiles were slow before (conv.choose_coop_tile).
+COOP_GEMM_TILES = ((2, 1), (1, 1))
 COOP_GEMM_BK = 32  # gemm_coopmat's values of K per step
 
 
