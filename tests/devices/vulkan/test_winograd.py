@@ -4,11 +4,13 @@ residual sum, batches); which convolutions can take it; the VKSERVE_WINOGRAD swi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import pytest
 
+from tests.devices.vulkan.test_coopmat_choice import FP16_PRODUCT
 from tests.devices.vulkan.test_vulkan_layers_compute import (  # noqa: F401 (spirv_for: the fixture)
     MODES,
     check_layer,
@@ -166,3 +168,26 @@ def test_auto_rule_on_this_device(tmp_path, vulkan_caps, monkeypatch):
         shallow = _layer(tmp_path, conv_line("Convolution", 64, 64, "4=1 5=1"), (64, 56, 56), precision)
         shallow.specialize(vulkan_caps)
         assert (deep.kind, shallow.kind) == ("conv_winograd", "conv_gemm"), precision
+
+
+def test_the_rule_follows_the_kernel_it_competes_with(tmp_path, vulkan_caps, monkeypatch):
+    """On a device with the tensor cores (this one, as if it offered fp16 products) a 128-channel
+    layer keeps its kernel in fp16 and takes Winograd in fp32, and with VKSERVE_COOPMAT=0
+    (conv_gemm the competitor again) in fp16 as well; its GEMMs then run on gemm.comp."""
+    caps = dataclasses.replace(vulkan_caps, subgroup_size=32, cooperative_matrix_shapes=(FP16_PRODUCT,))
+    monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)
+    line = conv_line("Convolution", 128, 128, "4=1 5=1")
+
+    def kind(precision: Precision) -> str:
+        vl = _layer(tmp_path, line, (128, 14, 14), precision)
+        vl.specialize(caps)
+        return vl.kind
+
+    monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
+    assert kind(Precision.FP16_STORAGE) != "conv_winograd"
+    assert kind(Precision.FP32) == "conv_winograd"
+    monkeypatch.setenv("VKSERVE_COOPMAT", "0")
+    vl = _layer(tmp_path, line, (128, 14, 14), Precision.FP16_STORAGE)
+    vl.specialize(caps)
+    assert vl.kind == "conv_winograd"
+    assert [d.shader for d in vl.dispatches()] == ["winograd_input", "gemm", "winograd_output"]

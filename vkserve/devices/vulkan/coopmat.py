@@ -63,6 +63,13 @@ def _mode() -> str:
     return mode
 
 
+def coopmat_in_use(caps: DeviceCaps, precision: Precision) -> bool:
+    """Whether this device and mode run the cooperative-matrix shaders at all: they can, and
+    ``VKSERVE_COOPMAT`` is not 0 (the kernel other choices compete with, as in
+    vulkan.winograd's rule)."""
+    return fp16_coopmat(caps, precision) and _mode() != "0"
+
+
 def coopmat_wanted(icg: int, cpad: int, m: int, n: int, k: int) -> bool:
     """Whether a convolution that conv_coopmat can run (`icg` input channels per group,
     padded to `cpad` per kernel tap; GEMM M x N x K per group) should, by

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vkserve.devices.capabilities import DeviceCaps, Precision
-from vkserve.devices.vulkan.coopmat import coopmat_wanted, fp16_coopmat
+from vkserve.devices.vulkan.coopmat import coopmat_in_use, coopmat_wanted, fp16_coopmat
 from vkserve.devices.vulkan.layers.base import (
     MAX_GROUPS,
     Dispatch,
@@ -221,7 +221,7 @@ class VulkanConvolution(VulkanLayer):
         if (self.kind == "conv_gemm"
                 and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w), (p.dilation_h, p.dilation_w),
                              self.groups)
-                and winograd_wanted(self.icg, self.outh * self.outw, coop)):
+                and winograd_wanted(self.icg, self.outh * self.outw, coopmat_in_use(caps, self.precision))):
             self.kind, self.wino_coop = "conv_winograd", coop
             return
         n, k = self.outh * self.outw, self.icg * self.params.kernel_h * self.params.kernel_w
