@@ -1,19 +1,19 @@
-"""Winograd F(2x2, 3x3) convolutions on Vulkan: when they run, and the weights' transform.
+"""Winograd convolutions F(m x m, 3 x 3) on Vulkan: when they run, and the weights' transform.
 
-A 3x3 stride-1 convolution (one group) computes each 2 x 2 output tile from a 4 x 4 input
-patch with 16 products per channel pair instead of 36 (Lavin and Gray, "Fast Algorithms for
-Convolutional Neural Networks", 2015): the input patches are transformed (B^T d B,
-winograd_input.comp), each of the 16 transformed elements is one GEMM of (output channels x
+A 3x3 stride-1 convolution (one group) computes each m x m output tile from an n x n input
+patch (n = m + 2) with n^2 products per channel pair instead of 9 m^2 (Lavin and Gray, "Fast
+Algorithms for Convolutional Neural Networks", 2015): the input patches are transformed (B^T d
+B, winograd_input.comp), each of the n^2 transformed elements is one GEMM of (output channels x
 input channels) by (input channels x tiles) (gemm_coopmat.comp on the tensor cores, gemm.comp
-elsewhere: layers.matmul's ``gemm_dispatches``), and the products are transformed back (A^T m
+elsewhere: layers.matmul's ``gemm_dispatches``), and the products are transformed back (A^T M
 A, with the bias, a folded residual and the activation: winograd_output.comp). The weights'
-transform U = G g G^T is made once, at load. F(2x2, 3x3) and not F(4x4, 3x3): its transforms
-are sums and differences (0.5 in G only), so in the fp16 storage modes the intermediate
-values keep the direct convolution's precision; F(4, 3)'s coefficients (up to 8 in A, 5 in B)
-would amplify fp16 rounding.
+transform U = G g G^T is made once, at load. Two sizes: F(2, 3) (16 GEMMs, 2.25x fewer
+multiply-adds; its transforms are sums and differences) and F(4, 3) (36 GEMMs, 4x fewer; its
+coefficients reach 8 in A and 5 in B, so fp16 storage of the transformed values loses more:
+the rule takes it only where it was measured faster and `vkserve verify` stayed in its bar).
 
-``VKSERVE_WINOGRAD``: unset or ``auto`` = `winograd_wanted`'s measured rule, ``1`` = every
-convolution that can (for measuring), ``0`` = never.
+``VKSERVE_WINOGRAD``: unset or ``auto`` = `winograd_tile`'s measured rule, ``2`` or ``4`` =
+every convolution that can, with that tile (for measuring), ``0`` = never.
 """
 
 from __future__ import annotations
@@ -25,25 +25,41 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-TILE = 2  # outputs per tile side
-PATCH = 4  # input patch side, and the transformed tile's
-ELEMENTS = PATCH * PATCH  # GEMMs per layer
+TILES = (2, 4)  # m: outputs per tile side
 
-#: G of F(2, 3): U = G g G^T maps a 3 x 3 kernel to the 4 x 4 transformed one
-G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]], np.float64)
+#: B^T, G and A^T of F(m, 3), by m
+_BT = {2: [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+       4: [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+           [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]}
+_G = {2: [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+      4: [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+          [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]}
+_AT = {2: [[1, 1, 1, 0], [0, 1, -1, -1]],
+       4: [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]}
 
 
-def transform_weights(weight: np.ndarray) -> np.ndarray:
-    """(out, in, 3, 3) kernels -> U[element][out][in] (element = 4 i + j of G g G^T), fp32:
-    the A operand of the 16 GEMMs, K (input channels) contiguous."""
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of F(m, 3) in float64 (the shaders hold the same B^T and A^T)."""
+    return np.array(_BT[m], np.float64), np.array(_G[m], np.float64), np.array(_AT[m], np.float64)
+
+
+def elements(m: int) -> int:
+    """GEMMs of F(m, 3): the transformed tile's (m + 2)^2 elements."""
+    return (m + 2) ** 2
+
+
+def transform_weights(weight: np.ndarray, m: int) -> np.ndarray:
+    """(out, in, 3, 3) kernels -> U[element][out][in] (element = n i + j of G g G^T), fp32: the
+    A operand of the GEMMs, K (input channels) contiguous."""
     out, cin = weight.shape[:2]
-    u = np.einsum("ik,ockl,jl->ijoc", G, weight.astype(np.float64), G)
-    return np.ascontiguousarray(u.reshape(ELEMENTS, out, cin), dtype=np.float32)
+    g = matrices(m)[1]
+    u = np.einsum("ik,ockl,jl->ijoc", g, weight.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(elements(m), out, cin), dtype=np.float32)
 
 
-def tiles(outh: int, outw: int) -> tuple[int, int]:
-    """(tiles along h, along w): an odd-sized output's last tile overhangs it."""
-    return -(-outh // TILE), -(-outw // TILE)
+def tiles(outh: int, outw: int, m: int) -> tuple[int, int]:
+    """(tiles along h, along w): the last tiles overhang an output not a multiple of m."""
+    return -(-outh // m), -(-outw // m)
 
 
 def eligible(kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
@@ -54,8 +70,8 @@ def eligible(kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[i
 
 def _mode() -> str:
     mode = os.environ.get("VKSERVE_WINOGRAD", "auto")
-    if mode not in ("auto", "0", "1"):
-        log.warning("VKSERVE_WINOGRAD=%r is not auto, 0 or 1: taken as auto", mode)
+    if mode not in ("auto", "0", "2", "4"):
+        log.warning("VKSERVE_WINOGRAD=%r is not auto, 0, 2 or 4: taken as auto", mode)
         return "auto"
     return mode
 
@@ -77,13 +93,15 @@ AUTO_COOP_MIN_CHANNELS = 256
 AUTO_COOP_MIN_PIXELS = 28 * 28
 
 
-def winograd_wanted(cin: int, pixels: int, coop: bool) -> bool:
-    """Whether an eligible convolution of `cin` input channels and an output of `pixels`
-    pixels runs as Winograd, by ``VKSERVE_WINOGRAD`` (see above); `coop`: the device and mode
-    run the cooperative-matrix shaders (conv_coopmat is the kernel to beat)."""
+def winograd_tile(cin: int, pixels: int, coop: bool) -> int:
+    """The tile m of F(m, 3) an eligible convolution of `cin` input channels and an output of
+    `pixels` pixels runs with, 0 for none, by ``VKSERVE_WINOGRAD`` (see above); `coop`: the
+    device and mode run the cooperative-matrix shaders (conv_coopmat is the kernel to beat)."""
     mode = _mode()
     if mode != "auto":
-        return mode == "1"
+        return int(mode)
     if coop:
-        return cin >= AUTO_COOP_MIN_CHANNELS and pixels >= AUTO_COOP_MIN_PIXELS
-    return cin >= AUTO_MIN_CHANNELS or (cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS)
+        wanted = cin >= AUTO_COOP_MIN_CHANNELS and pixels >= AUTO_COOP_MIN_PIXELS
+    else:
+        wanted = cin >= AUTO_MIN_CHANNELS or (cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS)
+    return 2 if wanted else 0

@@ -10,7 +10,7 @@
   layers that vulkan.coopmat's measured rule gives it on devices that have them (fp16 modes);
   K tap-major, split over work groups (``CoopTile``) when the output tiles are too few;
 - ``conv_winograd``: 3x3 stride-1 convolutions of one group where vulkan.winograd's measured
-  rule takes them: F(2x2, 3x3) in three passes (input transform, 16 GEMMs through
+  rule takes them: F(m x m, 3x3) in three passes (input transform, (m + 2)^2 GEMMs through
   ``gemm_dispatches``, output transform with the epilogue);
 - ``conv``: the rest (grouped convs with few channels per group), 4 output channels of one
   group per invocation.
@@ -50,7 +50,7 @@ from vkserve.devices.vulkan.layers.compute_util import (
     split_k,
 )
 from vkserve.devices.vulkan.layers.matmul import CoopGemm, choose_coop_gemm, gemm_dispatches
-from vkserve.devices.vulkan.winograd import ELEMENTS, eligible, tiles, transform_weights, winograd_wanted
+from vkserve.devices.vulkan.winograd import elements, eligible, tiles, transform_weights, winograd_tile
 from vkserve.models.graph import Layer
 
 
@@ -184,6 +184,7 @@ class VulkanConvolution(VulkanLayer):
                 self.tile = choose_gemm_tile(self.ocg, self.outh * self.outw, self.icg * maxk, self.groups)
             self.kind = "conv" if self.tile is None else "conv_gemm"
         self.coop_tile: CoopTile | None = None
+        self.wino_tile = 0  # conv_winograd: m of F(m, 3)
         self.wino_coop = False  # conv_winograd: its GEMMs may run on gemm_coopmat
         self.residual = False
         self.out_hwc = False  # convdw: the output stored channels-last (a Permute folded in)
@@ -218,12 +219,12 @@ class VulkanConvolution(VulkanLayer):
         16 x 16 x 16 products and measured faster that way (vulkan.coopmat) as conv_coopmat."""
         p = self.params
         coop = fp16_coopmat(caps, self.precision)
-        if (self.kind == "conv_gemm"
-                and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w), (p.dilation_h, p.dilation_w),
-                             self.groups)
-                and winograd_wanted(self.icg, self.outh * self.outw, coopmat_in_use(caps, self.precision))):
-            self.kind, self.wino_coop = "conv_winograd", coop
-            return
+        if self.kind == "conv_gemm" and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w),
+                                                 (p.dilation_h, p.dilation_w), self.groups):
+            self.wino_tile = winograd_tile(self.icg, self.outh * self.outw, coopmat_in_use(caps, self.precision))
+            if self.wino_tile:
+                self.kind, self.wino_coop = "conv_winograd", coop
+                return
         n, k = self.outh * self.outw, self.icg * self.params.kernel_h * self.params.kernel_w
         if not (self.kind == "conv_gemm" and self.ocg >= 16 and coop
                 and coopmat_wanted(self.icg, self._coop_cpad(), self.ocg, n, k)):
@@ -244,7 +245,8 @@ class VulkanConvolution(VulkanLayer):
         if self.kind == "convdw":
             return {"weight": weight, "bias": bias}
         if self.kind == "conv_winograd":
-            return {"weight": transform_weights(weight.reshape(self.ocg, self.icg, 3, 3)).ravel(), "bias": bias}
+            u = transform_weights(weight.reshape(self.ocg, self.icg, 3, 3), self.wino_tile)
+            return {"weight": u.ravel(), "bias": bias}
         g, icg, ocg = self.groups, self.icg, self.ocg
         if self.kind == "conv_coopmat":
             # A[group][m][tap][channel]: K tap-major (the shader's order), channels padded
@@ -290,11 +292,11 @@ class VulkanConvolution(VulkanLayer):
         (V[element][channel][tile]) and products (M[element][out channel][tile]), and its
         GEMMs' partials where gemm_coopmat splits their K."""
         if self.kind == "conv_winograd":
-            t = self._wino_tiles()
-            out = {"wino_v": ELEMENTS * self.icg * t, "wino_m": ELEMENTS * self.ocg * t}
+            t, e = self._wino_tiles(), elements(self.wino_tile)
+            out = {"wino_v": e * self.icg * t, "wino_m": e * self.ocg * t}
             launch = self._wino_launch()
             if launch is not None and launch.ksplit > 1:
-                out["partial"] = launch.partial_floats(self.ocg, t, ELEMENTS) * 2
+                out["partial"] = launch.partial_floats(self.ocg, t, e) * 2
             return out
         if self.kind != "conv_coopmat":
             return {}
@@ -359,27 +361,27 @@ class VulkanConvolution(VulkanLayer):
                                     fixed=fixed(1), local_size=(GEMM_THREADS, 1, 1), batched=True)]
 
     def _wino_tiles(self) -> int:
-        th, tw = tiles(self.outh, self.outw)
+        th, tw = tiles(self.outh, self.outw, self.wino_tile)
         return th * tw
 
     def _wino_launch(self) -> CoopGemm | None:
-        """gemm_coopmat's launch for conv_winograd's 16 GEMMs, None where gemm.comp runs them."""
+        """gemm_coopmat's launch for conv_winograd's GEMMs, None where gemm.comp runs them."""
         if not self.wino_coop:
             return None
-        return choose_coop_gemm(self.ocg, self._wino_tiles(), self.icg, ELEMENTS, split=True)
+        return choose_coop_gemm(self.ocg, self._wino_tiles(), self.icg, elements(self.wino_tile), split=True)
 
     def _wino_dispatches(self) -> list[Dispatch]:
-        """Input transform, the 16 GEMMs M[e] = U[e] (out x in) @ V[e] (in x tiles), output
+        """Input transform, the GEMMs M[e] = U[e] (out x in) @ V[e] (in x tiles), output
         transform with the bias, residual and activation."""
         p = self.params
         c, h, w = self.in_shapes[0]
-        th, tw = tiles(self.outh, self.outw)
+        th, tw = tiles(self.outh, self.outw, self.wino_tile)
         t, m, k = th * tw, self.ocg, self.icg
         into = make_dispatch("winograd_input", (self.layer.inputs[0], "s:wino_v"), (t, c, 1),
                              psc=(w, h, c, tw, th, self.pad_left, self.pad_top, float(p.pad_value)),
-                             local_size=(64, 1, 1))
+                             fixed=(self.wino_tile,), local_size=(64, 1, 1))
         products = gemm_dispatches(("w:weight", "s:wino_v", "w:weight", "s:wino_m"), m, t, k,
-                                   a=(k, 1), b=(t, 1), c=None, out=(t, 1), batches=ELEMENTS,
+                                   a=(k, 1), b=(t, 1), c=None, out=(t, 1), batches=elements(self.wino_tile),
                                    a_batch=(m * k, 0), b_batch=(k * t, 0), out_batch=m * t,
                                    what=f"Convolution {self.layer.name}", coop=self.wino_coop,
                                    partial="s:partial" if self.wino_coop else None,
@@ -387,7 +389,7 @@ class VulkanConvolution(VulkanLayer):
         back = make_dispatch("winograd_output", ("s:wino_m", self.layer.outputs[0], "w:bias",
                                                  self._residual_binding()),
                              (t, m, 1), psc=(self.outw, self.outh, m, tw, th),
-                             fixed=self.activation + (int(self.residual),), local_size=(64, 1, 1))
+                             fixed=(self.wino_tile, *self.activation, int(self.residual)), local_size=(64, 1, 1))
         return [into, *products, back]
 
     def _residual_binding(self) -> str:

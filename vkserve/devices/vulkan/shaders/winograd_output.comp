@@ -1,11 +1,10 @@
 #version 450
-// Winograd F(2x2, 3x3), last pass (conv.py's conv_winograd): per output channel oc and 2 x 2
-// tile t, the GEMMs' 4 x 4 products m (M[e][oc][t], e = 4 i + j) become the tile's outputs
-// Y = A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], plus the bias, then (a folded residual sum) the
-// residual, then the activation, stored where the tile lies inside the output (a tile may
-// overhang an odd-sized output by a row or a column). Sums are float in every mode.
+// Winograd F(m x m, 3 x 3), last pass (conv.py's conv_winograd), m = tile (2 or 4), n = m + 2:
+// per output channel oc and m x m tile t, the GEMMs' n x n products (M[e][oc][t], e = n i + j)
+// become the tile's outputs Y = A^T M A (Lavin and Gray's A^T, as in vulkan/winograd.py), plus
+// the bias, then (a folded residual sum) the residual, then the activation, stored where the
+// tile lies inside the output (the last tiles may overhang it). Sums are float in every mode.
 // One invocation per (tile, output channel): gl_GlobalInvocationID = (t, oc).
-
 #extension GL_EXT_control_flow_attributes : require
 
 layout (constant_id = 0) const int outw = 0;
@@ -13,10 +12,11 @@ layout (constant_id = 1) const int outh = 0;
 layout (constant_id = 2) const int oc = 0;
 layout (constant_id = 3) const int tiles_w = 0;
 layout (constant_id = 4) const int tiles_h = 0;
-layout (constant_id = 5) const int activation_type = 0;
-layout (constant_id = 6) const float activation_param_0 = 0;
-layout (constant_id = 7) const float activation_param_1 = 0;
-layout (constant_id = 8) const int residual = 0;  // 1: add residual_blob before the activation
+layout (constant_id = 5) const int tile = 2;  // m: outputs per tile side, 2 or 4
+layout (constant_id = 6) const int activation_type = 0;
+layout (constant_id = 7) const float activation_param_0 = 0;
+layout (constant_id = 8) const float activation_param_1 = 0;
+layout (constant_id = 9) const int residual = 0;  // 1: add residual_blob before the activation
 
 layout (binding = 0) readonly buffer m_blob { sfp m_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -35,6 +35,18 @@ layout (push_constant) uniform parameter
 
 #include "activate.h"
 
+const int N = tile + 2;
+// A^T, row-major: F(2, 3) in the top-left 2 x 4 of a 4 x 6 table, F(4, 3) the whole table
+const float AT2[24] = float[24](1, 1, 1, 0, 0, 0,   0, 1, -1, -1, 0, 0,
+                                0, 0, 0, 0, 0, 0,   0, 0, 0, 0, 0, 0);
+const float AT4[24] = float[24](1, 1, 1, 1, 1, 0,   0, 1, -1, 2, -2, 0,
+                                0, 1, 1, 4, 4, 0,   0, 1, -1, 8, -8, 1);
+
+float at(int i, int k)
+{
+    return tile == 4 ? AT4[i * 6 + k] : AT2[i * 6 + k];
+}
+
 void main()
 {
     const int gx = int(gl_GlobalInvocationID.x);
@@ -46,35 +58,41 @@ void main()
 
     const int plane = psc(oc) * T;
     const int o = gy * T + gx;
-    float m[4][4];
-    [[unroll]] for (int e = 0; e < 16; e++)
-        m[e / 4][e % 4] = float(buffer_ld1(m_data, o + e * plane));
+    float m[N][N];
+    [[unroll]] for (int e = 0; e < N * N; e++)
+        m[e / N][e % N] = float(buffer_ld1(m_data, o + e * plane));
 
     // rows: s = A^T m
-    float s[2][4];
-    [[unroll]] for (int j = 0; j < 4; j++)
+    float s[tile][N];
+    [[unroll]] for (int i = 0; i < tile; i++)
     {
-        s[0][j] = m[0][j] + m[1][j] + m[2][j];
-        s[1][j] = m[1][j] - m[2][j] - m[3][j];
+        [[unroll]] for (int j = 0; j < N; j++)
+        {
+            float v = 0.0;
+            [[unroll]] for (int k = 0; k < N; k++)
+                v += at(i, k) * m[k][j];
+            s[i][j] = v;
+        }
     }
 
     const int OUTW = psc(outw);
     const int OUTH = psc(outh);
     const int ty = gx / TW;
-    const int y0 = 2 * ty;
-    const int x0 = 2 * (gx - ty * TW);
+    const int y0 = tile * ty;
+    const int x0 = tile * (gx - ty * TW);
     const float bias = float(buffer_ld1(bias_data, gy));
-    [[unroll]] for (int i = 0; i < 2; i++)
+    [[unroll]] for (int i = 0; i < tile; i++)
     {
         if (y0 + i >= OUTH)
             break;
         const int row = (gy * OUTH + y0 + i) * OUTW + x0;
-        const float y[2] = float[2](s[i][0] + s[i][1] + s[i][2], s[i][1] - s[i][2] - s[i][3]);
-        [[unroll]] for (int j = 0; j < 2; j++)
+        [[unroll]] for (int j = 0; j < tile; j++)
         {
             if (x0 + j < OUTW)
             {
-                float v = y[j] + bias;
+                float v = bias;
+                [[unroll]] for (int k = 0; k < N; k++)
+                    v += s[i][k] * at(j, k);
                 if (residual == 1)
                     v += float(buffer_ld1(residual_data, row + j));
                 buffer_st1(top_blob_data, row + j, afp(activate(v)));
