@@ -160,33 +160,39 @@ def test_the_matrices_compute_a_correlation(m):
     np.testing.assert_allclose(y, direct, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("cin, pixels, coop, taken", [
-    (128, 7 * 7, False, True),
-    (512, 28 * 28, False, True),
-    (64, 112 * 112, False, True),
-    (64, 56 * 56, False, False),      # 64 channels on a smaller map: conv_gemm was faster
-    (32, 224 * 224, False, False),
-    (512, 28 * 28, True, True),       # on the tensor cores: only large layers
-    (256, 56 * 56, True, True),
-    (512, 14 * 14, True, False),
-    (256, 26 * 26, True, False),
-    (128, 56 * 56, True, False),
+@pytest.mark.parametrize("cin, pixels, coop, fp32, tile", [
+    (128, 7 * 7, False, False, 2),
+    (512, 28 * 28, False, False, 2),
+    (64, 112 * 112, False, False, 2),
+    (64, 104 * 104, False, False, 0),   # fp16: 64 channels only from 112 x 112
+    (64, 56 * 56, False, False, 0),     # 64 channels on a smaller map: conv_gemm was faster
+    (32, 224 * 224, False, False, 0),
+    (128, 28 * 28, False, True, 4),     # fp32: F(4, 3) from 28 x 28
+    (512, 14 * 14, False, True, 2),     # below it F(2, 3)
+    (64, 104 * 104, False, True, 4),
+    (64, 56 * 56, False, True, 0),
+    (512, 28 * 28, True, False, 2),     # on the tensor cores: only large layers, F(2, 3)
+    (256, 56 * 56, True, False, 2),
+    (512, 14 * 14, True, False, 0),
+    (256, 26 * 26, True, False, 0),
+    (128, 56 * 56, True, False, 0),
 ])
-def test_auto_rule(monkeypatch, cin, pixels, coop, taken):
+def test_auto_rule(monkeypatch, cin, pixels, coop, fp32, tile):
     monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)
-    assert winograd_tile(cin, pixels, coop) == (2 if taken else 0)
+    assert winograd_tile(cin, pixels, coop, fp32) == tile
 
 
 def test_auto_rule_on_this_device(tmp_path, vulkan_caps, monkeypatch):
-    """lavapipe has no tensor cores: a deep 3x3 layer takes Winograd in every mode by default,
-    a shallow one keeps conv_gemm."""
+    """lavapipe has no tensor cores: a deep 3x3 layer takes Winograd in every mode by default
+    (F(4, 3) in fp32 on a large enough map), a shallow one keeps conv_gemm."""
     monkeypatch.delenv("VKSERVE_WINOGRAD", raising=False)
     for precision in MODES:
-        deep = _layer(tmp_path, conv_line("Convolution", 128, 128, "4=1 5=1"), (128, 14, 14), precision)
+        deep = _layer(tmp_path, conv_line("Convolution", 128, 128, "4=1 5=1"), (128, 28, 28), precision)
         deep.specialize(vulkan_caps)
         shallow = _layer(tmp_path, conv_line("Convolution", 64, 64, "4=1 5=1"), (64, 56, 56), precision)
         shallow.specialize(vulkan_caps)
         assert (deep.kind, shallow.kind) == ("conv_winograd", "conv_gemm"), precision
+        assert deep.wino_tile == (4 if precision is Precision.FP32 else 2)
 
 
 def test_the_rule_follows_the_kernel_it_competes_with(tmp_path, vulkan_caps, monkeypatch):

@@ -78,30 +78,39 @@ def _mode() -> str:
 
 #: The rule, from every eligible layer of vgg16, resnet18, resnet50, alexnet, yolov4-tiny and
 #: squeezenet on an H200 (benchmarks/winograd_layers.py, GPU time per layer; RESULTS.md, issue
-#: 17). Against conv_gemm (fp16 without the tensor cores, and fp32) Winograd took 0.39-0.92x of
-#: its time with 128 or more input channels (fp32: 0.56-1.03x), 0.65-0.66x with 64 on maps of
-#: 112 x 112 and more (fp32: 0.83-0.94x), but 1.08-1.37x with 64 on 52-56 (fp32 1.19-1.39x) and
-#: 1.1-2.6x with fewer. Against conv_coopmat (its GEMMs on gemm_coopmat too) it took 0.79-0.88x
-#: with 256 or more input channels on maps of 28 x 28 and more (vgg16's conv3_2 to conv4_3),
-#: 0.98x with 128 on 56 x 56, and lost everywhere else (1.16-2.4x: 26 x 26 and smaller maps, or
-#: fewer channels): its 16 GEMMs are short (K = the input channels, N = the tiles) where
+#: 17). Against conv_gemm in fp16 (the tensor cores off) F(2, 3) took 0.39-0.92x of its time
+#: with 128 or more input channels, 0.65-0.66x with 64 on maps of 112 x 112 and more, but
+#: 1.08-1.37x with 64 on 52-56 and 1.1-2.6x with fewer. In fp32 F(4, 3) took 0.47-0.74x on
+#: maps of 28 x 28 and more with 128 or more channels (F(2, 3) there 0.57-1.03x) and 0.64-0.88x
+#: with 64 on 104 x 104 and more (F(2, 3) 0.83-1.09x), while on smaller maps F(2, 3) was the
+#: faster (0.62-0.85x against 0.65-1.04x). Against conv_coopmat (its GEMMs on gemm_coopmat
+#: too) F(2, 3) took 0.79-0.88x with 256 or more input channels on maps of 28 x 28 and more
+#: (vgg16's conv3_2 to conv4_3), 0.98x with 128 on 56 x 56, and lost everywhere else
+#: (1.16-2.4x): its GEMMs are short (K = the input channels, N = the tiles) where
 #: conv_coopmat's one GEMM has 9x the K, so only large layers repay the transforms there.
+#: F(4, 3) runs in fp32 only: in the fp16 storage modes its transformed values lose ~10x the
+#: direct kernel's precision (F(2, 3) ~2x; RESULTS.md).
 AUTO_MIN_CHANNELS = 128
 AUTO_WIDE_MIN_CHANNELS = 64
 AUTO_WIDE_MIN_PIXELS = 112 * 112
+AUTO_WIDE_MIN_PIXELS_F4 = 100 * 100
+AUTO_F4_MIN_PIXELS = 28 * 28
 AUTO_COOP_MIN_CHANNELS = 256
 AUTO_COOP_MIN_PIXELS = 28 * 28
 
 
-def winograd_tile(cin: int, pixels: int, coop: bool) -> int:
+def winograd_tile(cin: int, pixels: int, coop: bool, fp32: bool) -> int:
     """The tile m of F(m, 3) an eligible convolution of `cin` input channels and an output of
     `pixels` pixels runs with, 0 for none, by ``VKSERVE_WINOGRAD`` (see above); `coop`: the
-    device and mode run the cooperative-matrix shaders (conv_coopmat is the kernel to beat)."""
+    device and mode run the cooperative-matrix shaders (conv_coopmat is the kernel to beat);
+    `fp32`: the fp32 mode (the transformed values stored in fp32)."""
     mode = _mode()
     if mode != "auto":
         return int(mode)
     if coop:
-        wanted = cin >= AUTO_COOP_MIN_CHANNELS and pixels >= AUTO_COOP_MIN_PIXELS
-    else:
-        wanted = cin >= AUTO_MIN_CHANNELS or (cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS)
-    return 2 if wanted else 0
+        return 2 if cin >= AUTO_COOP_MIN_CHANNELS and pixels >= AUTO_COOP_MIN_PIXELS else 0
+    if fp32 and pixels >= AUTO_F4_MIN_PIXELS:
+        wide = cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS_F4
+        return 4 if cin >= AUTO_MIN_CHANNELS or wide else 0
+    wide = cin >= AUTO_WIDE_MIN_CHANNELS and pixels >= AUTO_WIDE_MIN_PIXELS
+    return 2 if cin >= AUTO_MIN_CHANNELS or wide else 0

@@ -221,7 +221,8 @@ class VulkanConvolution(VulkanLayer):
         coop = fp16_coopmat(caps, self.precision)
         if self.kind == "conv_gemm" and eligible((p.kernel_h, p.kernel_w), (p.stride_h, p.stride_w),
                                                  (p.dilation_h, p.dilation_w), self.groups):
-            self.wino_tile = winograd_tile(self.icg, self.outh * self.outw, coopmat_in_use(caps, self.precision))
+            self.wino_tile = winograd_tile(self.icg, self.outh * self.outw, coopmat_in_use(caps, self.precision),
+                                           self.precision is Precision.FP32)
             if self.wino_tile:
                 self.kind, self.wino_coop = "conv_winograd", coop
                 return
