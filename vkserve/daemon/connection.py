@@ -206,12 +206,13 @@ class Connection:
         # Unix sockets: descriptors sent with frames (SCM_RIGHTS) wait here for the
         # shm_register requests that take them, in order; the regions they became.
         sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._sock = sock  # reads go to the socket itself (``_receive_from_socket``)
         self._fd = sock.fileno() if sock is not None else None  # for ``_send_now``
         self._unix = sock if sock is not None and sock.family == socket.AF_UNIX else None
         self._fds: collections.deque[int] = collections.deque()
         self.regions = Regions(SHM_MAX_REGIONS, SHM_MAX_BYTES) if self._unix is not None else None
-        #: the Unix socket's descriptor as a plain socket, for reads without trio's speculative
-        #: try (``_receive_with_fds``); made and detached (never closed) by ``run``
+        #: the socket's descriptor as a plain socket, for reads without trio's speculative try
+        #: (``_receive_from_socket``); made and detached (never closed) by ``run``
         self._raw: socket.socket | None = None
         self._drained = False  # the last read took less than it asked for: the socket was empty
 
@@ -220,8 +221,8 @@ class Connection:
     async def run(self) -> None:
         """Serve the connection until the peer leaves, breaks framing or the daemon drains."""
         reason = "closed"
-        if self._unix is not None:
-            self._raw = socket.socket(fileno=self._unix.fileno())
+        if self._sock is not None:
+            self._raw = socket.socket(fileno=self._sock.fileno())
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_answers)
@@ -295,31 +296,37 @@ class Connection:
         self._woken = False
         with trio.move_on_at(deadline) as self._recv_scope:
             try:
-                if self._unix is not None:
-                    return await self._receive_with_fds(self._unix, max_bytes)
+                if self._sock is not None:
+                    return await self._receive_from_socket(self._sock, max_bytes)
                 return await self.stream.receive_some(max_bytes)
             finally:
                 self._recv_scope = None
         return None
 
-    async def _receive_with_fds(self, sock: trio.socket.SocketType, max_bytes: int) -> bytes:
-        """``receive_some`` that also keeps the descriptors a Unix peer sent (SCM_RIGHTS).
+    async def _receive_from_socket(self, sock: trio.socket.SocketType, max_bytes: int) -> bytes:
+        """``receive_some`` on the socket itself, keeping the descriptors a Unix peer sent
+        (SCM_RIGHTS). A socket error is the stream's BrokenResourceError, as trio's
+        SocketStream makes it (a peer's reset is no bug of this connection).
 
         trio's ``recvmsg`` tries the call at once, waits for the socket only when it finds
         nothing, and checkpoints after a read. After a read that emptied the socket (a client
         waiting for its answers, as under most loads) the try is a wasted system call and the
         checkpoint a wasted loop round, so then this waits first and reads once. Measured on an
-        H200, mobilenet with 32 in flight: 1.05-1.26x the requests a second of trio's path in
-        three alternating pairs (the loop 179-261 us a request against 228-329)."""
-        size = socket.CMSG_SPACE(4 * MAX_PENDING_FDS)
-        if self._drained and self._raw is not None:
-            await trio.lowlevel.wait_readable(sock)
-            try:
-                data, ancdata, _, _ = self._raw.recvmsg(max_bytes, size)
-            except BlockingIOError:  # readable, and yet nothing (another reader can't exist)
+        H200 over a Unix socket, mobilenet with 32 in flight: 1.05-1.26x the requests a second
+        of trio's path in three alternating pairs (the loop 179-261 us a request against
+        228-329)."""
+        size = socket.CMSG_SPACE(4 * MAX_PENDING_FDS) if self._unix is not None else 0
+        try:
+            if self._drained and self._raw is not None:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    data, ancdata, _, _ = self._raw.recvmsg(max_bytes, size)
+                except BlockingIOError:  # readable, and yet nothing (another reader can't exist)
+                    data, ancdata, _, _ = await sock.recvmsg(max_bytes, size)
+            else:
                 data, ancdata, _, _ = await sock.recvmsg(max_bytes, size)
-        else:
-            data, ancdata, _, _ = await sock.recvmsg(max_bytes, size)
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket error: {exc}") from exc
         self._drained = len(data) < max_bytes
         for level, kind, payload in ancdata:
             if level != socket.SOL_SOCKET or kind != socket.SCM_RIGHTS:
