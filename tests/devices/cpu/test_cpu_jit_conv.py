@@ -93,6 +93,11 @@ GROUPED = [
     # channel's end (plane row 8 = 2 x 4 outputs), and a kernel wider than that (rows exact)
     ((4, 4, 4), 4, 4, (5, 5), "4=2"),
     ((4, 3, 2), 4, 4, (5, 5), "4=2"),
+    # stride 1 on maps up to a vector wide (the channel widened once, rows copied as runs):
+    # cropping pads, asymmetric pads with pad_value, 7 wide
+    ((3, 9, 12), 3, 3, (3, 3), "4=-1 15=-1 14=-1 16=-1"),
+    ((5, 11, 13), 5, 5, (3, 3), "4=2 15=0 14=1 16=3 18=-0.5"),
+    ((19, 7, 7), 19, 19, (3, 3), "4=1"),
     ((4, 10, 9), 4, 4, (1, 1), ""),
     ((4, 13, 12), 4, 4, (3, 3), "3=3 4=1 15=0 16=2"),  # stride 3, asymmetric
     ((4, 11, 11), 4, 4, (3, 3), "4=-233 3=2"),

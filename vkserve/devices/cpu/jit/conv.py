@@ -255,6 +255,45 @@ def fill_phases(x, c, pt, pl, sh, sw, padv, planes):  # noqa: ANN001
             _fill_plane(x, c, ry - pt, rx - pl, sh, sw, padv, planes[ry * sw + rx])
 
 
+#: slack (values) at the end of the depthwise kernel's buffers for ``_fill_unit_stride``'s runs
+RUN_SLACK = 16
+#: input width up to which stride-1 depthwise layers fill their plane by ``_fill_unit_stride``
+#: (rows up to a vector; one core, against ``fill_phases``, with the stores of small maps: 14
+#: and 7 wide layers 1.20-1.29x faster with 3x3 kernels, 1.08-1.10x with 5x5; 28 wide from
+#: 0.92x to 1.05x in four runs, 56 wide 1.15x slower and 112 wide 1.10x slower: their rows
+#: vectorize as they are, and the channel's extra pass costs)
+UNIT_FILL_MAX_COLS = 16
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _fill_unit_stride(xrows, c, h, w, pt, pl, padv, pf, rows, cols, tmp):  # noqa: ANN001
+    """pf[r cols + q] = widened x[c, r - pt, q - pl], ``padv`` outside the input: ``fill_phases``
+    at stride 1 (one plane) for the depthwise kernel, whose rows on small maps (7-28 values) are
+    too short a loop to vectorize. ``xrows`` is x as (C, H W); the channel is widened into
+    ``tmp`` in one loop, then each row is one copy of at least ``RUN_SLACK`` values, which runs
+    on into the row's right padding and the next row's start (both written after it); ``tmp``
+    and ``pf`` have ``RUN_SLACK`` values past what they hold."""
+    cu = _U(c)
+    for q in range(_U(h * w)):
+        tmp[q] = widen(xrows[cu, q])
+    lo, hi = _valid(cols, -pl, 1, w)
+    run = _U(max(hi - lo, RUN_SLACK))
+    for r in range(rows):
+        iy = r - pt
+        base = r * cols
+        if iy < 0 or iy >= h:
+            for q in range(cols):
+                pf[base + q] = padv
+            continue
+        src, dst = _U(iy * w + lo - pl), _U(base + lo)
+        for q in range(run):
+            pf[dst + q] = tmp[src + q]
+        for q in range(lo):
+            pf[base + q] = padv
+        for q in range(hi, cols):
+            pf[base + q] = padv
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
 def _widen_run(src, s0, dst, n):  # noqa: ANN001
     """dst[:n] = widened src[s0:s0 + n] (unsigned indices: the loop vectorizes)."""
@@ -676,10 +715,11 @@ def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
+def depthwise(x, xrows, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     """Depthwise convolution (one input channel per group, ``og`` outputs each): ``x`` (C, H, W)
-    -> ``out`` (C * og, OH * OW); ``w16`` bf16 (C * og, kh * kw); the output channels are split
-    into ``parts`` contiguous tasks (each allocates its buffers once).
+    -> ``out`` (C * og, OH * OW); ``xrows``: x as (C, H W) (stride 1's fill reads a channel as
+    one run, ``_fill_unit_stride``); ``w16`` bf16 (C * og, kh * kw); the output channels are
+    split into ``parts`` contiguous tasks (each allocates its buffers once).
 
     Per output channel the input channel is widened once into padded fp32 planes (border =
     ``pad_value``), one per stride phase (row r, column q of phase (ry, rx) is padded input
@@ -697,18 +737,22 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     prow = oh + (kh - 1) * dh // sh
     wq = ow + (kw - 1) * dw // sw
     span = (oh - 1) * wq + ow
-    # a row is stored with the columns after it in the planes (``run`` values: a short loop
-    # runs as scalars, one as long as the plane's row vectorizes), the next row's store then
-    # rewrites what spilled into its start; not where that would reach past the channel's
-    # outputs (kernels wider than the map); the last row exactly. 14 x 14 maps, one core:
-    # the stores 1.8x faster (0.056 -> 0.031 ms for 672 channels), 7 x 7 1.5-1.9x.
-    run = wq if wq <= 2 * ow else ow
+    # on maps narrower than a vector a row is stored with the columns after it in the planes
+    # (``run`` values: a loop of 7-14 runs as scalars, one as long as the plane's row partly
+    # vectorizes), the next row's store then rewrites what spilled into its start; not where
+    # that would reach past the channel's outputs (kernels wider than the map); the last row
+    # exactly. 14 x 14 maps, one core: the stores 1.8x faster (0.056 -> 0.031 ms for 672
+    # channels), 7 x 7 1.5-1.9x; on 28 x 28 and wider it cost 2-3 %.
+    run = wq if ow < RUN_SLACK and wq <= 2 * ow else ow
     n_out = out.shape[0]
+    h, w = x.shape[1], x.shape[2]
+    unit = sh == 1 and sw == 1 and w <= UNIT_FILL_MAX_COLS
     for part in prange(parts):
         wf = np.empty(taps, dtype=np.float32)
-        planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
         plen = prow * wq
-        pf = planes.reshape(sh * sw * plen)
+        planes = np.empty((0 if unit else sh * sw, prow, wq), dtype=np.float32)
+        pf = np.empty(plen + RUN_SLACK, dtype=np.float32) if unit else planes.reshape(sh * sw * plen)
+        tmp = np.empty(h * w + RUN_SLACK if unit else 0, dtype=np.float32)
         acc = np.zeros(span, dtype=np.float32)  # (row pairs leave the columns between rows)
         offs = np.empty(taps, dtype=np.int64)  # tap (ky, kx): phase (ky dh % sh, kx dw % sw)'s plane, shifted
         for ky in range(kh):
@@ -717,7 +761,10 @@ def depthwise(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
         for o in range(part * n_out // parts, (part + 1) * n_out // parts):
             for t in range(taps):
                 wf[t] = widen(w16[o, t])
-            fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
+            if unit:
+                _fill_unit_stride(xrows, o // og, h, w, pt, pl, padv, pf, prow, wq, tmp)
+            else:
+                fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]
             if taps == 9 and kw == 3 and sh == 1 and sw == 1 and dh == 1 and dw == 1 and ow >= PAIR_ROWS_MIN_COLS:
                 for oy in range(0, oh - 1, 2):

@@ -111,7 +111,9 @@ class Convolution(JitKernel):
         oc, oh, ow = self.out_shapes[0]
         if self.depthwise:
             parts = min(oc, 4 * jit.kernel_threads())
-            jit.depthwise(x, self.weight, self.bias, ops, self.pad_value, self.geo, parts, out.reshape(oc, oh * ow))
+            xrows = x.reshape(x.shape[0], -1)  # (a copy only if x were not contiguous)
+            jit.depthwise(x, xrows, self.weight, self.bias, ops, self.pad_value, self.geo, parts,
+                          out.reshape(oc, oh * ow))
             return
         if self.direct:
             work = self.buf("direct_planes", (jit.direct.planes_size(self.geo, x.shape[0]),))
