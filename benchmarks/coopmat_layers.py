@@ -98,6 +98,14 @@ def load_graph(models: Path, name: str):
     return load_model(models / f"{name}.param", None, shapes, seed=0)
 
 
+def graph_and_inputs(models: Path, name: str):
+    """`load_graph`'s model and seeded random inputs for it."""
+    from vkserve.devices.reference import random_inputs
+
+    graph = load_graph(models, name)
+    return graph, random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+
+
 def gemm_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
     """Convolution and Gemm layer label prefix -> (M, N, K, groups)."""
     out = {}
@@ -124,12 +132,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    from vkserve.devices.reference import random_inputs
-
     rows = []
     for name in args.only:
-        graph = load_graph(args.models, name)
-        inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+        graph, inputs = graph_and_inputs(args.models, name)
         fma = profiled(graph, inputs, args.device, {"VKSERVE_COOPMAT": "0"}, args.runs)
         coop = {}
         for setting in args.tiles:

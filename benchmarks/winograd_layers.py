@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.coopmat_layers import load_graph, profiled  # noqa: E402
+from benchmarks.coopmat_layers import graph_and_inputs, profiled  # noqa: E402
 
 
 def conv_shapes(graph) -> dict[str, tuple[int, int, int, int]]:
@@ -50,12 +50,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    from vkserve.devices.reference import random_inputs
-
     rows = []
     for name in args.only:
-        graph = load_graph(args.models, name)
-        inputs = random_inputs({n: graph.blob_shapes[n] for n in graph.input_names})
+        graph, inputs = graph_and_inputs(args.models, name)
         shapes = conv_shapes(graph)
         for precision in args.precisions:
             modes = ["0", *args.tiles]
