@@ -128,7 +128,11 @@ def choose_gemm_tile(m: int, n: int, k: int, batches: int) -> MatmulTile | None:
 #: products took the same time either way (RESULTS.md, issue 17, fourteenth session), as
 #: conv_coopmat's 128-wide tiles were slow before (conv.choose_coop_tile).
 COOP_GEMM_TILES = ((2, 1), (1, 1))
-COOP_GEMM_BK = 32  # gemm_coopmat's values of K per step
+#: gemm_coopmat's values of K per step. 64, not conv_coopmat's 32: a product with few output
+#: tiles runs a few work groups per compute unit through a chain of steps, each waiting on its
+#: loads, so half the steps is nearly half the time (H200, convnext_tiny's 63 products 0.716 ->
+#: 0.585 ms, vgg16's Winograd GEMMs 0.189 -> 0.177; RESULTS.md, issue 17, fifteenth session).
+COOP_GEMM_BK = 64
 
 
 def choose_coop_gemm_tile(m: int, n: int, batches: int) -> tuple[int, int] | None:
@@ -209,12 +213,13 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                          residual or bindings[0])
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
-                           push_constants=push, spec_constants=(*spec, 0, int(residual is not None), *activation),
+                           push_constants=push,
+                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK),
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         return [product, Dispatch("gemm_coopmat", coop_bindings, (n, m, batches), push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None), *activation),
+                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK),
                                   local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:

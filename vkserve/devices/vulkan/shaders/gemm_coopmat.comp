@@ -12,7 +12,7 @@
 //
 // A work group is 8 subgroups of 32 invocations in a 2 x 4 grid over a BM x BN tile of the
 // output (BM = 32 * FM rows, BN = 64 * FN columns); each subgroup owns FM x FN accumulators of
-// 16 x 16. Each step stages BK = 32 values of k: A row-major and B column-major in shared memory
+// 16 x 16. Each step stages BK (32 or 64) values of k: A row-major and B column-major in shared memory
 // (k contiguous in both), double-buffered with one barrier per step; the next step's values
 // are read into registers while this step multiplies. Staging follows each operand's unit
 // stride so that neighbouring invocations read neighbouring addresses (A_KFAST: 8 invocations
@@ -48,6 +48,7 @@ layout (constant_id = 11) const int residual = 0;
 layout (constant_id = 12) const int activation_type = 0;
 layout (constant_id = 13) const float activation_param_0 = 0;
 layout (constant_id = 14) const float activation_param_1 = 0;
+layout (constant_id = 15) const int BK = 32;      // values of k per step: 32, 64
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -83,11 +84,11 @@ layout (push_constant) uniform parameter
 
 const int BM = 32 * FM;
 const int BN = 64 * FN;
-const int BK = 32;
-const int S4 = BK / 4 + 2;             // row (A) / column (B) stride in f16vec4: 80 bytes, so
-                                       // that 16-byte pieces of neighbouring rows change banks
-const int A_PER = BM * (BK / 4) / 256; // 4 values of k of one row of A, per invocation and step (= FM)
-const int B_PER = BN * (BK / 8) / 256; // 8 values of k of one column of B, per invocation and step (= FN)
+const int S4 = BK / 4 + 2;             // row (A) / column (B) stride in f16vec4: two past a
+                                       // step's, so that 16-byte pieces of neighbouring rows
+                                       // change banks
+const int A_PER = BM * (BK / 4) / 256; // 4 values of k of one row of A, per invocation and step (FM * BK / 32)
+const int B_PER = BN * (BK / 8) / 256; // 8 values of k of one column of B, per invocation and step (FN * BK / 32)
 
 shared f16vec4 tile_a[2 * BM * S4];
 shared f16vec4 tile_b[2 * BN * S4];
