@@ -81,6 +81,19 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     assert reduce.global_size == (n, m, 1)
 
 
+def test_a_split_product_into_a_transposed_output_reduces_along_its_rows(coop_caps, monkeypatch):  # noqa: F811
+    """output_transpose (a folded Permute): the output's unit stride is along M, so the reduce
+    pass's x runs along M (its partials are stored column-major for it) and its stores coalesce."""
+    monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
+    m, n, k = 196, 384, 1536
+    product, reduce = shaders(coop_caps, LINEAR.format(m=m, n=n, k=k) + " 14=1", {"a": (m, k)},
+                              Precision.FP16_STORAGE)
+    assert product.shader == reduce.shader == "gemm_coopmat"
+    o_jfast, ksplit = product.spec_constants[5:7]
+    assert (o_jfast, reduce.spec_constants[5]) == (0, 0) and ksplit > 1
+    assert reduce.global_size == (m, n, 1)
+
+
 def test_matmul_and_attention_products_keep_k_whole(coop_caps, monkeypatch):  # noqa: F811
     """They have no partials in scratch: the same shape as a split Gemm above stays whole."""
     monkeypatch.setenv("VKSERVE_COOPMAT", "1")

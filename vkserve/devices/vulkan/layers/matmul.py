@@ -218,7 +218,9 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
-        return [product, Dispatch("gemm_coopmat", coop_bindings, (n, m, batches), push_constants=push,
+        # the reduce pass: one invocation an output, x along the output's unit stride
+        reduce_size = (n, m, batches) if out[1] == 1 else (m, n, batches)
+        return [product, Dispatch("gemm_coopmat", coop_bindings, reduce_size, push_constants=push,
                                   spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK),
                                   local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)

@@ -21,9 +21,10 @@
 // only in-range outputs are stored, in the order of the output's unit stride (O_JFAST).
 //
 // Split K (a Gemm with few output tiles and a long K): the grid's z is batches x KSPLIT and
-// each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD],
-// stored straight from the accumulators); a second dispatch of this shader with REDUCE = 1
-// adds them in split order and applies C, beta and alpha, one output per invocation. With
+// each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD], or
+// [NPAD][MPAD] where the output's rows are its unit stride, stored straight from the
+// accumulators); a second dispatch of this shader with REDUCE = 1 adds them in split order and
+// applies C, beta and alpha, one output per invocation. With
 // residual = 1, residual_blob (the output's layout) is added to every output value (a
 // following residual sum folded in, engine.fusion), then the activation (activate.h).
 #extension GL_KHR_cooperative_matrix : require
@@ -160,17 +161,19 @@ void store_output(int z, int m, int n, float v)
     buffer_st1(top_blob_data, at, activate(v));
 }
 
-// The split-K pass: output (z, m, n) = the partials' sum, in split order.
+// The split-K pass: output (z, m, n) = the partials' sum, in split order. Neighbouring
+// invocations take neighbouring outputs along the output's unit stride (O_JFAST: n, else m),
+// and the partials are laid out the same way (main), so reads and writes both coalesce.
 void reduce_partials()
 {
-    const int n = int(gl_GlobalInvocationID.x);
-    const int m = int(gl_GlobalInvocationID.y);
+    const int n = int(O_JFAST == 1 ? gl_GlobalInvocationID.x : gl_GlobalInvocationID.y);
+    const int m = int(O_JFAST == 1 ? gl_GlobalInvocationID.y : gl_GlobalInvocationID.x);
     const int z = int(gl_GlobalInvocationID.z);
     if (n >= p.N || m >= p.M)
         return;
     const int plane = MPAD * NPAD;
     const int batches = int(gl_NumWorkGroups.z);
-    int at = z * plane + m * NPAD + n;
+    int at = z * plane + (O_JFAST == 1 ? m * NPAD + n : n * MPAD + m);
     float sum = 0.0;
     for (int s = 0; s < KSPLIT; s++)
     {
@@ -256,13 +259,23 @@ void main()
 
     if (KSPLIT > 1)
     {
-        // partials: every tile lies inside [MPAD] x [NPAD], so no bounds checks
+        // partials: every tile lies inside [MPAD] x [NPAD], so no bounds checks; row-major
+        // (partial[split][z][MPAD][NPAD]) when the output's columns are its unit stride, else
+        // column-major ([split][z][NPAD][MPAD]), as the reduce pass walks the output
         const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
-        const int at = ((split * batches + z) * MPAD + m0 + sm) * NPAD + n0 + sn;
+        const int plane = ((split * batches + z) * MPAD * NPAD);
         [[unroll]] for (int i = 0; i < FM; i++)
             [[unroll]] for (int j = 0; j < FN; j++)
-                coopMatStore(acc[i * FN + j], partial_data, uint(at + 16 * i * NPAD + 16 * j), uint(NPAD),
-                             gl_CooperativeMatrixLayoutRowMajor);
+            {
+                const int m = m0 + sm + 16 * i;
+                const int n = n0 + sn + 16 * j;
+                if (O_JFAST == 1)
+                    coopMatStore(acc[i * FN + j], partial_data, uint(plane + m * NPAD + n), uint(NPAD),
+                                 gl_CooperativeMatrixLayoutRowMajor);
+                else
+                    coopMatStore(acc[i * FN + j], partial_data, uint(plane + n * MPAD + m), uint(MPAD),
+                                 gl_CooperativeMatrixLayoutColumnMajor);
+            }
         return;
     }
 
