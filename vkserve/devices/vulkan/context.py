@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import collections
 import enum
+import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,31 @@ import numpy as np
 from vkserve.devices.capabilities import DeviceCaps
 from vkserve.devices.vulkan.errors import VulkanError, check, result_name, vk_errors
 from vkserve.devices.vulkan.instance import get_instance
+
+log = logging.getLogger(__name__)
+
+#: how long a fence wait polls the fence before it blocks in the driver, on a GPU. NVIDIA's
+#: blocking vkWaitForFences returned 45-115 us after the work ended (H200, one Plan.run of
+#: alexnet / resnet18 / squeezenet / vgg16 / mobilenet_v2: 0.23-0.52 ms runs 1.15-1.25x as
+#: long as with polling; RESULTS.md, issue 17, fifteenth session); PyTorch's synchronisation
+#: spins likewise by default. Not on CPU devices (lavapipe), whose own threads need the cores:
+#: polling made a lavapipe run 1.9x slower. ``VKSERVE_FENCE_POLL_US`` sets it (0: never poll).
+FENCE_POLL_US = 2000
+
+
+def fence_poll_seconds(caps: DeviceCaps, env: Mapping[str, str]) -> float:
+    """How long a wait on this device polls its fence before blocking (see FENCE_POLL_US)."""
+    raw = env.get("VKSERVE_FENCE_POLL_US")
+    if raw is not None:
+        try:
+            us = int(raw)
+        except ValueError:
+            us = -1
+        if us >= 0:
+            return us / 1e6
+        log.warning("VKSERVE_FENCE_POLL_US=%r is not a whole number of microseconds >= 0: "
+                    "the default (%d on GPUs, 0 on CPU devices) is used", raw, FENCE_POLL_US)
+    return 0.0 if caps.is_software else FENCE_POLL_US / 1e6
 
 # Process-wide count of live objects of every context, by type (for leak tests).
 LIVE_OBJECTS: collections.Counter[str] = collections.Counter()
@@ -158,6 +185,10 @@ class VulkanContext:
         self.physical_device = self.instance.physical_devices[caps.index]
         self.queue_lock = threading.Lock()
         self.pool_lock = threading.Lock()
+        self.fence_poll_s = fence_poll_seconds(caps, os.environ)
+        #: held by the one wait that polls (others block at once: several threads polling
+        #: would each take a core and contend for the GIL with the daemon's event loop)
+        self._poll_lock = threading.Lock()
         self.device = None
         self.command_pool = None
         self._create_device()
@@ -277,13 +308,19 @@ class VulkanContext:
 
     def wait_fence(self, fence: Any, timeout_s: float | None = None,
                    between_waits: Callable[[], None] | None = None) -> None:
-        """Wait in short slices so a caller (e.g. a trio worker thread) can cancel in between.
-
-        `between_waits` runs after each 50 ms slice; it may raise to abandon the wait.
-        """
+        """Wait for `fence`: polled first for up to ``fence_poll_s`` (by one waiting thread at a
+        time), then in blocking slices so a caller (e.g. a trio worker thread) can cancel in
+        between: `between_waits` runs after each 50 ms slice and may raise to abandon the wait."""
         lib, ffi = self.vk.lib, self.vk.ffi
-        fences = ffi.new("VkFence[1]", [fence])
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self.fence_poll_s > 0 and self._poll_lock.acquire(blocking=False):
+            try:
+                poll = self.fence_poll_s if timeout_s is None else min(self.fence_poll_s, timeout_s)
+                if self._poll_fence(fence, poll):
+                    return
+            finally:
+                self._poll_lock.release()
+        fences = ffi.new("VkFence[1]", [fence])
         while True:
             code = lib.vkWaitForFences(self.device, 1, fences, 1, 50_000_000)
             if code == 0:
@@ -294,6 +331,19 @@ class VulkanContext:
                 raise VulkanError("vkWaitForFences", result_name(code), code)
             if between_waits is not None:
                 between_waits()
+
+    def _poll_fence(self, fence: Any, seconds: float) -> bool:
+        """Whether `fence` signalled within `seconds` of polling it."""
+        status, device, not_ready = self.vk.lib.vkGetFenceStatus, self.device, self.vk.VK_NOT_READY
+        end = time.perf_counter() + seconds
+        while True:
+            code = status(device, fence)
+            if code == 0:
+                return True
+            if code != not_ready:
+                check(code, "vkGetFenceStatus")
+            if time.perf_counter() > end:
+                return False
 
     def reset_fence(self, fence: Any) -> None:
         with vk_errors("vkResetFences"):
