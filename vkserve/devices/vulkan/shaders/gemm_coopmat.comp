@@ -12,11 +12,12 @@
 //
 // A work group is 8 subgroups of 32 invocations in a 2 x 4 grid over a BM x BN tile of the
 // output (BM = 32 * FM rows, BN = 64 * FN columns); each subgroup owns FM x FN accumulators of
-// 16 x 16. Each step stages BK (32 or 64) values of k: A row-major and B column-major in shared memory
-// (k contiguous in both), double-buffered with one barrier per step; the next step's values
+// 16 x 16. Each step stages BK (32 or 64) values of k: A row-major and B column-major in shared
+// memory (k contiguous in both), double-buffered with one barrier per step; the next step's values
 // are read into registers while this step multiplies. Staging follows each operand's unit
-// stride so that neighbouring invocations read neighbouring addresses (A_KFAST: 8 invocations
-// read 32 consecutive k of one row, else consecutive rows; B_KFAST likewise for columns).
+// stride so that neighbouring invocations read neighbouring addresses (A_KFAST: BK / 4
+// invocations read a step's BK consecutive k of one row, else consecutive rows; B_KFAST
+// likewise for columns).
 // Values past M, N or K are staged as zeros (their loads read element 0), so any sizes work;
 // only in-range outputs are stored, in the order of the output's unit stride (O_JFAST).
 //
@@ -24,9 +25,9 @@
 // each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD], or
 // [NPAD][MPAD] where the output's rows are its unit stride, stored straight from the
 // accumulators); a second dispatch of this shader with REDUCE = 1 adds them in split order and
-// applies C, beta and alpha, one output per invocation. With
-// residual = 1, residual_blob (the output's layout) is added to every output value (a
-// following residual sum folded in, engine.fusion), then the activation (activate.h).
+// applies C, beta and alpha, one output per invocation. With residual = 1, residual_blob (the
+// output's layout) is added to every output value (a following residual sum folded in,
+// engine.fusion), then the activation (activate.h).
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -263,7 +264,7 @@ void main()
         // (partial[split][z][MPAD][NPAD]) when the output's columns are its unit stride, else
         // column-major ([split][z][NPAD][MPAD]), as the reduce pass walks the output
         const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
-        const int plane = ((split * batches + z) * MPAD * NPAD);
+        const int plane = (split * batches + z) * MPAD * NPAD;
         [[unroll]] for (int i = 0; i < FM; i++)
             [[unroll]] for (int j = 0; j < FN; j++)
             {
