@@ -26,12 +26,12 @@ from vkserve.devices.vulkan.instance import get_instance
 log = logging.getLogger(__name__)
 
 #: how long a fence wait polls the fence before it blocks in the driver, on a GPU. NVIDIA's
-#: vkWaitForFences with a long timeout (it sleeps) returned 45-115 us after the work ended, one
-#: with a short timeout at once (H200, one Plan.run of
-#: alexnet / resnet18 / squeezenet / vgg16 / mobilenet_v2: 0.23-0.52 ms runs 1.15-1.25x as
-#: long as with polling; RESULTS.md, issue 17, fifteenth session); PyTorch's synchronisation
-#: spins likewise by default. Not on CPU devices (lavapipe), whose own threads need the cores:
-#: polling made a lavapipe run 1.9x slower. ``VKSERVE_FENCE_POLL_US`` sets it (0: never poll).
+#: vkWaitForFences with a long timeout (it sleeps) made a run 50-115 us longer than one with
+#: short timeouts, which returns at once (H200, Plan.run of alexnet / resnet18 / squeezenet /
+#: vgg16 / mobilenet_v2: 0.23-0.52 ms runs 1.1-1.3x as long as with polling; RESULTS.md,
+#: issue 17, fifteenth session); PyTorch's synchronisation spins likewise by default. Not on
+#: CPU devices (lavapipe), whose own threads need the cores: polling made a lavapipe run 1.9x
+#: slower. ``VKSERVE_FENCE_POLL_US`` sets it (0: never poll).
 FENCE_POLL_US = 2000
 FENCE_POLL_SLICE_NS = 50_000
 
