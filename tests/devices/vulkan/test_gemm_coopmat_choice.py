@@ -74,9 +74,10 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     assert (mpad, npad) == (224, 384)  # 7 x 32 rows, 6 x 64 columns
     assert vl.scratch() == {"partial": launch.ksplit * mpad * npad * 2}  # fp32 in fp16 elements
     assert product.global_size == (npad // 64 * 256, mpad // 32, launch.ksplit)
-    # .., reduce, residual, activation (type, two parameters), values of K per step
+    # .., reduce, residual, activation (type, two parameters), values of K per step, both
+    # operands read by whole quads (K, 1536, a multiple of 4)
     assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0, 0, 0.0, 0.0,
-                                          COOP_GEMM_BK)
+                                          COOP_GEMM_BK, 1, 1)
     assert reduce.spec_constants[:10] == product.spec_constants[:10] and reduce.spec_constants[10] == 1
     assert reduce.global_size == (n, m, 1)
 
@@ -124,9 +125,12 @@ def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_ca
     assert coop.shader == "gemm_coopmat" and coop.push_constants == fma.push_constants
     # + the partial slot (K whole: the output, unread) before the residual slot (none: input 0)
     assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4])
-    has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual, *activation, bk = coop.spec_constants
+    (has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual, *activation, bk,
+     a_vec, b_vec) = coop.spec_constants
     assert activation == [0, 0.0, 0.0] and bk == COOP_GEMM_BK
     assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce, residual) == (0, 0, 1, 0, 1, 0, 0)
+    # A (transposed) by quads along M = 30: not whole; B's along K = 40 are
+    assert (a_vec, b_vec) == (0, 1)
     assert coop.global_size == (-(-50 // (64 * fn)) * 256, -(-30 // (32 * fm)), 1)  # M 30, N 50
 
 

@@ -183,6 +183,19 @@ def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool) -> CoopG
     return CoopGemm(fm, fn, ksplit, per)
 
 
+def _whole_quads(rows: int, k: int, row_stride: int, k_stride: int, batch: tuple[int, int]) -> bool:
+    """gemm_coopmat reads an operand (rows x k, e.g. A's M x K or B's N x K) by quads of 4
+    values along its unit stride: one 8-byte load each where every quad lies whole inside the
+    extent and starts at a multiple of 4 elements (the bindings start 16-byte aligned)."""
+    if k_stride == 1:
+        extent, other = k, row_stride
+    elif row_stride == 1:
+        extent, other = rows, k_stride
+    else:
+        return False
+    return extent % 4 == 0 and other % 4 == 0 and all(s % 4 == 0 for s in batch)
+
+
 def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                     a: tuple[int, int], b: tuple[int, int], c: tuple[int, int] | None,
                     out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
@@ -209,19 +222,20 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
         mpad, npad = launch.padded(m, n)
         spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
                 launch.ksplit, launch.split_steps, mpad, npad)
+        quads = (int(_whole_quads(m, k, a[0], a[1], a_batch)), int(_whole_quads(n, k, b[1], b[0], b_batch)))
         coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3],
                          residual or bindings[0])
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
                            push_constants=push,
-                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK),
+                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads),
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         # the reduce pass: one invocation an output, x along the output's unit stride
         reduce_size = (n, m, batches) if out[1] == 1 else (m, n, batches)
         return [product, Dispatch("gemm_coopmat", coop_bindings, reduce_size, push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK),
+                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads),
                                   local_size=(GEMM_THREADS, 1, 1))]
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:

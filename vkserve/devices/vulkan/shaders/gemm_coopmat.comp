@@ -12,12 +12,14 @@
 //
 // A work group is 8 subgroups of 32 invocations in a 2 x 4 grid over a BM x BN tile of the
 // output (BM = 32 * FM rows, BN = 64 * FN columns); each subgroup owns FM x FN accumulators of
-// 16 x 16. Each step stages BK (32 or 64) values of k: A row-major and B column-major in shared
-// memory (k contiguous in both), double-buffered with one barrier per step; the next step's values
-// are read into registers while this step multiplies. Staging follows each operand's unit
-// stride so that neighbouring invocations read neighbouring addresses (A_KFAST: BK / 4
-// invocations read a step's BK consecutive k of one row, else consecutive rows; B_KFAST
-// likewise for columns).
+// 16 x 16. Each step stages BK (32 or 64) values of k of both operands in shared memory,
+// double-buffered with one barrier per step; the next step's values are read into registers
+// while this step multiplies. Each operand is staged in its own memory order, so that an
+// invocation reads 4 neighbouring values along the operand's unit stride and neighbouring
+// invocations neighbouring quads: A row-major (A_KFAST, a_sk == 1) or column-major, B
+// column-major (B_KFAST, b_sk == 1) or row-major; coopMatLoad reads either. Where the quads are
+// whole and aligned (A_VEC / B_VEC: the unit-stride extent and every other stride multiples of
+// 4) a quad is one 8-byte load, else four loads with their own bounds checks.
 // Values past M, N or K are staged as zeros (their loads read element 0), so any sizes work;
 // only in-range outputs are stored, in the order of the output's unit stride (O_JFAST).
 //
@@ -51,9 +53,13 @@ layout (constant_id = 12) const int activation_type = 0;
 layout (constant_id = 13) const float activation_param_0 = 0;
 layout (constant_id = 14) const float activation_param_1 = 0;
 layout (constant_id = 15) const int BK = 32;      // values of k per step: 32, 64
+layout (constant_id = 16) const int A_VEC = 0;    // A's quads whole and 8-byte aligned
+layout (constant_id = 17) const int B_VEC = 0;    // B's likewise
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
+layout (binding = 0) readonly buffer a_blob4 { sfpvec4 a_data4[]; };  // the same, by quads
+layout (binding = 1) readonly buffer b_blob4 { sfpvec4 b_data4[]; };
 layout (binding = 2) readonly buffer c_blob { sfp c_data[]; };
 layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
 // split K's fp32 partials (with KSPLIT = 1 another blob is bound here, never read)
@@ -86,66 +92,92 @@ layout (push_constant) uniform parameter
 
 const int BM = 32 * FM;
 const int BN = 64 * FN;
-const int S4 = BK / 4 + 2;             // row (A) / column (B) stride in f16vec4: two past a
-                                       // step's, so that 16-byte pieces of neighbouring rows
-                                       // change banks
-const int A_PER = BM * (BK / 4) / 256; // 4 values of k of one row of A, per invocation and step (FM * BK / 32)
-const int B_PER = BN * (BK / 8) / 256; // 8 values of k of one column of B, per invocation and step (FN * BK / 32)
+// Shared rows (or columns) are two f16vec4 longer than their data, so that 16-byte pieces of
+// neighbouring rows change banks. A: BM rows of BK (A_KFAST) or BK rows of BM; B: BN columns of
+// BK (B_KFAST) or BK rows of BN.
+const int SA = A_KFAST * (BK / 4 + 2) + (1 - A_KFAST) * (BM / 4 + 2);
+const int SB = B_KFAST * (BK / 4 + 2) + (1 - B_KFAST) * (BN / 4 + 2);
+const int A_SIZE = A_KFAST * BM * SA + (1 - A_KFAST) * BK * SA;
+const int B_SIZE = B_KFAST * BN * SB + (1 - B_KFAST) * BK * SB;
+const int A_PER = BM * BK / 4 / 256;   // quads of A per invocation and step (FM * BK / 32)
+const int B_PER = BN * BK / 4 / 256;   // of B (FN * BK / 16)
 
-shared f16vec4 tile_a[2 * BM * S4];
-shared f16vec4 tile_b[2 * BN * S4];
+shared f16vec4 tile_a[2 * A_SIZE];
+shared f16vec4 tile_b[2 * B_SIZE];
 shared float tile_c[8 * 256];          // one 16 x 16 accumulator per subgroup, for the epilogue
 
-// per invocation, fixed for the work group's tile (set once by main)
-int a_at[A_PER];                       // A(row, 0); -1: row past M
-int a_kq[A_PER];
-int a_st[A_PER];                       // its place in tile_a (one buffer)
-int b_at[B_PER];                       // B(0, column); -1: column past N
-int b_ko[B_PER];
-int b_st[B_PER];                       // its place in tile_b (one buffer)
+// per invocation and quad, fixed for the work group's tile (set once by main): the quad's
+// first row / column (m or n: past the end of M / N where it is), its k offset within a
+// step, and its place in one shared buffer
+int a_mn[A_PER];
+int a_k[A_PER];
+int a_st[A_PER];
+int b_mn[B_PER];
+int b_k[B_PER];
+int b_st[B_PER];
 f16vec4 ra[A_PER];                     // the next step, on its way from memory to shared
-f16vec4 rb[B_PER * 2];
+f16vec4 rb[B_PER];
 
-float16_t a_value(int j, int k)
+// 4 values of A from (m, k): along k (A_KFAST) or along m, zeros past M and K
+f16vec4 a_quad(int a0, int m, int k)
 {
-    const bool ok = a_at[j] >= 0 && k < p.K;
-    const float v = float(buffer_ld1(a_data, ok ? a_at[j] + (A_KFAST == 1 ? k : k * p.a_sk) : 0));
-    return float16_t(ok ? v : 0.0);
+    const int dm = 1 - A_KFAST;
+    const int dk = A_KFAST;
+    if (A_VEC == 1)
+    {
+        const bool ok = m < p.M && k < p.K;
+        return ok ? f16vec4(buffer_ld4(a_data4, (a0 + m * p.a_si + k * p.a_sk) / 4)) : f16vec4(0.0);
+    }
+    f16vec4 v;
+    [[unroll]] for (int e = 0; e < 4; e++)
+    {
+        const int mm = m + e * dm;
+        const int kk = k + e * dk;
+        const bool ok = mm < p.M && kk < p.K;
+        const float x = float(buffer_ld1(a_data, ok ? a0 + mm * p.a_si + kk * p.a_sk : 0));
+        v[e] = float16_t(ok ? x : 0.0);
+    }
+    return v;
 }
 
-float16_t b_value(int j, int k)
+// 4 values of B from (k, n): along k (B_KFAST) or along n, zeros past K and N
+f16vec4 b_quad(int b0, int k, int n)
 {
-    const bool ok = b_at[j] >= 0 && k < p.K;
-    const float v = float(buffer_ld1(b_data, ok ? b_at[j] + (B_KFAST == 1 ? k : k * p.b_sk) : 0));
-    return float16_t(ok ? v : 0.0);
+    const int dn = 1 - B_KFAST;
+    const int dk = B_KFAST;
+    if (B_VEC == 1)
+    {
+        const bool ok = n < p.N && k < p.K;
+        return ok ? f16vec4(buffer_ld4(b_data4, (b0 + k * p.b_sk + n * p.b_sn) / 4)) : f16vec4(0.0);
+    }
+    f16vec4 v;
+    [[unroll]] for (int e = 0; e < 4; e++)
+    {
+        const int nn = n + e * dn;
+        const int kk = k + e * dk;
+        const bool ok = nn < p.N && kk < p.K;
+        const float x = float(buffer_ld1(b_data, ok ? b0 + kk * p.b_sk + nn * p.b_sn : 0));
+        v[e] = float16_t(ok ? x : 0.0);
+    }
+    return v;
 }
 
 // registers <- the step of K starting at k0
-void load_step(int k0)
+void load_step(int a0, int b0, int k0)
 {
     [[unroll]] for (int j = 0; j < A_PER; j++)
-    {
-        const int k = k0 + a_kq[j] * 4;
-        ra[j] = f16vec4(a_value(j, k), a_value(j, k + 1), a_value(j, k + 2), a_value(j, k + 3));
-    }
+        ra[j] = a_quad(a0, a_mn[j], k0 + a_k[j]);
     [[unroll]] for (int j = 0; j < B_PER; j++)
-    {
-        const int k = k0 + b_ko[j] * 8;
-        rb[2 * j] = f16vec4(b_value(j, k), b_value(j, k + 1), b_value(j, k + 2), b_value(j, k + 3));
-        rb[2 * j + 1] = f16vec4(b_value(j, k + 4), b_value(j, k + 5), b_value(j, k + 6), b_value(j, k + 7));
-    }
+        rb[j] = b_quad(b0, k0 + b_k[j], b_mn[j]);
 }
 
 // shared buffer b <- the registers
 void store_step(int b)
 {
     [[unroll]] for (int j = 0; j < A_PER; j++)
-        tile_a[b * BM * S4 + a_st[j]] = ra[j];
+        tile_a[b * A_SIZE + a_st[j]] = ra[j];
     [[unroll]] for (int j = 0; j < B_PER; j++)
-    {
-        tile_b[b * BN * S4 + b_st[j]] = rb[2 * j];
-        tile_b[b * BN * S4 + b_st[j] + 1] = rb[2 * j + 1];
-    }
+        tile_b[b * B_SIZE + b_st[j]] = rb[j];
 }
 
 #include "activate.h"
@@ -202,21 +234,27 @@ void main()
     const int a0 = z1 * p.a_b1 + z2 * p.a_b2;
     const int b0 = z1 * p.b_b1 + z2 * p.b_b2;
 
+    // quad j of an invocation: slot lid + 256 j of the step's, neighbouring slots along the
+    // operand's unit stride
     [[unroll]] for (int j = 0; j < A_PER; j++)
     {
         const int slot = lid + 256 * j;
-        const int row = A_KFAST == 1 ? slot / (BK / 4) : slot % BM;
-        a_kq[j] = A_KFAST == 1 ? slot % (BK / 4) : slot / BM;
-        a_at[j] = m0 + row < p.M ? a0 + (m0 + row) * p.a_si : -1;
-        a_st[j] = row * S4 + a_kq[j];
+        const int q = A_KFAST == 1 ? BK / 4 : BM / 4;  // quads per shared row
+        const int row = slot / q;
+        const int quad = slot % q;
+        a_mn[j] = m0 + (A_KFAST == 1 ? row : quad * 4);
+        a_k[j] = A_KFAST == 1 ? quad * 4 : row;
+        a_st[j] = row * SA + quad;
     }
     [[unroll]] for (int j = 0; j < B_PER; j++)
     {
         const int slot = lid + 256 * j;
-        const int col = B_KFAST == 1 ? slot / (BK / 8) : slot % BN;
-        b_ko[j] = B_KFAST == 1 ? slot % (BK / 8) : slot / BN;
-        b_at[j] = n0 + col < p.N ? b0 + (n0 + col) * p.b_sn : -1;
-        b_st[j] = col * S4 + b_ko[j] * 2;
+        const int q = B_KFAST == 1 ? BK / 4 : BN / 4;
+        const int row = slot / q;
+        const int quad = slot % q;
+        b_mn[j] = n0 + (B_KFAST == 1 ? row : quad * 4);
+        b_k[j] = B_KFAST == 1 ? quad * 4 : row;
+        b_st[j] = row * SB + quad;
     }
 
     // this subgroup's fragments: rows sm + 16 i of the tile, columns sn + 16 j
@@ -230,25 +268,35 @@ void main()
     const int all_steps = (p.K + BK - 1) / BK;
     const int first = KSPLIT > 1 ? split * SPLIT_STEPS : 0;
     const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
-    load_step(first * BK);
+    load_step(a0, b0, first * BK);
     store_step(0);
     barrier();
     for (int s = 0; s < steps; s++)
     {
         const int cur = s & 1;
         if (s + 1 < steps)
-            load_step((first + s + 1) * BK);
-        [[unroll]] for (int kk = 0; kk < BK / 4; kk += 4)
+            load_step(a0, b0, (first + s + 1) * BK);
+        [[unroll]] for (int kk = 0; kk < BK; kk += 16)
         {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
             [[unroll]] for (int j = 0; j < FN; j++)
-                coopMatLoad(b[j], tile_b, uint(cur * BN * S4 + (sn + 16 * j) * S4 + kk), uint(S4),
-                            gl_CooperativeMatrixLayoutColumnMajor);
+            {
+                if (B_KFAST == 1)
+                    coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + (sn + 16 * j) * SB + kk / 4), uint(SB),
+                                gl_CooperativeMatrixLayoutColumnMajor);
+                else
+                    coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + kk * SB + (sn + 16 * j) / 4), uint(SB),
+                                gl_CooperativeMatrixLayoutRowMajor);
+            }
             [[unroll]] for (int i = 0; i < FM; i++)
             {
                 coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
-                coopMatLoad(a, tile_a, uint(cur * BM * S4 + (sm + 16 * i) * S4 + kk), uint(S4),
-                            gl_CooperativeMatrixLayoutRowMajor);
+                if (A_KFAST == 1)
+                    coopMatLoad(a, tile_a, uint(cur * A_SIZE + (sm + 16 * i) * SA + kk / 4), uint(SA),
+                                gl_CooperativeMatrixLayoutRowMajor);
+                else
+                    coopMatLoad(a, tile_a, uint(cur * A_SIZE + kk * SA + (sm + 16 * i) / 4), uint(SA),
+                                gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (int j = 0; j < FN; j++)
                     acc[i * FN + j] = coopMatMulAdd(a, b[j], acc[i * FN + j]);
             }
