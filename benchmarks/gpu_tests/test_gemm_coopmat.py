@@ -58,7 +58,7 @@ def test_gemm(tmp_path, engine_device, line, shapes, precision):  # noqa: F811
 def force(monkeypatch, tile: tuple[int, int], ksplit: int) -> None:
     """Every product on `tile` with K in `ksplit` splits (fewer when the steps run out; the
     last split shorter when they do not divide); products that cannot split keep K whole."""
-    def choose(m, n, k, batches, split):
+    def choose(m, n, k, batches, split, by_size=True):
         steps = -(-k // matmul_layers.COOP_GEMM_BK)
         per = -(-steps // (ksplit if split else 1))
         return matmul_layers.CoopGemm(*tile, -(-steps // per), per)
@@ -118,6 +118,37 @@ def test_convnext_block_tail_in_one_product(engine_device, monkeypatch, precisio
     assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
     products = [shader for name, shader in steps if name == "g1" and shader != "cast_output"]
     assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    assert_near_cpu_kernels(got, graph, feed, precision)
+
+
+def norm_head(channels: int) -> list[str]:
+    """convnext's block head: depthwise, channels-last, LayerNorm, the first Linear (its
+    output Reshape takes the normalised blob's shape only), GELU."""
+    return [
+        f"ConvolutionDepthWise dw 1 1 x d 0={channels} 1=3 4=1 5=1 6={channels * 9} 7={channels}",
+        "Permute p1 1 1 d hwc 0=3",
+        f"LayerNorm ln 1 1 hwc normed 0={channels} 1=0.000001 2=1",
+        "Split sp 1 2 normed n1 n2",
+        "Reshape r0 1 1 n1 rows 6=\"0w,-1\"",
+        f"Gemm g1 1 1 rows y 10=4 2=0 3=1 4=0 5=1 6=1 7=35 8=40 9={channels}",
+        "Reshape r1 2 1 y n2 y3 6=\"0w,1h,1c\"",
+        "GELU gelu 1 1 y3 out",
+    ]
+
+
+@pytest.mark.parametrize("ksplit", [1, 3], ids=lambda s: f"ksplit{s}")
+@pytest.mark.parametrize("channels", [200, 45], ids=lambda c: f"k{c}")  # 45: quads across K's end
+@pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
+def test_a_layernorm_folds_into_the_linear_after_it(engine_device, monkeypatch, precision, channels, ksplit):  # noqa: F811
+    """The LayerNorm applied to A's rows as gemm_coopmat reads them (each split's work groups
+    computing the rows' statistics), against the CPU kernels running the layers as written."""
+    force(monkeypatch, (1, 1), ksplit)
+    shapes = {"x": (channels, 5, 7)}
+    graph = graph_of(norm_head(channels), shapes, seed=3)
+    feed = feed_for(shapes, 2.0)
+    got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out"])
+    assert summary["folded_norms"] == 1
+    assert "ln" not in [name for name, _ in steps]
     assert_near_cpu_kernels(got, graph, feed, precision)
 
 

@@ -77,7 +77,7 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     # .., reduce, residual, activation (type, two parameters), values of K per step, both
     # operands read by whole quads (K, 1536, a multiple of 4)
     assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0, 0, 0.0, 0.0,
-                                          COOP_GEMM_BK, 1, 1)
+                                          COOP_GEMM_BK, 1, 1, 0, 0.0)
     assert reduce.spec_constants[:10] == product.spec_constants[:10] and reduce.spec_constants[10] == 1
     assert reduce.global_size == (n, m, 1)
 
@@ -124,9 +124,11 @@ def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_ca
     (coop,) = shaders(coop_caps, line, shapes, Precision.FP16_STORAGE)
     assert coop.shader == "gemm_coopmat" and coop.push_constants == fma.push_constants
     # + the partial slot (K whole: the output, unread) before the residual slot (none: input 0)
-    assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4])
+    # and the row norm's gamma and beta (none: input 0, unread)
+    assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4], fma.bindings[0], fma.bindings[0])
     (has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual, *activation, bk,
-     a_vec, b_vec) = coop.spec_constants
+     a_vec, b_vec, a_norm, eps) = coop.spec_constants
+    assert (a_norm, eps) == (0, 0.0)
     assert activation == [0, 0.0, 0.0] and bk == COOP_GEMM_BK
     assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce, residual) == (0, 0, 1, 0, 1, 0, 0)
     # A (transposed) by quads along M = 30: not whole; B's along K = 40 are

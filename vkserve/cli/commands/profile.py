@@ -67,12 +67,13 @@ def main(args: argparse.Namespace) -> int:
           f"({loaded.plan.barrier_count} barriers), median of {args.runs}")
     summary = loaded.plan.summary()
     if any(summary[k] for k in ("folded_residuals", "zero_copy_concats", "folded_permutes", "folded_scales",
-                                "folded_activations")):
+                                "folded_activations", "folded_norms")):
         print(f"  recorded as fewer dispatches: {summary['folded_residuals']} residual sums (and their "
               f"ReLU) in the convolution or Gemm before them, {summary['zero_copy_concats']} Concats in place, "
               f"{summary['folded_permutes']} Permutes folded into the layers beside them, "
               f"{summary['folded_scales']} constant scales in a Gemm's weights, "
-              f"{summary['folded_activations']} activation layers in the Gemm before them")
+              f"{summary['folded_activations']} activation layers in the Gemm before them, "
+              f"{summary['folded_norms']} LayerNorms in the Gemm after them")
     _print_groups("by shader", shaders, total, "dispatches")
     print(f"\nslowest {args.top} dispatches:")
     for s in sorted(steps, key=lambda s: -s.ms)[:args.top]:

@@ -80,11 +80,12 @@ def coopmat_wanted(icg: int, cpad: int, m: int, n: int, k: int) -> bool:
     return icg >= AUTO_MIN_CHANNEL_USE * cpad and k >= AUTO_MIN_K and m * n * k >= AUTO_MIN_MACS
 
 
-def coop_gemm_wanted(k: int, work_groups: int) -> bool:
+def coop_gemm_wanted(k: int, work_groups: int, by_size: bool = True) -> bool:
     """Whether a Gemm / MatMul / attention product with a K of `k` whose gemm_coopmat tile
     makes `work_groups` work groups should run as gemm_coopmat on a device that has it, by
-    ``VKSERVE_COOPMAT``."""
+    ``VKSERVE_COOPMAT``; without `by_size` (a product that saves a dispatch there: a folded
+    LayerNorm) whatever its size unless the variable is 0."""
     mode = _mode()
     if mode != "auto":
         return mode == "1"
-    return k >= AUTO_GEMM_MIN_K and work_groups >= AUTO_GEMM_MIN_GROUPS
+    return not by_size or (k >= AUTO_GEMM_MIN_K and work_groups >= AUTO_GEMM_MIN_GROUPS)

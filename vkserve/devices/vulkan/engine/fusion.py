@@ -35,6 +35,12 @@ one LayerNorm over the channels of the channels-first blob (`VulkanLayerNorm.
 take_channels_first`: strided runs). A Plan folds those LayerNorms, then the other Permutes,
 then scales, then activations, then residual sums: a scale cannot move past an activation,
 and a residual sum folded with the activation after it comes before that activation.
+
+Last, a LayerNorm over the rows of a Gemm's A (pnnx's convnext blocks: the channels of each
+pixel, then the first Linear) is applied by gemm_coopmat as it reads A
+(`VulkanGemm.take_row_norm`): the LayerNorm becomes an alias of its input and records nothing
+(convnext_tiny: 18 of its 23 LayerNorms). Only where nothing else reads the normalised values
+(pnnx's Reshapes that take the blob only for its shape do not).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import numpy as np
 
 from vkserve.devices.vulkan.layers.base import Scalar, Shape, VulkanLayer
 from vkserve.devices.vulkan.layers.compute_util import GELU_ERF, GELU_TANH, activation_constants
+from vkserve.devices.vulkan.layers.matmul import VulkanGemm
 from vkserve.devices.vulkan.layers.norm import VulkanLayerNorm
 from vkserve.models.graph import Layer
 from vkserve.models.layers import (
@@ -304,3 +311,50 @@ def fold_residuals(entries: Sequence[Entry], shapes: Mapping[str, Shape],
             folded += 1
             break
     return [e for i, e in enumerate(entries) if i not in gone], folded
+
+
+def _data_readers(blob: str, entries: Sequence[Entry], readers: Mapping[str, list[int]]) -> list[int]:
+    """The layers that read `blob`'s values: all its readers but aliasing layers that take it
+    as a later input, only for its shape (pnnx's Reshape to the shape of another blob)."""
+    out = []
+    for r in readers.get(blob, []):
+        layer, vl = entries[r]
+        if not (vl is not None and vl.aliases_input and layer.inputs[0] != blob):
+            out.append(r)
+    return out
+
+
+def _aliased_producer(blob: str, reader: int, entries: Sequence[Entry], producer: Mapping[str, int],
+                      readers: Mapping[str, list[int]], keep: Collection[str]) -> int | None:
+    """The layer whose output `blob` is, through aliasing layers (pnnx's Split and Reshapes),
+    when `reader` alone reads the values on the way: no blob kept, the aliasing layers' other
+    outputs read by none but shape references."""
+    while True:
+        i = producer.get(blob)
+        if i is None or blob in keep or _data_readers(blob, entries, readers) != [reader]:
+            return None
+        layer, vl = entries[i]
+        if vl is None or not vl.aliases_input:
+            return i
+        if any(o in keep or _data_readers(o, entries, readers) for o in layer.outputs if o != blob):
+            return None
+        blob, reader = layer.inputs[0], i
+
+
+def fold_row_norms(entries: Sequence[Entry], keep: Collection[str]) -> int:
+    """Every LayerNorm over the rows of a Gemm's A that the Gemm applies as it reads them
+    (`VulkanGemm.take_row_norm`) turned into an alias of its input; how many."""
+    producer, readers = _links(entries)
+    folded = 0
+    for j, (_, vl) in enumerate(entries):
+        if not isinstance(vl, VulkanGemm) or vl.a.startswith("w:"):
+            continue
+        i = _aliased_producer(vl.a, j, entries, producer, readers, keep)
+        norm = entries[i][1] if i is not None else None
+        if not isinstance(norm, VulkanLayerNorm) or norm.read_normalised:
+            continue
+        found = norm.row_norm()
+        if found is not None and vl.take_row_norm(*found):
+            norm.read_normalised = True
+            folded += 1
+    return folded

@@ -68,6 +68,7 @@ from vkserve.devices.vulkan.engine.fusion import (
     fold_channel_norms,
     fold_permutes,
     fold_residuals,
+    fold_row_norms,
     fold_scales,
 )
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
@@ -300,6 +301,7 @@ class Plan:
                 continue
             vlayers.append((layer, vl))
         self.folded_residuals = self.folded_permutes = self.folded_scales = self.folded_activations = 0
+        self.folded_norms = 0
         if not problems:
             keep = set(self.output_names) | {b for lay in tail_layers for b in lay.inputs}
             vlayers, beside_norms = fold_channel_norms(vlayers, self.blob_shapes, keep)
@@ -308,6 +310,7 @@ class Plan:
             vlayers, self.folded_scales = fold_scales(vlayers, self.blob_shapes, keep)
             vlayers, self.folded_activations = fold_activations(vlayers, keep)
             vlayers, self.folded_residuals = fold_residuals(vlayers, self.blob_shapes, keep)
+            self.folded_norms = fold_row_norms(vlayers, keep)
         self.finishers = [(i, layer, vl) for i, (layer, vl) in enumerate(vlayers)
                           if _host_finished(vl)]
         finished = {b for _, lay, _ in self.finishers for b in lay.outputs}
@@ -802,6 +805,7 @@ class Plan:
                 "folded_permutes": self.folded_permutes,
                 "folded_scales": self.folded_scales,
                 "folded_activations": self.folded_activations,
+                "folded_norms": self.folded_norms,
                 "naive_bytes": self.naive_bytes, "weight_bytes": self.weight_bytes,
                 "staging_bytes": self.staging_bytes,
                 "host_tail": [layer.name for _, layer in self.tail.steps] if self.tail else [],

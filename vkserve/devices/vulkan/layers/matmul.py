@@ -165,10 +165,11 @@ class CoopGemm:
         return self.ksplit * batches * mpad * npad
 
 
-def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool) -> CoopGemm | None:
+def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool, by_size: bool = True) -> CoopGemm | None:
     """gemm_coopmat's launch for the product, or None where gemm.comp should run it
     (``coop_gemm_wanted``). With `split` (the layer has room for partials) K is split over
-    work groups as conv_coopmat's is when the output tiles are too few (``compute_util.split_k``)."""
+    work groups as conv_coopmat's is when the output tiles are too few (``compute_util.split_k``).
+    `by_size`: ``coop_gemm_wanted``'s."""
     tile = choose_coop_gemm_tile(m, n, batches)
     if tile is None:
         return None
@@ -178,9 +179,24 @@ def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool) -> CoopG
     ksplit, per = split_k(tiles, steps) if split else (1, steps)
     if ksplit * batches > MAX_GROUPS:
         ksplit, per = 1, steps
-    if not coop_gemm_wanted(k, tiles * ksplit):
+    if not coop_gemm_wanted(k, tiles * ksplit, by_size):
         return None
     return CoopGemm(fm, fn, ksplit, per)
+
+
+#: a product that normalises its rows takes gemm_coopmat whatever its size (the LayerNorm's
+#: dispatch saved pays for it)
+ROW_NORM_ANY_SIZE = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RowNorm:
+    """A LayerNorm over each row of A applied as gemm_coopmat reads it (engine.fusion's
+    fold_row_norms): the weight bindings of gamma and beta (K values each) and epsilon."""
+
+    gamma: str
+    beta: str
+    eps: float
 
 
 def _whole_quads(rows: int, k: int, row_stride: int, k_stride: int, batch: tuple[int, int]) -> bool:
@@ -203,7 +219,7 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                     b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
                     what: str = "Gemm", coop: bool = False, partial: str | None = None,
                     residual: str | None = None, activation: tuple[Scalar, ...] = NO_ACTIVATION,
-                    ) -> list[Dispatch]:
+                    a_norm: RowNorm | None = None) -> list[Dispatch]:
     """The dispatches of one product: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)),
     over ``batches`` batches. bindings = (A, B, C, out); a = (row stride, k stride), b = (k
     stride, column stride), c = (row, column strides) or None, out = (row, column strides);
@@ -213,30 +229,34 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     takes the product: one ``gemm_coopmat`` dispatch, two with K split, which needs
     ``partial`` (a scratch blob of `CoopGemm.partial_floats`). ``residual``: a blob in the
     output's layout added to every output value (a folded residual sum); ``activation``
-    (``activation_constants`` form) applied last (a folded activation layer)."""
+    (``activation_constants`` form) applied last (a folded activation layer); ``a_norm``: A's
+    rows normalised as they are read (gemm_coopmat only: a folded LayerNorm)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
-    launch = choose_coop_gemm(m, n, k, batches, partial is not None) if coop else None
+    launch = choose_coop_gemm(m, n, k, batches, partial is not None, by_size=a_norm is None) if coop else None
     if launch is not None:
         mpad, npad = launch.padded(m, n)
         spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
                 launch.ksplit, launch.split_steps, mpad, npad)
         quads = (int(_whole_quads(m, k, a[0], a[1], a_batch)), int(_whole_quads(n, k, b[1], b[0], b_batch)))
         coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3],
-                         residual or bindings[0])
+                         residual or bindings[0], *((a_norm.gamma, a_norm.beta) if a_norm else bindings[:1] * 2))
+        norm = (1, float(a_norm.eps)) if a_norm else (0, 0.0)
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
                            push_constants=push,
-                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads),
+                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm),
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         # the reduce pass: one invocation an output, x along the output's unit stride
         reduce_size = (n, m, batches) if out[1] == 1 else (m, n, batches)
         return [product, Dispatch("gemm_coopmat", coop_bindings, reduce_size, push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads),
+                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm),
                                   local_size=(GEMM_THREADS, 1, 1))]
+    if a_norm is not None:
+        raise UnsupportedError(f"{what}: a folded LayerNorm needs the gemm_coopmat launch")
     tile = choose_gemm_tile(m, n, k, batches)
     if tile is None:
         raise UnsupportedError(f"{what} {m}x{n} over {batches} batches: too many work groups")
@@ -287,6 +307,8 @@ class VulkanGemm(GemmLayer):
             out["B"] = (b * (self._per_n[:, None] if self.params.transB else self._per_n[None, :])).ravel()
             if self.c_kind == 4:
                 out["C"] = out["C"] * self._per_n
+        if self._row_norm is not None:
+            out["norm_gamma"], out["norm_beta"] = self._row_norm[:2]
         return out
 
     #: the output matrix is written transposed (a following Permute folded in)
@@ -346,10 +368,24 @@ class VulkanGemm(GemmLayer):
         self.out_shapes = [shape]
         return self.layer
 
+    #: a LayerNorm over A's rows applied as they are read (gamma, beta, eps; fold_row_norms)
+    _row_norm: tuple[np.ndarray, np.ndarray, float] | None = None
+
+    def take_row_norm(self, gamma: np.ndarray, beta: np.ndarray, eps: float) -> bool:
+        """Normalise each row of A as gemm_coopmat reads it (a LayerNorm before the product,
+        over K): only on that launch, with A a k-contiguous blob."""
+        if (self._row_norm is not None or not self.coop or self.a.startswith("w:") or self.params.transA
+                or gamma.size != self.k
+                or choose_coop_gemm(self.m, self.n, self.k, 1, split=True, by_size=not ROW_NORM_ANY_SIZE) is None):
+            return False
+        self._row_norm = (gamma, beta, eps)
+        return True
+
     def scratch(self) -> dict[str, int]:
         """gemm_coopmat's fp32 partials when it splits K, counted in the fp16 storage elements
         of the modes it runs in."""
-        launch = choose_coop_gemm(self.m, self.n, self.k, 1, split=True) if self.coop else None
+        launch = choose_coop_gemm(self.m, self.n, self.k, 1, split=True,
+                                  by_size=self._row_norm is None) if self.coop else None
         if launch is None or launch.ksplit == 1:
             return {}
         return {"partial": launch.partial_floats(self.m, self.n, 1) * 2}
@@ -364,7 +400,9 @@ class VulkanGemm(GemmLayer):
         return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                                c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
                                beta=float(p.beta), coop=self.coop, partial="s:partial",
-                               residual=self.residual, activation=self.activation)
+                               residual=self.residual, activation=self.activation,
+                               a_norm=None if self._row_norm is None
+                               else RowNorm("w:norm_gamma", "w:norm_beta", self._row_norm[2]))
 
 
 @register("MatMul")

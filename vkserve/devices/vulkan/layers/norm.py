@@ -141,6 +141,29 @@ class _LastDimsNorm(_Norm):
 
 @register("LayerNorm")
 class VulkanLayerNorm(_LastDimsNorm):
+    #: the product that reads the output normalises its rows itself (engine.fusion's
+    #: fold_row_norms): this layer is then an alias of its input and records nothing
+    read_normalised = False
+
+    @property
+    def aliases_input(self) -> bool:
+        return self.read_normalised
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {} if self.read_normalised else super().weights()
+
+    def dispatches(self) -> list[Dispatch]:
+        return [] if self.read_normalised else super().dispatches()
+
+    def row_norm(self) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """(gamma, beta, eps) where the layer normalises contiguous runs with both affine
+        vectors (what a product may apply to the rows it reads instead), else None."""
+        p = self.params
+        if not p.affine or (self.group_step, self.step, self.aff_div, self.aff_mod) != (self.run, 1, 1, self.run):
+            return None
+        gamma, beta = (np.asarray(w, np.float32).ravel()[:self.run] for w in self.layer.weights[:2])
+        return gamma, beta, float(p.eps)
+
     def take_channels_first(self, blob: str, shape: Shape, output: str) -> Layer | None:
         """Normalise over the channels of the channels-first `blob` (`shape`) and write
         `output` in that order: this LayerNorm over the last axis of the blob permuted

@@ -30,6 +30,11 @@
 // applies C, beta and alpha, one output per invocation. With residual = 1, residual_blob (the
 // output's layout) is added to every output value (a following residual sum folded in,
 // engine.fusion), then the activation (activate.h).
+//
+// With A_NORM = 1 each row of A is a LayerNorm's run, normalised as it is read (a LayerNorm
+// before the product folded in, engine.fusion): A(i, k) = (x - mean_i) / sqrt(var_i + norm_eps)
+// * gamma[k] + beta[k], rounded to fp16 as the LayerNorm's output was; the work group first
+// sums its rows (row_statistics) into row_mean / row_rstd. Needs A_KFAST.
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -55,6 +60,8 @@ layout (constant_id = 14) const float activation_param_1 = 0;
 layout (constant_id = 15) const int BK = 32;      // values of k per step: 32, 64
 layout (constant_id = 16) const int A_VEC = 0;    // A's quads whole and 8-byte aligned
 layout (constant_id = 17) const int B_VEC = 0;    // B's likewise
+layout (constant_id = 18) const int A_NORM = 0;   // A's rows normalised on the way in
+layout (constant_id = 19) const float norm_eps = 0;
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -66,6 +73,11 @@ layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
 layout (binding = 4) buffer partial_blob { float partial_data[]; };
 // with residual = 0 another blob of the layer is bound here, never read
 layout (binding = 5) readonly buffer residual_blob { sfp residual_data[]; };
+// with A_NORM = 0 another blob of the layer is bound to both, never read
+layout (binding = 6) readonly buffer gamma_blob { sfp gamma_data[]; };
+layout (binding = 7) readonly buffer beta_blob { sfp beta_data[]; };
+layout (binding = 6) readonly buffer gamma_blob4 { sfpvec4 gamma_data4[]; };  // by quads (A_VEC)
+layout (binding = 7) readonly buffer beta_blob4 { sfpvec4 beta_data4[]; };
 
 layout (push_constant) uniform parameter
 {
@@ -105,6 +117,9 @@ const int B_PER = BN * BK / 4 / 256;   // of B (FN * BK / 16)
 shared f16vec4 tile_a[2 * A_SIZE];
 shared f16vec4 tile_b[2 * B_SIZE];
 shared float tile_c[8 * 256];          // one 16 x 16 accumulator per subgroup, for the epilogue
+                                       // (A_NORM: first the row sums' partials)
+shared float row_mean[BM];             // A_NORM: the tile's rows' statistics
+shared float row_rstd[BM];
 
 // per invocation and quad, fixed for the work group's tile (set once by main): the quad's
 // first row / column (m or n: past the end of M / N where it is), its k offset within a
@@ -162,11 +177,83 @@ f16vec4 b_quad(int b0, int k, int n)
     return v;
 }
 
+// A_NORM: a quad of row m (the tile's row r) from k, normalised; zeros stay zeros
+f16vec4 normalised(f16vec4 v, int m, int r, int k)
+{
+    if (m >= p.M || k >= p.K)
+        return v;
+    const vec4 x = (vec4(v) - row_mean[r]) * row_rstd[r];
+    if (A_VEC == 1)
+        return f16vec4(x * vec4(buffer_ld4(gamma_data4, k / 4)) + vec4(buffer_ld4(beta_data4, k / 4)));
+    vec4 y;
+    [[unroll]] for (int e = 0; e < 4; e++)
+    {
+        const bool ok = k + e < p.K;  // a quad across the end of K
+        const float g = float(buffer_ld1(gamma_data, ok ? k + e : 0));
+        y[e] = ok ? x[e] * g + float(buffer_ld1(beta_data, ok ? k + e : 0)) : 0.0;
+    }
+    return f16vec4(y);
+}
+
+// A_NORM: the work group's BM rows' mean and 1 / sqrt(var + eps), 256 / BM invocations a row,
+// in one pass of sums of (x - c) and (x - c)^2, c the row's first value (the shift keeps
+// E[d^2] - E[d]^2 from cancelling where the mean is large against the spread)
+void row_statistics(int a0, int m0, int lid)
+{
+    const int per = 256 / BM;
+    const int r = lid / per;
+    const int part = lid - r * per;
+    const int at = a0 + (m0 + r) * p.a_si;
+    const bool live = m0 + r < p.M;
+    const float c = live ? float(buffer_ld1(a_data, at)) : 0.0;
+    float s = 0.0;
+    float s2 = 0.0;
+    if (A_VEC == 1)
+    {
+        for (int k = part * 4; live && k < p.K; k += per * 4)
+        {
+            const vec4 d = vec4(buffer_ld4(a_data4, (at + k) / 4)) - c;
+            s += d.x + d.y + d.z + d.w;
+            s2 += dot(d, d);
+        }
+    }
+    else
+    {
+        for (int k = part; live && k < p.K; k += per)
+        {
+            const float d = float(buffer_ld1(a_data, at + k)) - c;
+            s += d;
+            s2 += d * d;
+        }
+    }
+    tile_c[lid] = s;
+    tile_c[256 + lid] = s2;
+    barrier();
+    if (part == 0)
+    {
+        float t = 0.0;
+        float t2 = 0.0;
+        for (int q = 0; q < per; q++)
+        {
+            t += tile_c[lid + q];
+            t2 += tile_c[256 + lid + q];
+        }
+        const float d = t / float(p.K);
+        row_mean[r] = c + d;
+        row_rstd[r] = 1.0 / sqrt(max(t2 / float(p.K) - d * d, 0.0) + norm_eps);
+    }
+    barrier();
+}
+
 // registers <- the step of K starting at k0
-void load_step(int a0, int b0, int k0)
+void load_step(int a0, int b0, int k0, int m0)
 {
     [[unroll]] for (int j = 0; j < A_PER; j++)
+    {
         ra[j] = a_quad(a0, a_mn[j], k0 + a_k[j]);
+        if (A_NORM == 1)
+            ra[j] = normalised(ra[j], a_mn[j], a_mn[j] - m0, k0 + a_k[j]);
+    }
     [[unroll]] for (int j = 0; j < B_PER; j++)
         rb[j] = b_quad(b0, k0 + b_k[j], b_mn[j]);
 }
@@ -268,14 +355,16 @@ void main()
     const int all_steps = (p.K + BK - 1) / BK;
     const int first = KSPLIT > 1 ? split * SPLIT_STEPS : 0;
     const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
-    load_step(a0, b0, first * BK);
+    if (A_NORM == 1)
+        row_statistics(a0, m0, lid);
+    load_step(a0, b0, first * BK, m0);
     store_step(0);
     barrier();
     for (int s = 0; s < steps; s++)
     {
         const int cur = s & 1;
         if (s + 1 < steps)
-            load_step(a0, b0, (first + s + 1) * BK);
+            load_step(a0, b0, (first + s + 1) * BK, m0);
         [[unroll]] for (int kk = 0; kk < BK; kk += 16)
         {
             coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
