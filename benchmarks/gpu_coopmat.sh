@@ -14,4 +14,4 @@ for m in "resnet50.param" "pnnx/convnext_tiny.param --shape in0=3,224,224" "pnnx
 done
 timeout 120 python3 benchmarks/coopmat_layers.py --only pnnx/convnext_tiny pnnx/vit_tiny --runs 10 \
   --json "$OUT/coopmat_layers.json" | grep "^|"
-timeout 200 python3 benchmarks/vulkan_vs_torch.py --repeat 50 --json "$OUT/vulkan_vs_torch.json" "$@"
+timeout 400 python3 benchmarks/vulkan_vs_torch.py --repeat 50 --nocoop --json "$OUT/vulkan_vs_torch.json" "$@"
