@@ -17,7 +17,13 @@ from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.compiler import compile_glsl
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS
 from vkserve.devices.vulkan.layers.compute_util import GEMM_UNITS
-from vkserve.devices.vulkan.layers.matmul import COOP_GEMM_BK, COOP_GEMM_TILES, choose_coop_gemm, choose_coop_gemm_tile
+from vkserve.devices.vulkan.layers.matmul import (
+    COOP_GEMM_BK,
+    COOP_GEMM_TILES,
+    choose_coop_gemm,
+    choose_coop_gemm_tile,
+    whole_quads,
+)
 from vkserve.devices.vulkan.shader_registry import buildable, builtin_shader
 
 FP16 = [Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
@@ -156,3 +162,18 @@ def test_the_tile_fills_the_device_and_the_grid_fits(m, n, batches):
     assert (fm, fn) in COOP_GEMM_TILES  # never 64 x 128 (slow on the H200)
     if (fm, fn) != COOP_GEMM_TILES[0]:  # the larger tile would have left units idle
         assert -(-n // 64) * -(-m // 64) * batches < GEMM_UNITS
+
+
+@pytest.mark.parametrize("rows, k, row_stride, k_stride, batch, whole", [
+    (196, 384, 384, 1, (0, 0), True),        # k-contiguous rows, K a multiple of 4
+    (196, 382, 382, 1, (0, 0), False),       # K = 382: the last quad of each row is partial
+    (196, 384, 388, 1, (0, 0), True),        # padded rows, still aligned
+    (196, 384, 386, 1, (0, 0), False),       # rows 386 apart: odd quads start unaligned
+    (784, 256, 1, 784, (200704, 0), True),   # Winograd's B: the rows (pixels) contiguous
+    (196, 256, 1, 196, (50176, 0), True),
+    (30, 40, 1, 30, (0, 0), False),          # transposed A, M = 30
+    (784, 256, 1, 784, (200706, 0), False),  # a batch stride that breaks the alignment
+    (64, 64, 2, 128, (0, 0), False),         # no unit stride: scalar loads
+])
+def test_quads_are_whole_only_where_every_load_is_aligned(rows, k, row_stride, k_stride, batch, whole):
+    assert whole_quads(rows, k, row_stride, k_stride, batch) is whole

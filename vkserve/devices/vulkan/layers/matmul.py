@@ -199,7 +199,7 @@ class RowNorm:
     eps: float
 
 
-def _whole_quads(rows: int, k: int, row_stride: int, k_stride: int, batch: tuple[int, int]) -> bool:
+def whole_quads(rows: int, k: int, row_stride: int, k_stride: int, batch: tuple[int, int]) -> bool:
     """gemm_coopmat reads an operand (rows x k, e.g. A's M x K or B's N x K) by quads of 4
     values along its unit stride: one 8-byte load each where every quad lies whole inside the
     extent and starts at a multiple of 4 elements (the bindings start 16-byte aligned)."""
@@ -239,7 +239,7 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
         mpad, npad = launch.padded(m, n)
         spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
                 launch.ksplit, launch.split_steps, mpad, npad)
-        quads = (int(_whole_quads(m, k, a[0], a[1], a_batch)), int(_whole_quads(n, k, b[1], b[0], b_batch)))
+        quads = (int(whole_quads(m, k, a[0], a[1], a_batch)), int(whole_quads(n, k, b[1], b[0], b_batch)))
         coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3],
                          residual or bindings[0], *((a_norm.gamma, a_norm.beta) if a_norm else bindings[:1] * 2))
         norm = (1, float(a_norm.eps)) if a_norm else (0, 0.0)
