@@ -1,5 +1,5 @@
-"""Pooling over bf16 (or fp32) planes: windowed max / average (``pool2d``, one task per
-channel) and global average (``global_avg``).
+"""Pooling over bf16 (or fp32) planes: windowed max / average (``pool2d``, the channels in
+contiguous tasks, each with its scratch planes made once) and global average (``global_avg``).
 
 ``pool2d`` works like ``conv.depthwise``: each channel is widened once into padded fp32 planes, one per stride
 phase (border = ``padv``: -FLT_MAX for max, 0 for average), whose rows run on into each other,
@@ -49,10 +49,11 @@ def _tap(acc, p, b, cnt, first, is_max):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def pool2d(x, geo, is_max, padv, divisor, scale, out):  # noqa: ANN001
+def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
     """``x`` (C, H, W) -> ``out`` (C, OH * OW); ``geo`` from ``conv.geometry`` (groups = C, 1,
     1, dilation 1); an average divides by ``divisor`` (OH, OW) when it is not empty, else
-    multiplies by ``scale``."""
+    multiplies by ``scale``. The channels run in ``parts`` contiguous tasks (a channel's two
+    scratch allocations cost as much as pooling a 14 x 14 map's)."""
     kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
     pt, pl, oh, ow = geo[G_PT], geo[G_PL], geo[G_OH], geo[G_OW]
     prow = oh + (kh - 1) // sh
@@ -60,26 +61,28 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out):  # noqa: ANN001
     plen = prow * wq
     span = (oh - 1) * wq + ow
     divide = divisor.size > 0
-    for c in prange(out.shape[0]):
+    channels = out.shape[0]
+    for part in prange(parts):
         planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
         pf = planes.reshape(sh * sw * plen)
         acc = np.empty(span, dtype=np.float32)
-        fill_phases(x, c, pt, pl, sh, sw, padv, planes)
-        for ky in range(kh):
-            row = (ky % sh) * sw * plen + ky // sh * wq
-            for kx in range(kw):
-                _tap(acc, pf, row + kx % sw * plen + kx // sw, span, ky == 0 and kx == 0, is_max)
-        if not is_max:
+        for c in range(part * channels // parts, (part + 1) * channels // parts):
+            fill_phases(x, c, pt, pl, sh, sw, padv, planes)
+            for ky in range(kh):
+                row = (ky % sh) * sw * plen + ky // sh * wq
+                for kx in range(kw):
+                    _tap(acc, pf, row + kx % sw * plen + kx // sw, span, ky == 0 and kx == 0, is_max)
+            if not is_max:
+                for oy in range(oh):
+                    base = oy * wq
+                    if divide:
+                        for ox in range(ow):
+                            acc[base + ox] /= divisor[oy, ox]
+                    else:
+                        for ox in range(ow):
+                            acc[base + ox] *= scale
             for oy in range(oh):
-                base = oy * wq
-                if divide:
-                    for ox in range(ow):
-                        acc[base + ox] /= divisor[oy, ox]
-                else:
-                    for ox in range(ow):
-                        acc[base + ox] *= scale
-        for oy in range(oh):
-            store_row_inline(acc, oy * wq, out, c, oy * ow, ow)
+                store_row_inline(acc, oy * wq, out, c, oy * ow, ow)
 
 
 

@@ -109,7 +109,8 @@ class Pooling(Kernel):
         with jit.launch(self.work):
             jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
                                np.float32(-FLT_MAX if is_max else 0.0), divisor,
-                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow))
+                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
+                               min(c, 4 * jit.kernel_threads()))
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: list[Kernel]) -> None:
         """bf16 arena in and out (the Plan's path; no activation is ever fused into Pooling)."""
