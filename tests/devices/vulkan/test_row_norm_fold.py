@@ -60,7 +60,8 @@ def test_the_layernorm_before_a_linear_is_read_normalised(coop_caps, monkeypatch
     assert fold_row_norms(found, {"y3"}) == 1
     norm, gemm = parts(found)
     assert norm.aliases_input and norm.dispatches() == [] and norm.weights() == {}
-    (product,) = [d for d in gemm.dispatches() if d.shader == "gemm_coopmat"][:1]
+    product = gemm.dispatches()[0]
+    assert product.shader == "gemm_coopmat"  # K = 96: by the size rule gemm.comp, here normalising
     assert product.bindings[6:] == ("w:norm_gamma", "w:norm_beta")
     assert product.spec_constants[-2:] == (1, pytest.approx(1e-6))
     ln = next(layer for layer in graph.layers if layer.name == "ln")
@@ -70,7 +71,7 @@ def test_the_layernorm_before_a_linear_is_read_normalised(coop_caps, monkeypatch
     assert fold_row_norms(found, {"y3"}) == 0  # once
 
 
-@pytest.mark.parametrize("case", ["values read elsewhere", "requested", "no tensor cores", "fp32"])
+@pytest.mark.parametrize("case", ["values read elsewhere", "requested", "no tensor cores", "fp32", "VKSERVE_COOPMAT=0"])
 def test_nothing_folds_where_the_normalised_values_are_needed(coop_caps, vulkan_caps, monkeypatch, case):  # noqa: F811
     monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
     lines, keep, caps, precision = list(HEAD), {"y3"}, coop_caps, Precision.FP16_STORAGE
@@ -81,8 +82,10 @@ def test_nothing_folds_where_the_normalised_values_are_needed(coop_caps, vulkan_
         keep = {"y3", "normed"}
     elif case == "no tensor cores":
         caps = vulkan_caps  # lavapipe
-    else:
+    elif case == "fp32":
         precision = Precision.FP32
+    else:
+        monkeypatch.setenv("VKSERVE_COOPMAT", "0")
     _, found = entries(lines, caps, precision)
     assert fold_row_norms(found, keep) == 0
     norm, gemm = parts(found)
