@@ -184,11 +184,6 @@ def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool, by_size:
     return CoopGemm(fm, fn, ksplit, per)
 
 
-#: a product that normalises its rows takes gemm_coopmat whatever its size (the LayerNorm's
-#: dispatch saved pays for it)
-ROW_NORM_ANY_SIZE = True
-
-
 @dataclasses.dataclass(frozen=True)
 class RowNorm:
     """A LayerNorm over each row of A applied as gemm_coopmat reads it (engine.fusion's
@@ -373,10 +368,11 @@ class VulkanGemm(GemmLayer):
 
     def take_row_norm(self, gamma: np.ndarray, beta: np.ndarray, eps: float) -> bool:
         """Normalise each row of A as gemm_coopmat reads it (a LayerNorm before the product,
-        over K): only on that launch, with A a k-contiguous blob."""
+        over K): only on that launch, with A a k-contiguous blob; then whatever the product's
+        size (the LayerNorm's dispatch saved pays for it: convnext_tiny's K = 96 products too)."""
         if (self._row_norm is not None or not self.coop or self.a.startswith("w:") or self.params.transA
                 or gamma.size != self.k
-                or choose_coop_gemm(self.m, self.n, self.k, 1, split=True, by_size=not ROW_NORM_ANY_SIZE) is None):
+                or choose_coop_gemm(self.m, self.n, self.k, 1, split=True, by_size=False) is None):
             return False
         self._row_norm = (gamma, beta, eps)
         return True
