@@ -586,7 +586,7 @@ class Plan:
         if y.dtype == np.float32 and y.flags.c_contiguous and view.flags.c_contiguous:
             rows, cols = jit_elementwise.rows_cols(y.shape, batch)
             with jit.launch(ELEMENT_WORK * y.size):
-                jit_elementwise.activation(y.reshape(rows, cols), _NO_OPS, min(rows, 4 * jit.kernel_threads()),
+                jit_elementwise.activation(y.reshape(rows, cols), _NO_OPS, jit.task_count(rows),
                                            view.reshape(rows, cols))
             return
         to_bf16(y, out=view, scratch=self.scratch.get("narrow", y.size, np.uint32))

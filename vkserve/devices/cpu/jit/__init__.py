@@ -59,7 +59,7 @@ from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, 
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "kernel_threads", "launch",
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "kernel_threads", "launch", "task_count",
            "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
 
 
@@ -154,6 +154,12 @@ def kernel_threads() -> int:
     under ``cap_threads``): what a kernel splits its work for (split for 2 threads and run on
     one, four mobile models ran 1.00-1.03x as long as split for one)."""
     return min(threads.THREADS, _settings.cap or threads.THREADS)
+
+
+def task_count(units: int) -> int:
+    """How many contiguous tasks a kernel splits ``units`` independent rows, channels or
+    blocks into: four per thread of ``kernel_threads``, never more than there are units."""
+    return min(units, 4 * kernel_threads())
 
 
 def use_threads(work: int = SMALL_WORK) -> None:

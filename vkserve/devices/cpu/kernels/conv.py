@@ -110,7 +110,7 @@ class Convolution(JitKernel):
         x = xs[0]
         oc, oh, ow = self.out_shapes[0]
         if self.depthwise:
-            parts = min(oc, 4 * jit.kernel_threads())
+            parts = jit.task_count(oc)
             xrows = x.reshape(x.shape[0], -1)  # (a copy only if x were not contiguous)
             jit.depthwise(x, xrows, self.weight, self.bias, ops, self.pad_value, self.geo, parts,
                           out.reshape(oc, oh * ow))

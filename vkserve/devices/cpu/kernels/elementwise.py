@@ -48,7 +48,7 @@ class _JitActivation(_ElementwiseJit):
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
         rows, cols = jit_elementwise.rows_cols(out.shape, batch=out.ndim > len(self.out_shapes[0]))
-        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, min(rows, 4 * jit.kernel_threads()),
+        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, jit.task_count(rows),
                                    out.reshape(rows, cols))
 
 
@@ -235,7 +235,7 @@ class _TwoOperands(_ElementwiseJit):
         b_view = {jit_elementwise.B_PER_ROW: (rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
         b2 = b.reshape(b_view.get(f.bform, (rows, f.cols)))
         jit_elementwise.binary(a.reshape(rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
-                          ops, min(rows, 4 * jit.kernel_threads()), out.reshape(rows, f.cols))
+                          ops, jit.task_count(rows), out.reshape(rows, f.cols))
 
 
 @register("BinaryOp")
@@ -356,7 +356,7 @@ class Softmax(_ElementwiseJit):
         n, cols = out.shape[axis], math.prod(out.shape[axis + 1:])
         blocks = math.prod(out.shape[:axis])
         jit_elementwise.softmax(xs[0].reshape(blocks * n, cols), n, ops,
-                                min(blocks, 4 * jit.kernel_threads()), out.reshape(blocks * n, cols))
+                                jit.task_count(blocks), out.reshape(blocks * n, cols))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
@@ -384,7 +384,7 @@ class LRN(_ElementwiseJit):
         p = self.p
         c = self.out_shapes[0][0]
         jit_lrn.lrn_across(xs[0].reshape(c, -1), p.local_size // 2, np.float32(p.alpha / p.local_size),
-                           np.float32(p.bias), np.float32(-p.beta), ops, min(c, 4 * jit.kernel_threads()),
+                           np.float32(p.bias), np.float32(-p.beta), ops, jit.task_count(c),
                            out.reshape(c, -1))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:

@@ -90,7 +90,7 @@ class Pooling(Kernel):
         """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
         c = self.view[0]
         with jit.launch(self.work):
-            jit.pooling.global_avg(x.reshape(c, -1), min(c, 4 * jit.kernel_threads()), out.reshape(1, c))
+            jit.pooling.global_avg(x.reshape(c, -1), jit.task_count(c), out.reshape(1, c))
 
     @property
     def global_avg(self) -> bool:
@@ -110,7 +110,7 @@ class Pooling(Kernel):
             jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
                                np.float32(-FLT_MAX if is_max else 0.0), divisor,
                                np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
-                               min(c, 4 * jit.kernel_threads()))
+                               jit.task_count(c))
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: list[Kernel]) -> None:
         """bf16 arena in and out (the Plan's path; no activation is ever fused into Pooling)."""
