@@ -130,6 +130,10 @@ CONV = {
     "1x1-stride2": ("Convolution", (5, 7, 9), 6, "3=2 5=1 9=1", (1, 1), 1),
     "dw-stride2-relu": ("ConvolutionDepthWise", (5, 9, 7), 5, "3=2 4=1 5=1 9=1", (3, 3), 5),
     "dw-dil2-same": ("ConvolutionDepthWise", (6, 8, 8), 6, "2=2 4=-233 5=1 9=2 -23310=1,0.2", (5, 5), 6),
+    # convdw: a partial pair of outputs at each row's end, 7x7 with a pad value; a row of inputs
+    # too long for the shader's registers (9 taps dilated by 3), each tap reading its own
+    "dw-7x7-blocks": ("ConvolutionDepthWise", (3, 11, 9), 3, "4=3 18=0.25 5=1", (7, 7), 3),
+    "dw-wide-dilated": ("ConvolutionDepthWise", (2, 12, 21), 2, "2=3 4=-233 5=1", (9, 9), 2),
     "grouped-hardswish": ("ConvolutionDepthWise", (6, 7, 9), 10, "4=1 5=1 9=6 -23310=2,0.25,0.4", (3, 3), 2),
     "dw-multiplier": ("ConvolutionDepthWise", (3, 5, 5), 6, "4=1 5=1", (3, 3), 3),
     "deep-3x3": ("Convolution", (64, 9, 10), 9, "4=1 5=1", (3, 3), 1),
@@ -191,8 +195,8 @@ def test_convolution_gemm_tile_choice():
         assert t.ks * t.bk * (t.bm + t.bn) <= conv_layers.GEMM_SHARED_FLOATS and t.bk <= min(t.bm, t.bn)
 
 
-@pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu", "gemm-grouped-pad-value",
-                                  "grouped-hardswish"])
+@pytest.mark.parametrize("case", ["pad1-relu", "1x1-wide", "dw-stride2-relu", "dw-7x7-blocks", "dw-wide-dilated",
+                                  "gemm-grouped-pad-value", "grouped-hardswish"])
 def test_convolution_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
     kind, shape, out, params, k, group = CONV[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
@@ -319,3 +323,11 @@ def test_misc_layers(tmp_path, vulkan_ctx, spirv_for, case, precision):
 def test_misc_layers_push_constants(tmp_path, vulkan_ctx, spirv_for, case):
     line, shapes = MISC[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, line, shapes, Precision.FP32, push_only=True)
+
+
+def test_depthwise_outputs_per_invocation():
+    """Two neighbouring outputs share a row of inputs where it fits convdw's registers."""
+    assert conv_layers.depthwise_outputs(56, 7, 1, 1) == 2
+    assert conv_layers.depthwise_outputs(112, 3, 2, 1) == 2
+    assert conv_layers.depthwise_outputs(1, 3, 1, 1) == 1
+    assert conv_layers.depthwise_outputs(21, 9, 1, 3) == 1  # 26 inputs a row: each tap reads its own

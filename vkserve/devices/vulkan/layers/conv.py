@@ -1,7 +1,8 @@
 """Convolution and ConvolutionDepthWise on Vulkan: five ways chosen per layer.
 
-- ``convdw``: depthwise (one input and one output channel per group), one output per
-  invocation, weights in ncnn's order;
+- ``convdw``: depthwise (one input and one output channel per group), neighbouring
+  outputs of one channel per invocation sharing their input rows (``depthwise_outputs``),
+  weights in ncnn's order;
 - ``conv_gemm``: every other convolution with at least 8 output channels per group, or one
   group: an implicit GEMM (output channels x output pixels, K = input channels x kernel)
   with shared-memory tiles and K split across the slices of a work group, the tile shape
@@ -52,6 +53,15 @@ from vkserve.devices.vulkan.layers.compute_util import (
 from vkserve.devices.vulkan.layers.matmul import CoopGemm, choose_coop_gemm, gemm_dispatches
 from vkserve.devices.vulkan.winograd import elements, eligible, tiles, transform_weights, winograd_tile
 from vkserve.models.graph import Layer
+
+DW_MAX_SPAN = 16  # convdw.comp's MAX_SPAN: a row's inputs kept in registers
+
+
+def depthwise_outputs(outw: int, kernel_w: int, stride_w: int, dilation_w: int) -> int:
+    """convdw's outputs per invocation along x: two where their row of inputs fits the
+    shader's registers (measured on the H200: 2 x 1 blocks beat 1, 4 x 1 and 2 x 2)."""
+    fits = stride_w + (kernel_w - 1) * dilation_w + 1 <= DW_MAX_SPAN
+    return 2 if fits and outw >= 2 else 1
 
 
 def _tiles(n: int) -> int:
@@ -332,8 +342,9 @@ class VulkanConvolution(VulkanLayer):
         if self.kind == "convdw":
             psc = (w, h, outw, outh, c, p.kernel_w, p.kernel_h, p.dilation_w, p.dilation_h,
                    p.stride_w, p.stride_h, self.pad_left, self.pad_top, float(p.pad_value))
-            return [make_dispatch("convdw", bindings, (outw, outh, c), psc=psc,
-                                  fixed=self.activation + (int(self.out_hwc),))]
+            outs = depthwise_outputs(outw, p.kernel_w, p.stride_w, p.dilation_w)
+            return [make_dispatch("convdw", bindings, (_ceil(outw, outs), outh, c), psc=psc,
+                                  fixed=self.activation + (int(self.out_hwc), outs))]
         tiles = _tiles(self.ocg)
         psc = (w, h, outw, outh, self.icg, self.ocg, tiles, self.groups, p.kernel_w, p.kernel_h,
                p.dilation_w, p.dilation_h, p.stride_w, p.stride_h, self.pad_left, self.pad_top,
