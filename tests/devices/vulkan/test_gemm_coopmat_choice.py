@@ -19,6 +19,7 @@ from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS
 from vkserve.devices.vulkan.layers.compute_util import GEMM_UNITS
 from vkserve.devices.vulkan.layers.matmul import (
     COOP_GEMM_BK,
+    COOP_GEMM_PREFETCH,
     COOP_GEMM_TILES,
     choose_coop_gemm,
     choose_coop_gemm_tile,
@@ -81,9 +82,9 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     assert vl.scratch() == {"partial": launch.ksplit * mpad * npad * 2}  # fp32 in fp16 elements
     assert product.global_size == (npad // 64 * 256, mpad // 32, launch.ksplit)
     # .., reduce, residual, activation (type, two parameters), values of K per step, both
-    # operands read by whole quads (K, 1536, a multiple of 4)
+    # operands read by whole quads (K, 1536, a multiple of 4), no row norm, steps in flight
     assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0, 0, 0.0, 0.0,
-                                          COOP_GEMM_BK, 1, 1, 0, 0.0)
+                                          COOP_GEMM_BK, 1, 1, 0, 0.0, COOP_GEMM_PREFETCH)
     assert reduce.spec_constants[:10] == product.spec_constants[:10] and reduce.spec_constants[10] == 1
     assert reduce.global_size == (n, m, 1)
 
@@ -133,8 +134,8 @@ def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_ca
     # and the row norm's gamma and beta (none: input 0, unread)
     assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4], fma.bindings[0], fma.bindings[0])
     (has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual, *activation, bk,
-     a_vec, b_vec, a_norm, eps) = coop.spec_constants
-    assert (a_norm, eps) == (0, 0.0)
+     a_vec, b_vec, a_norm, eps, prefetch) = coop.spec_constants
+    assert (a_norm, eps, prefetch) == (0, 0.0, COOP_GEMM_PREFETCH)
     assert activation == [0, 0.0, 0.0] and bk == COOP_GEMM_BK
     assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce, residual) == (0, 0, 1, 0, 1, 0, 0)
     # A (transposed) by quads along M = 30: not whole; B's along K = 40 are

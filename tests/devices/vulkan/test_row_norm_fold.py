@@ -63,7 +63,7 @@ def test_the_layernorm_before_a_linear_is_read_normalised(coop_caps, monkeypatch
     product = gemm.dispatches()[0]
     assert product.shader == "gemm_coopmat"  # K = 96: by the size rule gemm.comp, here normalising
     assert product.bindings[6:] == ("w:norm_gamma", "w:norm_beta")
-    assert product.spec_constants[-2:] == (1, pytest.approx(1e-6))
+    assert product.spec_constants[-3:-1] == (1, pytest.approx(1e-6))
     ln = next(layer for layer in graph.layers if layer.name == "ln")
     weights = gemm.weights()
     np.testing.assert_array_equal(weights["norm_gamma"], np.asarray(ln.weights[0], np.float32).ravel())
@@ -90,7 +90,7 @@ def test_nothing_folds_where_the_normalised_values_are_needed(coop_caps, vulkan_
     assert fold_row_norms(found, keep) == 0
     norm, gemm = parts(found)
     assert not norm.aliases_input and len(norm.dispatches()) == 1
-    assert all(d.spec_constants[-2] == 0 for d in gemm.dispatches() if d.shader == "gemm_coopmat")
+    assert all(d.spec_constants[-3] == 0 for d in gemm.dispatches() if d.shader == "gemm_coopmat")
 
 
 def test_a_layernorm_over_the_channels_of_a_channels_first_blob_stays(coop_caps, monkeypatch):  # noqa: F811

@@ -133,6 +133,11 @@ COOP_GEMM_TILES = ((2, 1), (1, 1))
 #: loads, so half the steps is nearly half the time (H200, convnext_tiny's 63 products 0.716 ->
 #: 0.585 ms, vgg16's Winograd GEMMs 0.189 -> 0.177; RESULTS.md, issue 17, fifteenth session).
 COOP_GEMM_BK = 64
+#: gemm_coopmat's steps in flight in registers. 2: H200, one Gemm's time with 1 / 2 / 3 / 4
+#: (196 x 384 x 1024: 12.9 / 12.1 / 12.3 / 12.3 us; 3136 x 384 x 1024: 47.4 / 43.7 / 42.7 / 54.2),
+#: convnext_tiny's products 583 / 571 / 579 / 611 us, vgg16's 139 / 134 / 136 / 203 (RESULTS.md,
+#: issue 17, seventeenth session): a step waits on more than its loads.
+COOP_GEMM_PREFETCH = 2
 
 
 def choose_coop_gemm_tile(m: int, n: int, batches: int) -> tuple[int, int] | None:
@@ -241,14 +246,16 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
         product = Dispatch("gemm_coopmat", coop_bindings,
                            (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
                            push_constants=push,
-                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm),
+                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm,
+                                                  COOP_GEMM_PREFETCH),
                            local_size=(GEMM_THREADS, 1, 1))
         if launch.ksplit == 1:
             return [product]
         # the reduce pass: one invocation an output, x along the output's unit stride
         reduce_size = (n, m, batches) if out[1] == 1 else (m, n, batches)
         return [product, Dispatch("gemm_coopmat", coop_bindings, reduce_size, push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm),
+                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm,
+                                                  COOP_GEMM_PREFETCH),
                                   local_size=(GEMM_THREADS, 1, 1))]
     if a_norm is not None:
         raise UnsupportedError(f"{what}: a folded LayerNorm needs the gemm_coopmat launch")

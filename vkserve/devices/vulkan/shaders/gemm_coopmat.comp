@@ -13,8 +13,10 @@
 // A work group is 8 subgroups of 32 invocations in a 2 x 4 grid over a BM x BN tile of the
 // output (BM = 32 * FM rows, BN = 64 * FN columns); each subgroup owns FM x FN accumulators of
 // 16 x 16. Each step stages BK (32 or 64) values of k of both operands in shared memory,
-// double-buffered with one barrier per step; the next step's values are read into registers
-// while this step multiplies. Each operand is staged in its own memory order, so that an
+// double-buffered with one barrier per step. The PREFETCH steps after this one are on their way
+// from memory into registers while it multiplies (one set of registers each, reused in turn):
+// a step's few products take far less than a load's latency, so with one step in flight the
+// work group waited on memory every step. Each operand is staged in its own memory order, so that an
 // invocation reads 4 neighbouring values along the operand's unit stride and neighbouring
 // invocations neighbouring quads: A row-major (A_KFAST, a_sk == 1) or column-major, B
 // column-major (B_KFAST, b_sk == 1) or row-major; coopMatLoad reads either. Where the quads are
@@ -62,6 +64,7 @@ layout (constant_id = 16) const int A_VEC = 0;    // A's quads whole and 8-byte 
 layout (constant_id = 17) const int B_VEC = 0;    // B's likewise
 layout (constant_id = 18) const int A_NORM = 0;   // A's rows normalised on the way in
 layout (constant_id = 19) const float norm_eps = 0;
+layout (constant_id = 20) const int PREFETCH = 1; // steps in flight in registers: 1..4
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -130,8 +133,8 @@ int a_st[A_PER];
 int b_mn[B_PER];
 int b_k[B_PER];
 int b_st[B_PER];
-f16vec4 ra[A_PER];                     // the next step, on its way from memory to shared
-f16vec4 rb[B_PER];
+f16vec4 ra[PREFETCH * A_PER];          // the next steps, on their way from memory to shared:
+f16vec4 rb[PREFETCH * B_PER];          // step t in set t % PREFETCH
 
 // 4 values of A from (m, k): along k (A_KFAST) or along m, zeros past M and K
 f16vec4 a_quad(int a0, int m, int k)
@@ -245,26 +248,26 @@ void row_statistics(int a0, int m0, int lid)
     barrier();
 }
 
-// registers <- the step of K starting at k0
-void load_step(int a0, int b0, int k0, int m0)
+// register set `set` <- the step of K starting at k0
+void load_step(int set, int a0, int b0, int k0)
+{
+    [[unroll]] for (int j = 0; j < A_PER; j++)
+        ra[set * A_PER + j] = a_quad(a0, a_mn[j], k0 + a_k[j]);
+    [[unroll]] for (int j = 0; j < B_PER; j++)
+        rb[set * B_PER + j] = b_quad(b0, k0 + b_k[j], b_mn[j]);
+}
+
+// shared buffer b <- register set `set` (the step from k0), A's rows normalised (A_NORM) here,
+// when the values have arrived anyway
+void store_step(int set, int b, int k0, int m0)
 {
     [[unroll]] for (int j = 0; j < A_PER; j++)
     {
-        ra[j] = a_quad(a0, a_mn[j], k0 + a_k[j]);
-        if (A_NORM == 1)
-            ra[j] = normalised(ra[j], a_mn[j], a_mn[j] - m0, k0 + a_k[j]);
+        const f16vec4 v = ra[set * A_PER + j];
+        tile_a[b * A_SIZE + a_st[j]] = A_NORM == 1 ? normalised(v, a_mn[j], a_mn[j] - m0, k0 + a_k[j]) : v;
     }
     [[unroll]] for (int j = 0; j < B_PER; j++)
-        rb[j] = b_quad(b0, k0 + b_k[j], b_mn[j]);
-}
-
-// shared buffer b <- the registers
-void store_step(int b)
-{
-    [[unroll]] for (int j = 0; j < A_PER; j++)
-        tile_a[b * A_SIZE + a_st[j]] = ra[j];
-    [[unroll]] for (int j = 0; j < B_PER; j++)
-        tile_b[b * B_SIZE + b_st[j]] = rb[j];
+        tile_b[b * B_SIZE + b_st[j]] = rb[set * B_PER + j];
 }
 
 #include "activate.h"
@@ -357,42 +360,56 @@ void main()
     const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
     if (A_NORM == 1)
         row_statistics(a0, m0, lid);
-    load_step(a0, b0, first * BK, m0);
-    store_step(0);
+    load_step(0, a0, b0, first * BK);
+    store_step(0, 0, first * BK, m0);
+    [[unroll]] for (int t = 1; t <= PREFETCH; t++)
+        if (t < steps)
+            load_step(t % PREFETCH, a0, b0, (first + t) * BK);
     barrier();
-    for (int s = 0; s < steps; s++)
+    for (int s0 = 0; s0 < steps; s0 += PREFETCH)
     {
-        const int cur = s & 1;
-        if (s + 1 < steps)
-            load_step(a0, b0, (first + s + 1) * BK, m0);
-        [[unroll]] for (int kk = 0; kk < BK; kk += 16)
+        [[unroll]] for (int u = 0; u < PREFETCH; u++)
         {
-            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
-            [[unroll]] for (int j = 0; j < FN; j++)
+            const int s = s0 + u;
+            if (s >= steps)
+                break;
+            const int cur = s & 1;
+            [[unroll]] for (int kk = 0; kk < BK; kk += 16)
             {
-                if (B_KFAST == 1)
-                    coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + (sn + 16 * j) * SB + kk / 4), uint(SB),
-                                gl_CooperativeMatrixLayoutColumnMajor);
-                else
-                    coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + kk * SB + (sn + 16 * j) / 4), uint(SB),
-                                gl_CooperativeMatrixLayoutRowMajor);
-            }
-            [[unroll]] for (int i = 0; i < FM; i++)
-            {
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
-                if (A_KFAST == 1)
-                    coopMatLoad(a, tile_a, uint(cur * A_SIZE + (sm + 16 * i) * SA + kk / 4), uint(SA),
-                                gl_CooperativeMatrixLayoutRowMajor);
-                else
-                    coopMatLoad(a, tile_a, uint(cur * A_SIZE + kk * SA + (sm + 16 * i) / 4), uint(SA),
-                                gl_CooperativeMatrixLayoutColumnMajor);
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b[FN];
                 [[unroll]] for (int j = 0; j < FN; j++)
-                    acc[i * FN + j] = coopMatMulAdd(a, b[j], acc[i * FN + j]);
+                {
+                    if (B_KFAST == 1)
+                        coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + (sn + 16 * j) * SB + kk / 4), uint(SB),
+                                    gl_CooperativeMatrixLayoutColumnMajor);
+                    else
+                        coopMatLoad(b[j], tile_b, uint(cur * B_SIZE + kk * SB + (sn + 16 * j) / 4), uint(SB),
+                                    gl_CooperativeMatrixLayoutRowMajor);
+                }
+                [[unroll]] for (int i = 0; i < FM; i++)
+                {
+                    coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
+                    if (A_KFAST == 1)
+                        coopMatLoad(a, tile_a, uint(cur * A_SIZE + (sm + 16 * i) * SA + kk / 4), uint(SA),
+                                    gl_CooperativeMatrixLayoutRowMajor);
+                    else
+                        coopMatLoad(a, tile_a, uint(cur * A_SIZE + kk * SA + (sm + 16 * i) / 4), uint(SA),
+                                    gl_CooperativeMatrixLayoutColumnMajor);
+                    [[unroll]] for (int j = 0; j < FN; j++)
+                        acc[i * FN + j] = coopMatMulAdd(a, b[j], acc[i * FN + j]);
+                }
             }
+            // step s + 1 (in set (u + 1) % PREFETCH) to the other buffer, then that set
+            // takes step s + 1 + PREFETCH
+            const int next = (u + 1) % PREFETCH;
+            if (s + 1 < steps)
+            {
+                store_step(next, cur ^ 1, (first + s + 1) * BK, m0);
+                if (s + 1 + PREFETCH < steps)
+                    load_step(next, a0, b0, (first + s + 1 + PREFETCH) * BK);
+            }
+            barrier();
         }
-        if (s + 1 < steps)
-            store_step(cur ^ 1);
-        barrier();
     }
 
     if (KSPLIT > 1)
