@@ -19,6 +19,7 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
 )
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.device import VulkanDevice
+from vkserve.devices.vulkan.layers import norm as norm_layers
 
 SHAPES = {"x": (24, 5, 7)}  # channels-first, 35 pixels, as after convnext's depthwise layer
 def feed_for(shapes: dict[str, tuple[int, ...]], spread: float = 1.0) -> dict[str, np.ndarray]:
@@ -206,9 +207,14 @@ CHANNEL_NORM = [  # convnext's stem and downsampling: LayerNorm over the channel
 ]
 
 
+@pytest.mark.parametrize("runs", [1, 4, 16], ids=lambda r: f"{r}-runs-a-group")
 @pytest.mark.parametrize("precision", MODES, ids=lambda p: p.value)
 def test_a_layernorm_between_permutes_runs_over_the_channels(engine_device: VulkanDevice,  # noqa: F811
-                                                             precision: Precision) -> None:
+                                                             precision: Precision, runs: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with several runs (pixels) a work group (large maps; forced here on 35 pixels: the
+    last group part-filled)."""
+    monkeypatch.setattr(norm_layers, "strided_runs", lambda pixels: runs)
     graph = graph_of(CHANNEL_NORM, SHAPES, seed=3)
     feed = feed_for(SHAPES, 2.0)
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["out", "after"])

@@ -90,9 +90,18 @@ class VulkanBias(_ChannelAffine):
         self.shift = _weight(self.layer, 0, self.channels)
 
 
+def strided_runs(runs: int) -> int:
+    """Runs a work group normalises where runs are strided (channels-first LayerNorms: the
+    pixels' values of a channel are neighbours in memory): 4 where that still leaves 512 work
+    groups, else 1. H200, convnext_tiny's LayerNorms at 1 / 4 / 8 / 16 runs a group: 3136
+    pixels 15.6 / 8.4 / 9.1 / 12.0 us, 784 pixels 9.8 / 9.9 / 12.8 / 18.6, 196 pixels 9.2 /
+    15.2 / 21.2 / 33.0 (RESULTS.md, issue 17, seventeenth session)."""
+    return 4 if runs >= 4 * 512 else 1
+
+
 class _Norm(VulkanLayer):
-    """One ``norm`` dispatch: ``groups`` contiguous runs of ``run`` elements, a work group of
-    64 each; gamma / beta index (i / aff_div) % aff_mod of the blob index i."""
+    """One ``norm`` dispatch: ``groups`` runs of ``run`` elements, ``runs_per_group`` runs a
+    work group of 64; gamma / beta index (i / aff_div) % aff_mod of the blob index i."""
 
     centered = True
     has_beta = True
@@ -110,24 +119,25 @@ class _Norm(VulkanLayer):
     #: element k of run g is at g * group_step + k * step (contiguous runs: run, 1)
     group_step = 0
     step = 1
+    runs_per_group = 1
 
     def _set_run(self, run: int, aff_div: int, aff_mod: int) -> None:
         self.run, self.aff_div, self.aff_mod = run, aff_div, aff_mod
         self.group_step = run
         self.groups_total = math.prod(self.in_shapes[0]) // run
-        self.gx = min(self.groups_total, MAX_GROUPS)
-        self.gy = -(-self.groups_total // self.gx)
-        if self.gy > MAX_GROUPS:
+        if self.groups_total > MAX_GROUPS * MAX_GROUPS:
             raise UnsupportedError(f"{self.layer.type} over {self.in_shapes[0]}: too many groups")
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
+        groups = -(-self.groups_total // self.runs_per_group)
+        gx = min(groups, MAX_GROUPS)
         return [Dispatch("norm", (self.layer.inputs[0], self.layer.outputs[0], "w:gamma", "w:beta"),
-                         (self.gx * REDUCE_LOCAL, self.gy, 1),
+                         (gx * REDUCE_LOCAL, -(-groups // gx), 1),
                          push_constants=(self.run, self.groups_total, self.aff_div, self.aff_mod,
                                          float(p.eps), self.group_step, self.step),
                          spec_constants=(int(self.centered), int(bool(p.affine)),
-                                         int(bool(p.affine) and self.has_beta)),
+                                         int(bool(p.affine) and self.has_beta), self.runs_per_group),
                          local_size=(REDUCE_LOCAL, 1, 1))]
 
 
@@ -176,6 +186,7 @@ class VulkanLayerNorm(_LastDimsNorm):
         self.in_shapes = self.out_shapes = [tuple(shape)]
         self.aff_div, self.aff_mod = pixels, channels  # blob index i: channel i // pixels
         self.group_step, self.step = 1, pixels
+        self.runs_per_group = strided_runs(pixels)
         return self.layer
 
 

@@ -1,10 +1,14 @@
 #version 450
 // LayerNorm / RMSNorm / GroupNorm / InstanceNorm: a blob of `groups` runs of `run` elements,
-// each normalised on its own by one work group of 64 (group index gl_WorkGroupID.y *
-// gl_NumWorkGroups.x + gl_WorkGroupID.x; a whole work group past the end returns together, so
-// no barrier is skipped by part of a group). Element k of run g is at blob index g * group_step
-// + k * step: contiguous runs (step 1, group_step = run), or a LayerNorm over the channels of a
-// channels-first blob (step = the pixels, group_step 1; a Permute pair folded, engine.fusion):
+// each normalised on its own by 64 / RUNS invocations of a work group of 64 that takes RUNS
+// consecutive runs (work group index gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+// a whole work group past the end returns together, so no barrier is skipped by part of a
+// group). Invocation q * RUNS + r reads elements q, q + 64 / RUNS, ... of the group's run r.
+// Element k of run g is at blob index g * group_step + k * step: contiguous runs (step 1,
+// group_step = run; RUNS = 1), or a LayerNorm over the channels of a channels-first blob (step =
+// the pixels, group_step 1; a Permute pair folded, engine.fusion), where RUNS > 1 makes
+// neighbouring invocations read neighbouring pixels of one channel instead of one value per
+// 32-byte sector:
 //   centered = 1: y = (x - mean) / sqrt(var + eps), var = mean((x - mean)^2) (two passes, as ncnn)
 //   centered = 0: y = x / sqrt(mean(x^2) + eps)
 // then, with affine = 1, y = y * gamma[k] (+ beta[k] when has_beta) for k = (i / aff_div) %
@@ -15,6 +19,8 @@ layout (local_size_x = 64) in;
 layout (constant_id = 0) const int centered = 1;
 layout (constant_id = 1) const int affine = 0;
 layout (constant_id = 2) const int has_beta = 0;
+layout (constant_id = 3) const int RUNS = 1;  // runs per work group: 1, 2, 4, ..., 64
+const int LANES = 64 / RUNS;                  // invocations per run
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -34,28 +40,34 @@ layout (push_constant) uniform parameter
 
 shared float partial[64];
 
-float group_sum(int lid, float v)
+// the sum of v over the LANES invocations of run r (this invocation: slice q)
+float run_sum(int r, int q, float v)
 {
+    const int lid = q * RUNS + r;
     partial[lid] = v;
     barrier();
-    for (int st = 32; st > 0; st >>= 1)
+    for (int st = LANES / 2; st > 0; st >>= 1)
     {
-        if (lid < st)
-            partial[lid] += partial[lid + st];
+        if (q < st)
+            partial[lid] += partial[lid + st * RUNS];
         barrier();
     }
-    const float s = partial[0];
+    const float s = partial[r];
     barrier();  // everyone has read the sum before partial is reused
     return s;
 }
 
 void main()
 {
-    const int g = int(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x);
-    if (g >= p.groups)
+    const int wg = int(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x);
+    if (wg * RUNS >= p.groups)
         return;
     const int lid = int(gl_LocalInvocationID.x);
-    const int N = p.run;
+    const int r = lid % RUNS;
+    const int q = lid / RUNS;
+    const int g = wg * RUNS + r;
+    const bool live = g < p.groups;  // runs past the end (the last group) read nothing but join the sums
+    const int N = live ? p.run : 0;
     const int base = g * p.group_step;
     const int step = p.step;
 
@@ -63,21 +75,21 @@ void main()
     if (centered == 1)
     {
         float s = 0.0;
-        for (int k = lid; k < N; k += 64)
+        for (int k = q; k < N; k += LANES)
             s += float(buffer_ld1(bottom_blob_data, base + k * step));
-        mean = group_sum(lid, s) / float(N);
+        mean = run_sum(r, q, s) / float(p.run);
     }
     float sq = 0.0;
-    for (int k = lid; k < N; k += 64)
+    for (int k = q; k < N; k += LANES)
     {
         const float d = float(buffer_ld1(bottom_blob_data, base + k * step)) - mean;
         sq += d * d;
     }
-    const float var = group_sum(lid, sq) / float(N);
+    const float var = run_sum(r, q, sq) / float(p.run);
     const float a = 1.0 / sqrt(var + p.eps);
     const float b = -mean * a;
 
-    for (int k = lid; k < N; k += 64)
+    for (int k = q; k < N; k += LANES)
     {
         const int i = base + k * step;
         float y = float(buffer_ld1(bottom_blob_data, i)) * a + b;
