@@ -74,16 +74,19 @@ def test_coopmat_convolution(tmp_path, vulkan_ctx, spirv_for, case, precision): 
     check_layer(tmp_path, vulkan_ctx, spirv_for, line, {"data": shape}, precision)
 
 
+@pytest.mark.parametrize("defer", [False, True], ids=lambda d: "bounded-when-stored" if d else "bounded-when-read")
 @pytest.mark.parametrize("split", [1, 3], ids=lambda s: f"ksplit{s}")
 @pytest.mark.parametrize("tile", conv_layers.COOP_TILES, ids=lambda t: f"fm{t[0]}fn{t[1]}")
-@pytest.mark.parametrize("case", ["gemm-1x1-tails", "3x3-128-to-96", "grouped-32"])
-def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile, split):  # noqa: F811
-    """Every tile, with K whole and split in 3 (the last split shorter when the steps do not divide)."""
+@pytest.mark.parametrize("case", ["gemm-1x1-tails", "3x3-128-to-96", "grouped-32", "dilated-pad-value"])
+def test_coopmat_forced_tiles(tmp_path, vulkan_ctx, spirv_for, monkeypatch, case, tile, split, defer):  # noqa: F811
+    """Every tile, with K whole and split in 3 (the last split shorter when the steps do not
+    divide), the gathered values bounded as they are read and as they are stored."""
     def choose(m, n, steps, groups):
         per = -(-steps // split)
         return conv_layers.CoopTile(*tile, -(-steps // per), per)
 
     monkeypatch.setattr(conv_layers, "choose_coop_tile", choose)
+    monkeypatch.setattr(conv_layers, "coop_defers", lambda tile, grid: defer)
     kind, shape, out, params, k, group = CASES[case]
     check_layer(tmp_path, vulkan_ctx, spirv_for, conv_line(kind, shape[0], out, params, k, group),
                 {"data": shape}, Precision.FP16_STORAGE)

@@ -150,7 +150,8 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
     assert all(d.batched for d in dispatches)
     main = dispatches[0]
     assert main.bindings[4:] == ("s:partial", coop.layer.inputs[0])  # no residual folded: the input, unread
-    assert main.spec_constants[-3:] == (0, 0, 12345)  # the GEMM pass, no residual, item stride
+    # the GEMM pass, no residual, item stride, where the gathered values are bounded
+    assert main.spec_constants[-4:] == (0, 0, 12345, int(conv_layers.coop_defers(t, main.global_size)))
     assert main.global_size == (npad // t.bn * 256, mpad // t.bm, coop.groups * t.ksplit)
     assert t.ksplit * t.split_steps >= coop._padded_km()[0] // conv_layers.COOP_BK
     partial_halves = coop.scratch()["partial"]
@@ -158,10 +159,18 @@ def test_dispatches_cover_the_output_and_the_partials_fit(tmp_path, coop_caps, m
         # fp32 partials [split][group][mpad][npad], counted in fp16 storage elements
         assert partial_halves == 2 * t.ksplit * coop.groups * mpad * npad
         reduce = dispatches[1]
-        assert reduce.spec_constants[-3:] == (1, 0, 12345) and reduce.bindings == main.bindings
+        assert reduce.spec_constants[-4:-1] == (1, 0, 12345) and reduce.bindings == main.bindings
         assert reduce.global_size == (n, coop.ocg, coop.groups)
     else:
         assert partial_halves == 2
+
+
+def test_gathered_values_are_bounded_when_stored_where_the_grid_is_small_or_k_split():
+    split, whole = conv_layers.CoopTile(2, 1, 3, 6), conv_layers.CoopTile(2, 1, 1, 18)
+    units = compute_util.GEMM_UNITS
+    assert conv_layers.coop_defers(split, (784 * 256, 1, 3))  # K split: the reduce pass's epilogue
+    assert conv_layers.coop_defers(whole, (2 * units * 256, 1, 1))
+    assert not conv_layers.coop_defers(whole, (units * 256, 2, 2))  # 4 work groups a compute unit
 
 
 def test_without_the_products_or_in_fp32_the_layer_keeps_conv_gemm(tmp_path, vulkan_caps, coop_caps, monkeypatch):

@@ -171,6 +171,19 @@ def choose_coop_tile(m: int, n: int, steps: int, groups: int) -> CoopTile | None
     return CoopTile(fm, fn, ksplit, per)
 
 
+def coop_defers(tile: CoopTile, grid: tuple[int, int, int]) -> bool:
+    """Whether conv_coopmat bounds its gathered input values when it stores them to shared
+    memory (defer = 1: the loads stay in flight through a step's products) rather than as it
+    reads them (fewer registers): where K is split or the grid is at most two work groups a
+    compute unit. On the H200 the deferred loads took resnet18's and resnet50's coopmat layers
+    (104-384 work groups) from 150 / 321 to 135 / 292 us, and vgg16's split layers 1.3-2.0 us
+    each, but at 84 registers an invocation against 74 vgg16's conv1_2 / conv2_1 / conv2_2 (one
+    split, 392-784 work groups) went from 52 / 28 / 49 to 57 / 40 / 72 us (RESULTS.md, issue
+    17, seventeenth session)."""
+    groups = grid[0] // GEMM_THREADS * grid[1] * grid[2]
+    return tile.ksplit > 1 or groups <= 2 * GEMM_UNITS
+
+
 @register("Convolution", "ConvolutionDepthWise")
 class VulkanConvolution(VulkanLayer):
     """Picks the shader (``kind``) and lays the weights out for it once, at construction."""
@@ -361,11 +374,13 @@ class VulkanConvolution(VulkanLayer):
         psc = gemm_psc + (self._coop_cpad(), npad, t.ksplit, t.split_steps)
         bindings = (self.layer.inputs[0], self.layer.outputs[0], "w:weight", "w:bias", "s:partial",
                     self._residual_binding())
-        def fixed(reduce: int) -> tuple[Scalar, ...]:
-            return (t.fm, t.fn) + self.activation + (reduce, int(self.residual), self.item_stride)
+        grid = (npad // t.bn * GEMM_THREADS, self._padded_km()[1] // t.bm, self.groups * t.ksplit)
 
-        gemm = make_dispatch("conv_coopmat", bindings, (npad // t.bn * GEMM_THREADS, self._padded_km()[1] // t.bm,
-                                                        self.groups * t.ksplit),
+        def fixed(reduce: int) -> tuple[Scalar, ...]:
+            return ((t.fm, t.fn) + self.activation
+                    + (reduce, int(self.residual), self.item_stride, int(coop_defers(t, grid))))
+
+        gemm = make_dispatch("conv_coopmat", bindings, grid,
                              psc=psc, fixed=fixed(0), local_size=(GEMM_THREADS, 1, 1), batched=True)
         if t.ksplit == 1:
             return [gemm]

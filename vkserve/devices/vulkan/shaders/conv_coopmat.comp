@@ -68,6 +68,7 @@ layout (constant_id = 25) const float activation_param_1 = 0;
 layout (constant_id = 26) const int reduce = 0;    // 1: the split-K pass adding the partials
 layout (constant_id = 27) const int residual = 0;  // 1: add residual_blob before the activation
 layout (constant_id = 28) const int item_stride = 0;  // elements (fp16) from one item's blobs to the next's
+layout (constant_id = 29) const int defer = 0;     // 1: B's bounds applied in store_step (see load_step)
 
 layout (binding = 0) readonly buffer bottom_blob { sfp bottom_blob_data[]; };
 layout (binding = 1) buffer top_blob { sfp top_blob_data[]; };
@@ -162,50 +163,94 @@ int bk[B_PER];                         // of column bn[j]: neighbours take neigh
 int iy0[B_PER];                        // so the loads coalesce; iy0/ix0 the window's corner
 int ix0[B_PER];
 bool n_in[B_PER];
-f16vec4 ra[A_PER];                     // the next step, on its way from memory to shared
-f16vec4 rb[B_PER * 2];
+// the next step, on its way from memory to shared: A as read, B as read (defer = 1: nothing
+// may use them before store_step) or bounded and packed (defer = 0)
+sfpvec4 ra[A_PER];
+sfp rb[B_PER * 8];
+f16vec4 rb_packed[B_PER * 2];
 
-// registers <- step s of K: one tap, BK channels from c0
-void load_step(int s)
+// step s's tap (ky, kx) and first input channel
+ivec3 step_place(int s)
 {
     const int k0 = s * BK;
     const int tap = k0 / psc(cpad);
-    const int c0 = k0 - tap * psc(cpad);
     const int ky = tap / psc(kernel_w);
-    const int kx = tap - ky * psc(kernel_w);
+    return ivec3(ky, tap - ky * psc(kernel_w), k0 - tap * psc(cpad));
+}
+
+// whether column j's input pixel for tap (ky, kx) lies inside the input
+bool inside_at(int j, int ky, int kx)
+{
+    const int iy = iy0[j] + ky * psc(dilation_h);
+    const int ix = ix0[j] + kx * psc(dilation_w);
+    return n_in[j] && uint(iy) < uint(psc(h)) && uint(ix) < uint(psc(w));
+}
+
+// registers <- step s of K: one tap, BK channels from c0. With defer = 1 nothing here uses a
+// loaded value: a bounds check's select on one (or a conversion) waits for the load then and
+// there, so this step's multiplications no longer hide it. Loads past the input (padding,
+// channels past icg) read the group's first value instead; store_step puts the pad value or
+// 0 there, deciding again which they are rather than keeping registers for it through the
+// step. That costs registers (the 8 values of a column unpacked): where the grid runs at
+// several work groups a compute unit, their number matters more (defer = 0: each value
+// bounded and packed as it is read; vulkan.layers.conv.coop_defers).
+void load_step(int s)
+{
+    const ivec3 at_k = step_place(s);
+    const int k0 = s * BK;
     const int HW = psc(h) * psc(w);
     [[unroll]] for (int j = 0; j < A_PER; j++)
-        ra[j] = f16vec4(buffer_ld4(weight_data, a_ld + (j * 32 * psc(kpad) + k0) / 4));
+        ra[j] = weight_data[a_ld + (j * 32 * psc(kpad) + k0) / 4];
     [[unroll]] for (int j = 0; j < B_PER; j++)
     {
-        const int iy = iy0[j] + ky * psc(dilation_h);
-        const int ix = ix0[j] + kx * psc(dilation_w);
-        const bool inside = n_in[j] && uint(iy) < uint(psc(h)) && uint(ix) < uint(psc(w));
-        const int c = c0 + bk[j] * 8;
-        const int at = base + c * HW + (inside ? iy * psc(w) + ix : 0);
+        const bool inside = inside_at(j, at_k.x, at_k.y);
+        const int c = at_k.z + bk[j] * 8;
+        const int iy = iy0[j] + at_k.x * psc(dilation_h);
+        const int ix = ix0[j] + at_k.y * psc(dilation_w);
+        const int at = base + c * HW + iy * psc(w) + ix;
+        if (defer == 1)
+        {
+            [[unroll]] for (int e = 0; e < 8; e++)
+                rb[8 * j + e] = bottom_blob_data[inside && c + e < psc(icg) ? at + e * HW : base];
+            continue;
+        }
+        const float16_t pad = float16_t(psc(pad_value));
         float16_t v[8];
         [[unroll]] for (int e = 0; e < 8; e++)
         {
-            // past the input channels (A is 0 there too): 0, never an unread value
             const bool live = c + e < psc(icg);
-            const float x = live && inside ? float(buffer_ld1(bottom_blob_data, at + e * HW)) : 0.0;
-            v[e] = float16_t(live ? (inside ? x : psc(pad_value)) : 0.0);
+            const float16_t x = bottom_blob_data[live && inside ? at + e * HW : base];
+            v[e] = live ? (inside ? x : pad) : float16_t(0.0);
         }
-        rb[2 * j] = f16vec4(v[0], v[1], v[2], v[3]);
-        rb[2 * j + 1] = f16vec4(v[4], v[5], v[6], v[7]);
+        rb_packed[2 * j] = f16vec4(v[0], v[1], v[2], v[3]);
+        rb_packed[2 * j + 1] = f16vec4(v[4], v[5], v[6], v[7]);
     }
 }
 
-// shared buffer b <- the registers
-void store_step(int b)
+// shared buffer b <- the registers (step s); B's values outside the input become the pad
+// value, past the input channels 0 (A is 0 there too: never an unread value)
+void store_step(int b, int s)
 {
     [[unroll]] for (int j = 0; j < A_PER; j++)
-        tile_a[b * BM * S4 + (ar + 32 * j) * S4 + ac] = ra[j];
+        tile_a[b * BM * S4 + (ar + 32 * j) * S4 + ac] = f16vec4(ra[j]);
+    const ivec3 at_k = step_place(s);
+    const float16_t pad = float16_t(psc(pad_value));
     [[unroll]] for (int j = 0; j < B_PER; j++)
     {
         const int at = b * BN * S4 + bn[j] * S4 + bk[j] * 2;
-        tile_b[at] = rb[2 * j];
-        tile_b[at + 1] = rb[2 * j + 1];
+        if (defer == 0)
+        {
+            tile_b[at] = rb_packed[2 * j];
+            tile_b[at + 1] = rb_packed[2 * j + 1];
+            continue;
+        }
+        const bool inside = inside_at(j, at_k.x, at_k.y);
+        const int c = at_k.z + bk[j] * 8;
+        float16_t v[8];
+        [[unroll]] for (int e = 0; e < 8; e++)
+            v[e] = c + e < psc(icg) ? (inside ? float16_t(rb[8 * j + e]) : pad) : float16_t(0.0);
+        tile_b[at] = f16vec4(v[0], v[1], v[2], v[3]);
+        tile_b[at + 1] = f16vec4(v[4], v[5], v[6], v[7]);
     }
 }
 
@@ -260,7 +305,7 @@ void main()
     if (steps > 0)
     {
         load_step(first);
-        store_step(0);
+        store_step(0, first);
     }
     barrier();
     for (int s = 0; s < steps; s++)
@@ -284,7 +329,7 @@ void main()
             }
         }
         if (s + 1 < steps)
-            store_step(cur ^ 1);
+            store_step(cur ^ 1, first + s + 1);
         barrier();
     }
 
