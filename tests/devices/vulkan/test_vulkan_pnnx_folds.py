@@ -242,3 +242,9 @@ def test_a_channel_norm_folds_only_its_own_pattern(engine_device: VulkanDevice, 
     got, summary, _ = run_plan(engine_device, graph, feed, Precision.FP32, outputs)
     assert summary["folded_permutes"] == 0
     assert_near_cpu_kernels(got, graph, feed, Precision.FP32)
+
+
+def test_several_pixels_a_work_group_only_where_the_map_is_large() -> None:
+    """Four pixels (runs) a group where that still leaves 512 groups: convnext's 56 x 56
+    LayerNorms; its 28 x 28, 14 x 14 and final (one pixel) ones keep one."""
+    assert [norm_layers.strided_runs(n) for n in (3136, 2048, 2047, 784, 196, 1)] == [4, 4, 1, 1, 1, 1]
