@@ -39,12 +39,15 @@ TWINS = {
     "resnet50": ("resnet50", {}),
     "alexnet": ("alexnet", {}),
     "squeezenet": ("squeezenet1_1", {}),
-    "googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}),
     "efficientnet_b0": ("efficientnet_b0", {}),
     "mobilenet_v3": ("mobilenet_v3_large", {}),
     "shufflenet_v2": ("shufflenet_v2_x1_0", {}),
     "mobilenet_v2": ("mobilenet_v2", {}),
     "pnnx/convnext_tiny": ("convnext_tiny", {}),
+    # torchvision's own, exported with pnnx (tests/data/models/README.md)
+    "pnnx/googlenet": ("googlenet", {"aux_logits": False, "init_weights": False}),
+    "pnnx/mnasnet": ("mnasnet1_0", {}),
+    "pnnx/regnety_400m": ("regnet_y_400mf", {}),
 }
 
 

@@ -27,7 +27,7 @@ SHAPE = {"in0": (3, 64, 64)}
 #: Exports that need another input shape than SHAPE.
 SHAPES = {"vit_tiny": {"in0": (3, 224, 224)}}
 #: The exports every layer of which both engines run today (the others: see `vkserve layers`).
-RUNNABLE = ["convnext_tiny", "densenet121", "vit_tiny"]
+RUNNABLE = ["convnext_tiny", "densenet121", "vit_tiny", "googlenet", "mnasnet", "regnety_400m"]
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
