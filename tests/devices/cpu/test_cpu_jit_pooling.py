@@ -25,6 +25,9 @@ CASES = [
     ((5, 33, 31), "0=1 1=3 2=2 3=1 6=1"),  # average, padding counted (the scale)
     ((4, 26, 27), "0=0 1=2 2=2 14=1 15=1 5=1"),  # asymmetric valid pads
     ((4, 26, 27), "0=1 1=3 2=1 3=1 5=2"),  # stride 1, SAME_UPPER
+    ((4, 26, 27), "0=0 1=3 2=1 3=1"),  # a 3x3 maximum at stride 1 (all taps in one pass)
+    ((4, 25, 26), "0=0 1=2 2=2 5=1"),  # 2x2 maximum and average (vgg16's), odd height
+    ((4, 25, 26), "0=1 1=2 2=2 5=1"),
     ((4, 29, 25), "0=0 1=3 11=2 2=3 12=1 5=3"),  # rectangular kernel, strides 3 and 1, SAME_LOWER
     ((3, 20, 22), "0=1 1=5 2=2 3=2 6=0"),
     ((3, 21, 45), "0=1 1=3 2=2 3=1 6=0 5=0"),  # odd width, both column phases in one pass

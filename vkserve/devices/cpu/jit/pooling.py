@@ -3,8 +3,8 @@ contiguous tasks, each with its scratch planes made once) and global average (``
 
 ``pool2d`` works like ``conv.depthwise``: each channel is widened once into padded fp32 planes, one per stride
 phase (border = ``padv``: -FLT_MAX for max, 0 for average), whose rows run on into each other,
-so each tap is one unit-stride pass over all outputs. Per output: the taps ky-major, kx
-ascending (max, or a sum), then for an average the division by ``divisor[oy, ox]`` (padding
+so each tap is one unit-stride pass over all outputs (3x3 and 2x2 windows: all their taps in
+one pass). Per output: the taps ky-major, kx ascending (max, or a sum), then for an average the division by ``divisor[oy, ox]`` (padding
 excluded) or the multiplication by ``scale`` (padding counted), as the numpy path computes it,
 then the narrowing store: the same bits as that path whatever the thread count.
 """
@@ -48,6 +48,39 @@ def _tap(acc, p, b, cnt, first, is_max):  # noqa: ANN001
             acc[q] += p[i0 + q]
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _taps9(acc, p, offs, cnt, is_max):  # noqa: ANN001
+    """The 9 taps of a 3x3 window in one pass over the outputs (each written once, where a pass
+    per tap reads and writes them 9 times): acc[q] = the maximum, or the sum in tap order (no
+    reassociation: FASTMATH), of p[offs[t] + q], for q < cnt; the same values as ``_tap`` tap
+    by tap (a maximum does not depend on the order)."""
+    i0, i1, i2, i3, i4 = _U(offs[0]), _U(offs[1]), _U(offs[2]), _U(offs[3]), _U(offs[4])
+    i5, i6, i7, i8 = _U(offs[5]), _U(offs[6]), _U(offs[7]), _U(offs[8])
+    if is_max:
+        zero = np.float32(0.0)  # as in _tap: every value stored
+        for q in range(_U(cnt)):
+            a = max(max(p[i0 + q], p[i1 + q]), max(p[i2 + q], p[i3 + q]))
+            b = max(max(p[i4 + q], p[i5 + q]), max(p[i6 + q], p[i7 + q]))
+            acc[q] = max(max(a, b), p[i8 + q]) + zero
+    else:
+        for q in range(_U(cnt)):
+            acc[q] = (p[i0 + q] + p[i1 + q] + p[i2 + q] + p[i3 + q] + p[i4 + q] + p[i5 + q] + p[i6 + q]
+                      + p[i7 + q] + p[i8 + q])
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _taps4(acc, p, offs, cnt, is_max):  # noqa: ANN001
+    """``_taps9`` for the 4 taps of a 2x2 window."""
+    i0, i1, i2, i3 = _U(offs[0]), _U(offs[1]), _U(offs[2]), _U(offs[3])
+    if is_max:
+        zero = np.float32(0.0)
+        for q in range(_U(cnt)):
+            acc[q] = max(max(p[i0 + q], p[i1 + q]), max(p[i2 + q], p[i3 + q])) + zero
+    else:
+        for q in range(_U(cnt)):
+            acc[q] = p[i0 + q] + p[i1 + q] + p[i2 + q] + p[i3 + q]
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
     """``x`` (C, H, W) -> ``out`` (C, OH * OW); ``geo`` from ``conv.geometry`` (groups = C, 1,
@@ -62,16 +95,24 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
     span = (oh - 1) * wq + ow
     divide = divisor.size > 0
     channels = out.shape[0]
+    # each tap's first value in the phase planes
+    offs = np.empty(kh * kw, dtype=np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            offs[ky * kw + kx] = (ky % sh) * sw * plen + ky // sh * wq + kx % sw * plen + kx // sw
     for part in prange(parts):
         planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
         pf = planes.reshape(sh * sw * plen)
         acc = np.empty(span, dtype=np.float32)
         for c in range(part * channels // parts, (part + 1) * channels // parts):
             fill_phases(x, c, pt, pl, sh, sw, padv, planes)
-            for ky in range(kh):
-                row = (ky % sh) * sw * plen + ky // sh * wq
-                for kx in range(kw):
-                    _tap(acc, pf, row + kx % sw * plen + kx // sw, span, ky == 0 and kx == 0, is_max)
+            if kh * kw == 9:
+                _taps9(acc, pf, offs, span, is_max)
+            elif kh * kw == 4:
+                _taps4(acc, pf, offs, span, is_max)
+            else:
+                for t in range(kh * kw):
+                    _tap(acc, pf, offs[t], span, t == 0, is_max)
             if not is_max:
                 for oy in range(oh):
                     base = oy * wq
