@@ -49,7 +49,7 @@ def _tap(acc, p, b, cnt, first, is_max):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _taps9(acc, p, offs, cnt, is_max):  # noqa: ANN001
+def _window9(acc, p, offs, cnt, is_max):  # noqa: ANN001
     """The 9 taps of a 3x3 window in one pass over the outputs (each written once, where a pass
     per tap reads and writes them 9 times): acc[q] = the maximum, or the sum in tap order (no
     reassociation: FASTMATH), of p[offs[t] + q], for q < cnt; the same values as ``_tap`` tap
@@ -69,8 +69,8 @@ def _taps9(acc, p, offs, cnt, is_max):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _taps4(acc, p, offs, cnt, is_max):  # noqa: ANN001
-    """``_taps9`` for the 4 taps of a 2x2 window."""
+def _window4(acc, p, offs, cnt, is_max):  # noqa: ANN001
+    """``_window9`` for the 4 taps of a 2x2 window."""
     i0, i1, i2, i3 = _U(offs[0]), _U(offs[1]), _U(offs[2]), _U(offs[3])
     if is_max:
         zero = np.float32(0.0)
@@ -107,9 +107,9 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
         for c in range(part * channels // parts, (part + 1) * channels // parts):
             fill_phases(x, c, pt, pl, sh, sw, padv, planes)
             if kh * kw == 9:
-                _taps9(acc, pf, offs, span, is_max)
+                _window9(acc, pf, offs, span, is_max)
             elif kh * kw == 4:
-                _taps4(acc, pf, offs, span, is_max)
+                _window4(acc, pf, offs, span, is_max)
             else:
                 for t in range(kh * kw):
                     _tap(acc, pf, offs[t], span, t == 0, is_max)
