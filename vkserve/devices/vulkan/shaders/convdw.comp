@@ -6,6 +6,10 @@
 // and feeds every output of the block whose taps reach it; where a row's inputs do not fit the
 // registers (long or widely dilated kernels) each tap reads its own. Sums run over ky, then kx.
 //
+// weight: sfp [channel][kernel_h * kernel_w] (ncnn's order), bias: sfp [channel] (zeros
+// without bias). Sums are float in every mode. With out_hwc = 1 the output is stored
+// channels-last ([out y][out x][channel]: a following Permute folded in, engine.fusion).
+
 layout (constant_id = 0) const int w = 0;
 layout (constant_id = 1) const int h = 0;
 layout (constant_id = 2) const int outw = 0;
