@@ -10,6 +10,7 @@ here rather than skipping.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import vkserve.devices.vulkan.layers.matmul as matmul_layers
@@ -27,6 +28,7 @@ from tests.support.vulkan_engine import (  # noqa: F401 (engine_device: a fixtur
 )
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.vulkan.coopmat import fp16_coopmat
+from vkserve.devices.vulkan.engine.plan import Plan
 from vkserve.devices.vulkan.layers.base import VULKAN_LAYERS
 
 FP16 = [Precision.FP16_STORAGE, Precision.FP16_ARITHMETIC]
@@ -92,6 +94,30 @@ def test_gemm_with_k_split(tmp_path, engine_device, monkeypatch, line, shapes, k
     check_against_ncnn(tmp_path, engine_device, line, shapes, Precision.FP16_STORAGE)
 
 
+@pytest.mark.parametrize("ksplit", [2, 5], ids=lambda s: f"ksplit{s}")
+def test_split_k_runs_again_and_again_to_the_same_bits(engine_device, monkeypatch, ksplit):  # noqa: F811
+    """Each tile's last work group adds the partials in split order, whichever came last, and
+    the tile counters are zeroed before every run: five runs of one Plan (one instance, then a
+    batch of three) give the same bits, near the CPU kernels'."""
+    force(monkeypatch, (1, 1), ksplit)
+    m, n, k = 100, 200, 640  # 4 x 4 tiles, 10 steps of K
+    graph = graph_of([f"Gemm g 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}"], {"a": (m, k)}, seed=6)
+    feed = feed_for({"a": (m, k)})
+    with Plan(engine_device, graph, None, Precision.FP16_STORAGE) as plan:
+        assert [s.shader for s in plan.steps] == ["cast_input", "gemm_coopmat", "cast_output"]
+        assert len(plan.zeroed_spans) == 1
+        first = plan.run(dict(feed))["out"]
+        for _ in range(4):
+            np.testing.assert_array_equal(plan.run(dict(feed))["out"], first)
+        other = {"a": feed["a"] * 0.5}
+        alone = plan.run(dict(other))["out"]
+        for _ in range(2):  # each item's counters its own
+            outs = [item["out"] for item in plan.run_batch([dict(feed), dict(other), dict(feed)])]
+            for got, want in zip(outs, (first, alone, first)):
+                np.testing.assert_array_equal(got, want)
+    assert_near_cpu_kernels({"out": first}, graph, feed, Precision.FP16_STORAGE)
+
+
 @pytest.mark.parametrize("precision", FP16, ids=lambda p: p.value)
 @pytest.mark.parametrize("line, shapes", MATMUL_CASES,
                          ids=[c[0][10:] + str(list(c[1].values())) for c in MATMUL_CASES])
@@ -117,7 +143,7 @@ def test_convnext_block_tail_in_one_product(engine_device, monkeypatch, precisio
     got, summary, steps = run_plan(engine_device, graph, feed, precision, ["sum"])
     assert (summary["folded_permutes"], summary["folded_scales"], summary["folded_residuals"]) == (1, 1, 1)
     products = [shader for name, shader in steps if name == "g1" and shader != "cast_output"]
-    assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    assert products == ["gemm_coopmat"]  # K split too: the last work groups add the partials
     assert_near_cpu_kernels(got, graph, feed, precision)
 
 
@@ -155,8 +181,8 @@ def test_a_layernorm_folds_into_the_linear_after_it(engine_device, monkeypatch, 
 @pytest.mark.parametrize("ksplit", [1, 3], ids=lambda s: f"ksplit{s}")
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_in_the_epilogue(engine_device, monkeypatch, name, ksplit):  # noqa: F811
-    """A Linear's activation layer folded into gemm_coopmat (applied in the reduce pass when
-    K is split)."""
+    """A Linear's activation layer folded into gemm_coopmat (applied by each tile's last work
+    group when K is split)."""
     force(monkeypatch, (1, 1), ksplit)
     channels = 200
     shapes = {"x": (channels, *TAIL_SHAPES["x"][1:])}
@@ -165,5 +191,5 @@ def test_activation_in_the_epilogue(engine_device, monkeypatch, name, ksplit):  
     got, summary, steps = run_plan(engine_device, graph, feed, Precision.FP16_STORAGE, ["out"])
     assert summary["folded_activations"] == 1
     products = [shader for name_, shader in steps if name_ == "g1" and shader != "cast_output"]
-    assert products == ["gemm_coopmat"] * (2 if ksplit > 1 else 1)
+    assert products == ["gemm_coopmat"]  # K split too: the last work groups add the partials
     assert_near_cpu_kernels(got, graph, feed, Precision.FP16_STORAGE)

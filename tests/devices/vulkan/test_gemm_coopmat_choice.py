@@ -65,7 +65,9 @@ def test_the_rule_takes_the_shapes_measured_faster(coop_caps, monkeypatch, m, n,
     assert set(linear(coop_caps, m, n, k)) == ({"gemm_coopmat"} if coop else {"gemm"})
 
 
-def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch):  # noqa: F811
+def test_a_gemm_with_few_tiles_splits_k_into_partials_that_its_last_work_groups_add(coop_caps, monkeypatch):  # noqa: F811
+    """One dispatch: each tile's work groups store fp32 partials and count themselves in the
+    tile's counter, which the Plan zeroes before every run; the last of them adds the partials."""
     monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
     m, n, k = 196, 384, 1536
     graph = graph_of([LINEAR.format(m=m, n=n, k=k)], {"a": (m, k)})
@@ -74,32 +76,32 @@ def test_a_gemm_with_few_tiles_splits_k_into_its_partials(coop_caps, monkeypatch
     launch = choose_coop_gemm(m, n, k, 1, split=True)
     assert launch is not None and launch.ksplit > 1
     assert (launch.ksplit - 1) * launch.split_steps < -(-k // COOP_GEMM_BK) <= launch.ksplit * launch.split_steps
-    product, reduce = vl.dispatches()
-    assert product.shader == reduce.shader == "gemm_coopmat"
-    assert product.bindings[4] == reduce.bindings[4] == "s:partial"
+    (product,) = vl.dispatches()
+    assert product.shader == "gemm_coopmat"
+    assert (product.bindings[4], product.bindings[8]) == ("s:partial", "s:tile_count")
     mpad, npad = launch.padded(m, n)
     assert (mpad, npad) == (224, 384)  # 7 x 32 rows, 6 x 64 columns
-    assert vl.scratch() == {"partial": launch.ksplit * mpad * npad * 2}  # fp32 in fp16 elements
+    # fp32 partials and a uint32 counter a tile, in fp16 elements; the counters zeroed
+    assert vl.scratch() == {"partial": launch.ksplit * mpad * npad * 2, "tile_count": 7 * 6 * 2}
+    assert vl.zeroed_scratch() == {"tile_count"}
     assert product.global_size == (npad // 64 * 256, mpad // 32, launch.ksplit)
-    # .., reduce, residual, activation (type, two parameters), values of K per step, both
-    # operands read by whole quads (K, 1536, a multiple of 4), no row norm, steps in flight
-    assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0, 0, 0.0, 0.0,
+    # .., residual, activation (type, two parameters), values of K per step, both operands
+    # read by whole quads (K, 1536, a multiple of 4), no row norm, steps in flight
+    assert product.spec_constants[6:] == (launch.ksplit, launch.split_steps, mpad, npad, 0, 0, 0.0, 0.0,
                                           COOP_GEMM_BK, 1, 1, 0, 0.0, COOP_GEMM_PREFETCH)
-    assert reduce.spec_constants[:10] == product.spec_constants[:10] and reduce.spec_constants[10] == 1
-    assert reduce.global_size == (n, m, 1)
 
 
-def test_a_split_product_into_a_transposed_output_reduces_along_its_rows(coop_caps, monkeypatch):  # noqa: F811
-    """output_transpose (a folded Permute): the output's unit stride is along M, so the reduce
-    pass's x runs along M (its partials are stored column-major for it) and its stores coalesce."""
+def test_a_split_product_into_a_transposed_output_adds_its_partials_along_its_rows(coop_caps, monkeypatch):  # noqa: F811
+    """output_transpose (a folded Permute): the output's unit stride is along M, so the last
+    work groups' additions walk M (the partials are stored column-major for them) and their
+    stores coalesce."""
     monkeypatch.delenv("VKSERVE_COOPMAT", raising=False)
     m, n, k = 196, 384, 1536
-    product, reduce = shaders(coop_caps, LINEAR.format(m=m, n=n, k=k) + " 14=1", {"a": (m, k)},
-                              Precision.FP16_STORAGE)
-    assert product.shader == reduce.shader == "gemm_coopmat"
+    (product,) = shaders(coop_caps, LINEAR.format(m=m, n=n, k=k) + " 14=1", {"a": (m, k)},
+                         Precision.FP16_STORAGE)
+    assert product.shader == "gemm_coopmat"
     o_jfast, ksplit = product.spec_constants[5:7]
-    assert (o_jfast, reduce.spec_constants[5]) == (0, 0) and ksplit > 1
-    assert reduce.global_size == (m, n, 1)
+    assert o_jfast == 0 and ksplit > 1
 
 
 def test_matmul_and_attention_products_keep_k_whole(coop_caps, monkeypatch):  # noqa: F811
@@ -108,7 +110,8 @@ def test_matmul_and_attention_products_keep_k_whole(coop_caps, monkeypatch):  # 
     (product,) = shaders(coop_caps, "MatMul mm 2 1 a b out", {"a": (196, 1536), "b": (1536, 384)},
                          Precision.FP16_STORAGE)
     assert product.shader == "gemm_coopmat" and product.spec_constants[6] == 1
-    assert product.bindings[4] == product.bindings[3]  # the unread partial binding: the output
+    # the unread partial and counter bindings: the output
+    assert product.bindings[4] == product.bindings[8] == product.bindings[3]
 
 
 def test_never_in_fp32_or_without_the_extension_or_when_off(coop_caps, vulkan_caps, monkeypatch):  # noqa: F811
@@ -130,14 +133,15 @@ def test_same_push_constants_as_gemm_and_stride_orders_in_spec_constants(coop_ca
     monkeypatch.setenv("VKSERVE_COOPMAT", "1")
     (coop,) = shaders(coop_caps, line, shapes, Precision.FP16_STORAGE)
     assert coop.shader == "gemm_coopmat" and coop.push_constants == fma.push_constants
-    # + the partial slot (K whole: the output, unread) before the residual slot (none: input 0)
-    # and the row norm's gamma and beta (none: input 0, unread)
-    assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4], fma.bindings[0], fma.bindings[0])
-    (has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, reduce, residual, *activation, bk,
+    # + the partial slot (K whole: the output, unread) before the residual slot (none: input 0),
+    # the row norm's gamma and beta (none: input 0, unread) and the tile counters (the output)
+    assert coop.bindings == (*fma.bindings[:4], fma.bindings[3], fma.bindings[4], fma.bindings[0], fma.bindings[0],
+                             fma.bindings[3])
+    (has_c, fm, fn, a_kfast, b_kfast, o_jfast, ksplit, _, _, _, residual, *activation, bk,
      a_vec, b_vec, a_norm, eps, prefetch) = coop.spec_constants
     assert (a_norm, eps, prefetch) == (0, 0.0, COOP_GEMM_PREFETCH)
     assert activation == [0, 0.0, 0.0] and bk == COOP_GEMM_BK
-    assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, reduce, residual) == (0, 0, 1, 0, 1, 0, 0)
+    assert (has_c, a_kfast, b_kfast, o_jfast, ksplit, residual) == (0, 0, 1, 0, 1, 0)
     # A (transposed) by quads along M = 30: not whole; B's along K = 40 are
     assert (a_vec, b_vec) == (0, 1)
     assert coop.global_size == (-(-50 // (64 * fn)) * 256, -(-30 // (32 * fm)), 1)  # M 30, N 50

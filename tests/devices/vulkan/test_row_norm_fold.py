@@ -62,7 +62,7 @@ def test_the_layernorm_before_a_linear_is_read_normalised(coop_caps, monkeypatch
     assert norm.aliases_input and norm.dispatches() == [] and norm.weights() == {}
     product = gemm.dispatches()[0]
     assert product.shader == "gemm_coopmat"  # K = 96: by the size rule gemm.comp, here normalising
-    assert product.bindings[6:] == ("w:norm_gamma", "w:norm_beta")
+    assert product.bindings[6:8] == ("w:norm_gamma", "w:norm_beta")
     assert product.spec_constants[-3:-1] == (1, pytest.approx(1e-6))
     ln = next(layer for layer in graph.layers if layer.name == "ln")
     weights = gemm.weights()

@@ -381,6 +381,7 @@ class Plan:
             return None
 
         self.inputs_staged: list[str] = []
+        zeroed_storages: list[int] = []
         for i, (layer, vl) in enumerate(vlayers):
             step = i + 1
             if vl is None:  # Input: written by the copy from staging
@@ -417,9 +418,14 @@ class Plan:
                     self._storages[sid].blobs.append(b)
                     self.naive_bytes += align_up(nbytes, self.alignment)
                 self._storage_of[b] = sid
+            zeroed = vl.zeroed_scratch()
             for key, count in vl.scratch().items():
-                self._scratch[(i, key)] = new_storage(f"{layer.name}/s:{key}",
-                                                      max(1, -(-count // 4)) * 4 * self.elem, step)
+                sid = new_storage(f"{layer.name}/s:{key}", max(1, -(-count // 4)) * 4 * self.elem,
+                                  0 if key in zeroed else step)
+                if key in zeroed:  # zeros from the run's start (_record) until this layer
+                    self._storages[sid].end = step + 1
+                    zeroed_storages.append(sid)
+                self._scratch[(i, key)] = sid
         for b in readback:
             self._storages[self._storage_of[b]].end = final + 1
         for i, _, vl in self.finishers:
@@ -429,6 +435,8 @@ class Plan:
                                       self.alignment)
         for st, off in zip(self._storages, offsets):
             st.offset = off
+        #: (offset, bytes) of the arena that every run starts by filling with zeros
+        self.zeroed_spans = [(self._storages[sid].offset, self._storages[sid].nbytes) for sid in zeroed_storages]
         self.arena_bytes = max(total, self.alignment)
         # a batch's items' arenas lie side by side, this many bytes apart (PlanInstance)
         self.arena_stride = align_up(self.arena_bytes, self.alignment)
@@ -954,11 +962,16 @@ class PlanInstance:
             vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
 
         items = range(self.batch)
-        if plan.copy_in and plan.input_dtype == plan.dtype:  # else cast_input dispatches
+        for offset, nbytes in plan.zeroed_spans:  # scratch a layer needs zeroed (split K's counters)
+            for i in items:
+                vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
+        copies = plan.copy_in and plan.input_dtype == plan.dtype  # else cast_input dispatches
+        if copies:
             regions = [vk.VkBufferCopy(srcOffset=i * self.staging_stride + t.staging_offset,
                                        dstOffset=i * self.arena_stride + t.arena_offset,
                                        size=t.nbytes) for i in items for t in plan.copy_in]
             vk.vkCmdCopyBuffer(cmd, self.staging.handle, self.arena.handle, len(regions), regions)
+        if copies or plan.zeroed_spans:
             barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
                     shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
         bound = None

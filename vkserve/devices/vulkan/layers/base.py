@@ -79,6 +79,11 @@ class VulkanLayer:
         """Extra intermediate blobs, key -> element count (planned into the arena)."""
         return {}
 
+    def zeroed_scratch(self) -> frozenset[str]:
+        """Keys of ``scratch()`` whose bytes are zero when the layer's dispatches start: the
+        Plan fills them with zeros at the start of every run (split K's tile counters)."""
+        return frozenset()
+
     def dispatches(self) -> list[Dispatch]:
         raise NotImplementedError
 

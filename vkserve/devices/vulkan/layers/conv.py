@@ -50,7 +50,7 @@ from vkserve.devices.vulkan.layers.compute_util import (
     make_dispatch,
     split_k,
 )
-from vkserve.devices.vulkan.layers.matmul import CoopGemm, choose_coop_gemm, gemm_dispatches
+from vkserve.devices.vulkan.layers.matmul import CoopGemm, SplitScratch, choose_coop_gemm, gemm_dispatches
 from vkserve.devices.vulkan.winograd import elements, eligible, tiles, transform_weights, winograd_tile
 from vkserve.models.graph import Layer
 
@@ -319,8 +319,8 @@ class VulkanConvolution(VulkanLayer):
             t, e = self._wino_tiles(), elements(self.wino_tile)
             out = {"wino_v": e * self.icg * t, "wino_m": e * self.ocg * t}
             launch = self._wino_launch()
-            if launch is not None and launch.ksplit > 1:
-                out["partial"] = launch.partial_floats(self.ocg, t, e) * 2
+            if launch is not None:
+                out.update(launch.split_scratch(self.ocg, t, e))
             return out
         if self.kind != "conv_coopmat":
             return {}
@@ -330,6 +330,10 @@ class VulkanConvolution(VulkanLayer):
         if t.ksplit > 1:
             floats = t.ksplit * self.groups * self._padded_km()[1] * _ceil(self.outh * self.outw, t.bn) * t.bn
         return {"partial": floats * 2}
+
+    def zeroed_scratch(self) -> frozenset[str]:
+        """conv_winograd's GEMMs' tile counters where gemm_coopmat splits their K."""
+        return frozenset(SplitScratch.KEYS[1:]) & self.scratch().keys()
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
@@ -411,7 +415,7 @@ class VulkanConvolution(VulkanLayer):
                                    a=(k, 1), b=(t, 1), c=None, out=(t, 1), batches=elements(self.wino_tile),
                                    a_batch=(m * k, 0), b_batch=(k * t, 0), out_batch=m * t,
                                    what=f"Convolution {self.layer.name}", coop=self.wino_coop,
-                                   partial="s:partial" if self.wino_coop else None,
+                                   split=SplitScratch.of_layer() if self.wino_coop else None,
                                    activation=NO_ACTIVATION)
         back = make_dispatch("winograd_output", ("s:wino_m", self.layer.outputs[0], "w:bias",
                                                  self._residual_binding()),

@@ -14,9 +14,9 @@ slices when K is long.
 
 ``gemm_coopmat.comp`` is the same product on the tensor cores (VK_KHR_cooperative_matrix, fp16
 modes; ``vulkan.coopmat``): same push constants, a 32 FM x 64 FN tile per work group of 8
-subgroups, K split over work groups (fp32 partials and a reduce pass) for a Gemm with few
-output tiles; chosen per shape by ``choose_coop_gemm`` for the layers that were given a device
-with it (``GemmLayer.specialize``).
+subgroups, K split over work groups for a Gemm with few output tiles (fp32 partials, which
+each tile's last work group adds: ``SplitScratch``); chosen per shape by ``choose_coop_gemm``
+for the layers that were given a device with it (``GemmLayer.specialize``).
 """
 
 from __future__ import annotations
@@ -169,6 +169,36 @@ class CoopGemm:
         mpad, npad = self.padded(m, n)
         return self.ksplit * batches * mpad * npad
 
+    def tiles(self, m: int, n: int, batches: int) -> int:
+        """Output tiles over the batches: the split's counters (``SplitScratch``)."""
+        mpad, npad = self.padded(m, n)
+        return batches * mpad // (32 * self.fm) * npad // (64 * self.fn)
+
+    def split_scratch(self, m: int, n: int, batches: int) -> dict[str, int]:
+        """``SplitScratch.KEYS``' sizes for a layer's ``scratch()`` (none with K whole), in
+        fp16 storage elements (the modes gemm_coopmat runs in): fp32 partials, uint32 counters."""
+        if self.ksplit == 1:
+            return {}
+        partials, counters = SplitScratch.KEYS
+        return {partials: self.partial_floats(m, n, batches) * 2, counters: self.tiles(m, n, batches) * 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitScratch:
+    """Where a split K's work groups meet: the layer's scratch blobs of fp32 partials and of
+    one uint32 counter per output tile, which the Plan zeroes before every run
+    (``VulkanLayer.zeroed_scratch``); each tile's last work group to count adds the partials."""
+
+    partials: str
+    counters: str
+
+    #: the scratch keys a layer gives them (``CoopGemm.split_scratch``)
+    KEYS = ("partial", "tile_count")
+
+    @classmethod
+    def of_layer(cls) -> SplitScratch:
+        return cls(*(f"s:{key}" for key in cls.KEYS))
+
 
 def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool, by_size: bool = True) -> CoopGemm | None:
     """gemm_coopmat's launch for the product, or None where gemm.comp should run it
@@ -217,7 +247,7 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
                     out: tuple[int, int], alpha: float = 1.0, beta: float = 1.0,
                     batches: int = 1, batch_inner: int = 1, a_batch: tuple[int, int] = (0, 0),
                     b_batch: tuple[int, int] = (0, 0), out_batch: int = 0,
-                    what: str = "Gemm", coop: bool = False, partial: str | None = None,
+                    what: str = "Gemm", coop: bool = False, split: SplitScratch | None = None,
                     residual: str | None = None, activation: tuple[Scalar, ...] = NO_ACTIVATION,
                     a_norm: RowNorm | None = None) -> list[Dispatch]:
     """The dispatches of one product: out (M, N) = alpha * (beta * C + A (M, K) @ B (K, N)),
@@ -226,37 +256,30 @@ def gemm_dispatches(bindings: tuple[str, str, str, str], m: int, n: int, k: int,
     batch z is (z // batch_inner, z % batch_inner), with those two strides in a_batch /
     b_batch and out_batch between output batches. One ``gemm`` dispatch, or with ``coop``
     (the device and mode can run gemm_coopmat) the ``choose_coop_gemm`` launch where it
-    takes the product: one ``gemm_coopmat`` dispatch, two with K split, which needs
-    ``partial`` (a scratch blob of `CoopGemm.partial_floats`). ``residual``: a blob in the
+    takes the product: one ``gemm_coopmat`` dispatch, K split only with ``split`` (the
+    layer's scratch: ``CoopGemm.split_scratch``). ``residual``: a blob in the
     output's layout added to every output value (a folded residual sum); ``activation``
     (``activation_constants`` form) applied last (a folded activation layer); ``a_norm``: A's
     rows normalised as they are read (gemm_coopmat only: a folded LayerNorm)."""
     c_si, c_sj = c if c is not None else (0, 0)
     push = (m, n, k, a[0], a[1], b[0], b[1], c_si, c_sj, out[0], out[1], float(alpha), float(beta),
             batch_inner, *a_batch, *b_batch, out_batch)
-    launch = choose_coop_gemm(m, n, k, batches, partial is not None, by_size=a_norm is None) if coop else None
+    launch = choose_coop_gemm(m, n, k, batches, split is not None, by_size=a_norm is None) if coop else None
     if launch is not None:
         mpad, npad = launch.padded(m, n)
         spec = (int(c is not None), launch.fm, launch.fn, int(a[1] == 1), int(b[0] == 1), int(out[1] == 1),
                 launch.ksplit, launch.split_steps, mpad, npad)
         quads = (int(whole_quads(m, k, a[0], a[1], a_batch)), int(whole_quads(n, k, b[1], b[0], b_batch)))
-        coop_bindings = (*bindings, partial if launch.ksplit > 1 and partial is not None else bindings[3],
-                         residual or bindings[0], *((a_norm.gamma, a_norm.beta) if a_norm else bindings[:1] * 2))
+        meet = (split.partials, split.counters) if split is not None and launch.ksplit > 1 else bindings[3:] * 2
+        coop_bindings = (*bindings, meet[0], residual or bindings[0],
+                         *((a_norm.gamma, a_norm.beta) if a_norm else bindings[:1] * 2), meet[1])
         norm = (1, float(a_norm.eps)) if a_norm else (0, 0.0)
-        product = Dispatch("gemm_coopmat", coop_bindings,
-                           (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
-                           push_constants=push,
-                           spec_constants=(*spec, 0, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm,
-                                                  COOP_GEMM_PREFETCH),
-                           local_size=(GEMM_THREADS, 1, 1))
-        if launch.ksplit == 1:
-            return [product]
-        # the reduce pass: one invocation an output, x along the output's unit stride
-        reduce_size = (n, m, batches) if out[1] == 1 else (m, n, batches)
-        return [product, Dispatch("gemm_coopmat", coop_bindings, reduce_size, push_constants=push,
-                                  spec_constants=(*spec, 1, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm,
-                                                  COOP_GEMM_PREFETCH),
-                                  local_size=(GEMM_THREADS, 1, 1))]
+        return [Dispatch("gemm_coopmat", coop_bindings,
+                         (npad // (64 * launch.fn) * GEMM_THREADS, mpad // (32 * launch.fm), batches * launch.ksplit),
+                         push_constants=push,
+                         spec_constants=(*spec, int(residual is not None), *activation, COOP_GEMM_BK, *quads, *norm,
+                                         COOP_GEMM_PREFETCH),
+                         local_size=(GEMM_THREADS, 1, 1))]
     if a_norm is not None:
         raise UnsupportedError(f"{what}: a folded LayerNorm needs the gemm_coopmat launch")
     tile = choose_gemm_tile(m, n, k, batches)
@@ -384,14 +407,17 @@ class VulkanGemm(GemmLayer):
         self._row_norm = (gamma, beta, eps)
         return True
 
+    def _launch(self) -> CoopGemm | None:
+        return choose_coop_gemm(self.m, self.n, self.k, 1, split=True,
+                                by_size=self._row_norm is None) if self.coop else None
+
     def scratch(self) -> dict[str, int]:
-        """gemm_coopmat's fp32 partials when it splits K, counted in the fp16 storage elements
-        of the modes it runs in."""
-        launch = choose_coop_gemm(self.m, self.n, self.k, 1, split=True,
-                                  by_size=self._row_norm is None) if self.coop else None
-        if launch is None or launch.ksplit == 1:
-            return {}
-        return {"partial": launch.partial_floats(self.m, self.n, 1) * 2}
+        """gemm_coopmat's partials and tile counters when it splits K."""
+        launch = self._launch()
+        return {} if launch is None else launch.split_scratch(self.m, self.n, 1)
+
+    def zeroed_scratch(self) -> frozenset[str]:
+        return frozenset(SplitScratch.KEYS[1:]) & self.scratch().keys()
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
@@ -402,7 +428,7 @@ class VulkanGemm(GemmLayer):
         out = (1, m) if p.output_transpose != self.transposed_out else (n, 1)
         return gemm_dispatches((self.a, self.b, self.c, self.layer.outputs[0]), m, n, k, a, b,
                                c if self.c_kind >= 0 else None, out, alpha=float(p.alpha),
-                               beta=float(p.beta), coop=self.coop, partial="s:partial",
+                               beta=float(p.beta), coop=self.coop, split=SplitScratch.of_layer(),
                                residual=self.residual, activation=self.activation,
                                a_norm=None if self._row_norm is None
                                else RowNorm("w:norm_gamma", "w:norm_beta", self._row_norm[2]))

@@ -29,10 +29,12 @@
 // Split K (a Gemm with few output tiles and a long K): the grid's z is batches x KSPLIT and
 // each work group sums SPLIT_STEPS steps into fp32 partials (partial[split][z][MPAD][NPAD], or
 // [NPAD][MPAD] where the output's rows are its unit stride, stored straight from the
-// accumulators); a second dispatch of this shader with REDUCE = 1 adds them in split order and
-// applies C, beta and alpha, one output per invocation. With residual = 1, residual_blob (the
-// output's layout) is added to every output value (a following residual sum folded in,
-// engine.fusion), then the activation (activate.h).
+// accumulators), then counts itself in its tile's counter (tile_count, zeroed by the Plan
+// before every run); the tile's last work group to count adds the tile's partials in split
+// order (whichever came last: the same sums every run) and stores the outputs. A second
+// dispatch for the sums cost a launch and a barrier a product (~5 us on an H200). With
+// residual = 1, residual_blob (the output's layout) is added to every output value (a following
+// residual sum folded in, engine.fusion), then the activation (activate.h).
 //
 // With A_NORM = 1 each row of A is a LayerNorm's run, normalised as it is read (a LayerNorm
 // before the product folded in, engine.fusion): A(i, k) = (x - mean_i) / sqrt(var_i + norm_eps)
@@ -55,17 +57,16 @@ layout (constant_id = 6) const int KSPLIT = 1;    // work groups along K
 layout (constant_id = 7) const int SPLIT_STEPS = 1;  // steps of BK per split (KSPLIT > 1)
 layout (constant_id = 8) const int MPAD = 0;      // rows of a partial: M rounded up to BM
 layout (constant_id = 9) const int NPAD = 0;      // its columns: N rounded up to BN
-layout (constant_id = 10) const int REDUCE = 0;   // 1: the split-K pass adding the partials
-layout (constant_id = 11) const int residual = 0;
-layout (constant_id = 12) const int activation_type = 0;
-layout (constant_id = 13) const float activation_param_0 = 0;
-layout (constant_id = 14) const float activation_param_1 = 0;
-layout (constant_id = 15) const int BK = 32;      // values of k per step: 32, 64
-layout (constant_id = 16) const int A_VEC = 0;    // A's quads whole and 8-byte aligned
-layout (constant_id = 17) const int B_VEC = 0;    // B's likewise
-layout (constant_id = 18) const int A_NORM = 0;   // A's rows normalised on the way in
-layout (constant_id = 19) const float norm_eps = 0;
-layout (constant_id = 20) const int PREFETCH = 1; // steps in flight in registers: 1..4
+layout (constant_id = 10) const int residual = 0;
+layout (constant_id = 11) const int activation_type = 0;
+layout (constant_id = 12) const float activation_param_0 = 0;
+layout (constant_id = 13) const float activation_param_1 = 0;
+layout (constant_id = 14) const int BK = 32;      // values of k per step: 32, 64
+layout (constant_id = 15) const int A_VEC = 0;    // A's quads whole and 8-byte aligned
+layout (constant_id = 16) const int B_VEC = 0;    // B's likewise
+layout (constant_id = 17) const int A_NORM = 0;   // A's rows normalised on the way in
+layout (constant_id = 18) const float norm_eps = 0;
+layout (constant_id = 19) const int PREFETCH = 1; // steps in flight in registers: 1..4
 
 layout (binding = 0) readonly buffer a_blob { sfp a_data[]; };
 layout (binding = 1) readonly buffer b_blob { sfp b_data[]; };
@@ -73,8 +74,10 @@ layout (binding = 0) readonly buffer a_blob4 { sfpvec4 a_data4[]; };  // the sam
 layout (binding = 1) readonly buffer b_blob4 { sfpvec4 b_data4[]; };
 layout (binding = 2) readonly buffer c_blob { sfp c_data[]; };
 layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
-// split K's fp32 partials (with KSPLIT = 1 another blob is bound here, never read)
-layout (binding = 4) buffer partial_blob { float partial_data[]; };
+// split K's fp32 partials and the work groups of each tile that have stored theirs (with
+// KSPLIT = 1 other blobs are bound here, never read); coherent: another work group reads them
+layout (binding = 4) coherent buffer partial_blob { float partial_data[]; };
+layout (binding = 8) coherent buffer count_blob { uint tile_count[]; };
 // with residual = 0 another blob of the layer is bound here, never read
 layout (binding = 5) readonly buffer residual_blob { sfp residual_data[]; };
 // with A_NORM = 0 another blob of the layer is bound to both, never read
@@ -124,6 +127,10 @@ shared float tile_c[8 * 256];          // one 16 x 16 accumulator per subgroup, 
                                        // (A_NORM: first the row sums' partials)
 shared float row_mean[BM];             // A_NORM: the tile's rows' statistics
 shared float row_rstd[BM];
+// split K: [0] = 1 where this work group adds the tile's partials. 16 bytes, not a lone
+// word: the driver may place it before the tiles, and one 4-byte shared variable there
+// misaligned the fragment loads (an H200 read every product wrong, K split or not)
+shared uint last_of_tile[4];
 
 // per invocation and quad, fixed for the work group's tile (set once by main): the quad's
 // first row / column (m or n: past the end of M / N where it is), its k offset within a
@@ -287,35 +294,33 @@ void store_output(int z, int m, int n, float v)
     buffer_st1(top_blob_data, at, activate(v));
 }
 
-// The split-K pass: output (z, m, n) = the partials' sum, in split order. Neighbouring
-// invocations take neighbouring outputs along the output's unit stride (O_JFAST: n, else m),
-// and the partials are laid out the same way (main), so reads and writes both coalesce.
-void reduce_partials()
+// Split K, the tile's last work group: every output (z, m, n) of the tile from its partials'
+// sum, in split order. Neighbouring invocations take neighbouring outputs along the output's
+// unit stride (O_JFAST: n, else m), as the partials are laid out (main): reads and writes
+// coalesce.
+void add_partials(int z, int m0, int n0, int lid)
 {
-    const int n = int(O_JFAST == 1 ? gl_GlobalInvocationID.x : gl_GlobalInvocationID.y);
-    const int m = int(O_JFAST == 1 ? gl_GlobalInvocationID.y : gl_GlobalInvocationID.x);
-    const int z = int(gl_GlobalInvocationID.z);
-    if (n >= p.N || m >= p.M)
-        return;
     const int plane = MPAD * NPAD;
-    const int batches = int(gl_NumWorkGroups.z);
-    int at = z * plane + (O_JFAST == 1 ? m * NPAD + n : n * MPAD + m);
-    float sum = 0.0;
-    for (int s = 0; s < KSPLIT; s++)
+    const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
+    for (int e = lid; e < BM * BN; e += 256)
     {
-        sum += partial_data[at];
-        at += batches * plane;
+        const int m = m0 + (O_JFAST == 1 ? e / BN : e % BM);
+        const int n = n0 + (O_JFAST == 1 ? e % BN : e / BM);
+        if (m >= p.M || n >= p.N)
+            continue;
+        int at = z * plane + (O_JFAST == 1 ? m * NPAD + n : n * MPAD + m);
+        float sum = 0.0;
+        for (int s = 0; s < KSPLIT; s++)
+        {
+            sum += partial_data[at];
+            at += batches * plane;
+        }
+        store_output(z, m, n, sum);
     }
-    store_output(z, m, n, sum);
 }
 
 void main()
 {
-    if (REDUCE == 1)
-    {
-        reduce_partials();
-        return;
-    }
     const int lid = int(gl_LocalInvocationIndex);
     const int sg = int(gl_SubgroupID);
     const int z = int(gl_WorkGroupID.z) / KSPLIT;
@@ -361,13 +366,15 @@ void main()
     const int all_steps = (p.K + BK - 1) / BK;
     const int first = KSPLIT > 1 ? split * SPLIT_STEPS : 0;
     const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
+    // the first steps' loads on their way while A_NORM's statistics are summed
+    [[unroll]] for (int t = 0; t < PREFETCH; t++)
+        if (t == 0 || t < steps)
+            load_step(t, a0, b0, (first + t) * BK);
     if (A_NORM == 1)
         row_statistics(a0, m0, lid);
-    load_step(0, a0, b0, first * BK);
     store_step(0, 0, first * BK, m0);
-    [[unroll]] for (int t = 1; t <= PREFETCH; t++)
-        if (t < steps)
-            load_step(t % PREFETCH, a0, b0, (first + t) * BK);
+    if (PREFETCH < steps)
+        load_step(0, a0, b0, (first + PREFETCH) * BK);
     barrier();
     for (int s0 = 0; s0 < steps; s0 += PREFETCH)
     {
@@ -419,7 +426,7 @@ void main()
     {
         // partials: every tile lies inside [MPAD] x [NPAD], so no bounds checks; row-major
         // (partial[split][z][MPAD][NPAD]) when the output's columns are its unit stride, else
-        // column-major ([split][z][NPAD][MPAD]), as the reduce pass walks the output
+        // column-major ([split][z][NPAD][MPAD]), as add_partials walks the output
         const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
         const int plane = (split * batches + z) * MPAD * NPAD;
         [[unroll]] for (int i = 0; i < FM; i++)
@@ -434,6 +441,20 @@ void main()
                     coopMatStore(acc[i * FN + j], partial_data, uint(plane + n * MPAD + m), uint(MPAD),
                                  gl_CooperativeMatrixLayoutColumnMajor);
             }
+        // the partials visible before the count that may make another work group add them
+        memoryBarrierBuffer();
+        barrier();
+        if (lid == 0)
+        {
+            const int tile = (z * int(gl_NumWorkGroups.y) + int(gl_WorkGroupID.y)) * int(gl_NumWorkGroups.x)
+                             + int(gl_WorkGroupID.x);
+            last_of_tile[0] = atomicAdd(tile_count[tile], 1u) == uint(KSPLIT - 1) ? 1u : 0u;
+        }
+        barrier();
+        if (last_of_tile[0] == 0u)
+            return;
+        memoryBarrierBuffer();
+        add_partials(z, m0, n0, lid);
         return;
     }
 
