@@ -366,15 +366,13 @@ void main()
     const int all_steps = (p.K + BK - 1) / BK;
     const int first = KSPLIT > 1 ? split * SPLIT_STEPS : 0;
     const int steps = KSPLIT > 1 ? min(SPLIT_STEPS, all_steps - first) : all_steps;
-    // the first steps' loads on their way while A_NORM's statistics are summed
-    [[unroll]] for (int t = 0; t < PREFETCH; t++)
-        if (t == 0 || t < steps)
-            load_step(t, a0, b0, (first + t) * BK);
     if (A_NORM == 1)
         row_statistics(a0, m0, lid);
+    load_step(0, a0, b0, first * BK);
     store_step(0, 0, first * BK, m0);
-    if (PREFETCH < steps)
-        load_step(0, a0, b0, (first + PREFETCH) * BK);
+    [[unroll]] for (int t = 1; t <= PREFETCH; t++)
+        if (t < steps)
+            load_step(t % PREFETCH, a0, b0, (first + t) * BK);
     barrier();
     for (int s0 = 0; s0 < steps; s0 += PREFETCH)
     {
