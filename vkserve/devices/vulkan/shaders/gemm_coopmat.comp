@@ -77,6 +77,7 @@ layout (binding = 3) buffer top_blob { sfp top_blob_data[]; };
 // split K's fp32 partials and the work groups of each tile that have stored theirs (with
 // KSPLIT = 1 other blobs are bound here, never read); coherent: another work group reads them
 layout (binding = 4) coherent buffer partial_blob { float partial_data[]; };
+layout (binding = 4) coherent buffer partial_blob4 { vec4 partial_data4[]; };  // by quads
 layout (binding = 8) coherent buffer count_blob { uint tile_count[]; };
 // with residual = 0 another blob of the layer is bound here, never read
 layout (binding = 5) readonly buffer residual_blob { sfp residual_data[]; };
@@ -120,6 +121,7 @@ const int A_SIZE = A_KFAST * BM * SA + (1 - A_KFAST) * BK * SA;
 const int B_SIZE = B_KFAST * BN * SB + (1 - B_KFAST) * BK * SB;
 const int A_PER = BM * BK / 4 / 256;   // quads of A per invocation and step (FM * BK / 32)
 const int B_PER = BN * BK / 4 / 256;   // of B (FN * BK / 16)
+const int QUADS = BM * BN / 4 / 256;   // split K: quads of partials an invocation adds
 
 shared f16vec4 tile_a[2 * A_SIZE];
 shared f16vec4 tile_b[2 * B_SIZE];
@@ -295,27 +297,38 @@ void store_output(int z, int m, int n, float v)
 }
 
 // Split K, the tile's last work group: every output (z, m, n) of the tile from its partials'
-// sum, in split order. Neighbouring invocations take neighbouring outputs along the output's
-// unit stride (O_JFAST: n, else m), as the partials are laid out (main): reads and writes
-// coalesce.
+// sum, in split order. An invocation adds quads of 4 neighbours along the output's unit stride
+// (O_JFAST: n, else m), neighbouring invocations neighbouring quads, as the partials are laid
+// out (main): the loads coalesce, and all of a split's are in flight at once.
 void add_partials(int z, int m0, int n0, int lid)
 {
     const int plane = MPAD * NPAD;
     const int batches = int(gl_NumWorkGroups.z) / KSPLIT;
-    for (int e = lid; e < BM * BN; e += 256)
+    int first[QUADS];                  // quad q's first output, in the tile's order
+    vec4 sums[QUADS];
+    [[unroll]] for (int q = 0; q < QUADS; q++)
     {
-        const int m = m0 + (O_JFAST == 1 ? e / BN : e % BM);
-        const int n = n0 + (O_JFAST == 1 ? e % BN : e / BM);
-        if (m >= p.M || n >= p.N)
-            continue;
-        int at = z * plane + (O_JFAST == 1 ? m * NPAD + n : n * MPAD + m);
-        float sum = 0.0;
-        for (int s = 0; s < KSPLIT; s++)
+        first[q] = (lid + 256 * q) * 4;
+        sums[q] = vec4(0.0);
+    }
+    for (int s = 0; s < KSPLIT; s++)
+        [[unroll]] for (int q = 0; q < QUADS; q++)
         {
-            sum += partial_data[at];
-            at += batches * plane;
+            const int m = m0 + (O_JFAST == 1 ? first[q] / BN : first[q] % BM);
+            const int n = n0 + (O_JFAST == 1 ? first[q] % BN : first[q] / BM);
+            sums[q] += partial_data4[((s * batches + z) * plane + (O_JFAST == 1 ? m * NPAD + n : n * MPAD + m)) / 4];
         }
-        store_output(z, m, n, sum);
+    [[unroll]] for (int q = 0; q < QUADS; q++)
+    {
+        const int m = m0 + (O_JFAST == 1 ? first[q] / BN : first[q] % BM);
+        const int n = n0 + (O_JFAST == 1 ? first[q] % BN : first[q] / BM);
+        [[unroll]] for (int c = 0; c < 4; c++)
+        {
+            const int mm = m + (O_JFAST == 1 ? 0 : c);
+            const int nn = n + (O_JFAST == 1 ? c : 0);
+            if (mm < p.M && nn < p.N)
+                store_output(z, mm, nn, sums[q][c]);
+        }
     }
 }
 
