@@ -100,6 +100,15 @@ GROUPED = [
     ((19, 7, 7), 19, 19, (3, 3), "4=1"),
     ((4, 10, 9), 4, 4, (1, 1), ""),
     ((4, 13, 12), 4, 4, (3, 3), "3=3 4=1 15=0 16=2"),  # stride 3, asymmetric
+    # strided on maps up to jit.conv.SMALL_PHASE_MAX_COLS wide (the phase planes copied out of
+    # one padded image of the channel): mobilenet_v3's 5x5 s2 at 14 x 14, asymmetric pads with
+    # pad_value, cropping pads, dilation 2, stride 2 across only, an odd width
+    ((6, 14, 14), 6, 6, (5, 5), "3=2 4=2"),
+    ((5, 9, 10), 5, 5, (3, 3), "3=2 4=1 15=2 14=0 16=1 18=-0.5"),
+    ((3, 13, 12), 3, 3, (3, 3), "3=2 4=-1 15=-1 14=-1 16=-1"),
+    ((4, 15, 14), 4, 4, (3, 3), "3=2 2=2 4=2"),
+    ((4, 12, 13), 4, 4, (3, 3), "13=1 3=2 4=1"),
+    ((7, 7, 7), 7, 7, (3, 3), "3=2 4=1"),
     ((4, 11, 11), 4, 4, (3, 3), "4=-233 3=2"),
     ((3, 10, 12), 6, 3, (3, 3), "4=1"),  # channel multiplier 2
     ((6, 9, 10), 9, 3, (3, 3), "4=1 3=2"),  # grouped: 2 in, 3 out per group (GEMM path)

@@ -31,6 +31,14 @@ CASES = [
     ((4, 29, 25), "0=0 1=3 11=2 2=3 12=1 5=3"),  # rectangular kernel, strides 3 and 1, SAME_LOWER
     ((3, 20, 22), "0=1 1=5 2=2 3=2 6=0"),
     ((3, 21, 45), "0=1 1=3 2=2 3=1 6=0 5=0"),  # odd width, both column phases in one pass
+    # strided on maps up to jit.conv.SMALL_PHASE_MAX_COLS wide (the phase planes copied out of
+    # one padded image of the channel): squeezenet's last max pool (full padding with a tail),
+    # averages with and without the padding counted, 2x2 on an odd width, stride 3 with pads
+    ((6, 13, 13), "0=0 1=3 2=2 5=0"),
+    ((5, 14, 16), "0=1 1=3 2=2 3=1 6=0"),
+    ((5, 14, 16), "0=1 1=3 2=2 3=1 6=1"),
+    ((4, 7, 7), "0=0 1=2 2=2 5=1"),
+    ((4, 11, 10), "0=0 1=3 2=3 3=1 5=1"),
 ]
 
 

@@ -255,6 +255,45 @@ def fill_phases(x, c, pt, pl, sh, sw, padv, planes):  # noqa: ANN001
             _fill_plane(x, c, ry - pt, rx - pl, sh, sw, padv, planes[ry * sw + rx])
 
 
+#: input width up to which strided depthwise layers fill their phase planes from one padded
+#: image of the channel (``fill_phases_small``) rather than by ``fill_phases``
+SMALL_PHASE_MAX_COLS = 16
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def fill_phases_small(xrows, c, h, w, pt, pl, sh, sw, padv, planes, img):  # noqa: ANN001
+    """``fill_phases`` for small maps: channel c of ``xrows`` ((C, H W)) widened once into
+    ``img``, its padded image (img[r, q] = x[c, r - pt, q - pl], ``padv`` outside the input;
+    (prow sh, wq sw) for planes of (prow, wq)), then each phase plane copied out of it at the
+    stride, with no bounds checks per value (``_fill_plane`` checks each row and runs a short
+    loop per phase: most of a small map's depthwise time went there)."""
+    rows, cols = img.shape
+    cu = _U(c)
+    lo = min(max(pl, 0), cols)
+    hi = max(lo, min(pl + w, cols))
+    for r in range(rows):
+        iy = r - pt
+        if iy < 0 or iy >= h:
+            for q in range(cols):
+                img[r, q] = padv
+            continue
+        for q in range(lo):
+            img[r, q] = padv
+        src, ru, lu = _U(iy * w + lo - pl), _U(r), _U(lo)
+        for q in range(_U(hi - lo)):
+            img[ru, lu + q] = widen(xrows[cu, src + q])
+        for q in range(hi, cols):
+            img[r, q] = padv
+    prow, wq = planes.shape[1], planes.shape[2]
+    for ry in range(sh):
+        for rx in range(sw):
+            ph = _U(ry * sw + rx)
+            for r in range(prow):
+                row, ru = _U(r * sh + ry), _U(r)
+                for q in range(_U(wq)):
+                    planes[ph, ru, q] = img[row, _U(rx) + _U(sw) * q]
+
+
 #: slack (values) at the end of the depthwise kernel's buffers for ``_fill_unit_stride``'s runs
 RUN_SLACK = 16
 #: input width up to which stride-1 depthwise layers fill their plane by ``_fill_unit_stride``
@@ -747,12 +786,14 @@ def depthwise(x, xrows, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     n_out = out.shape[0]
     h, w = x.shape[1], x.shape[2]
     unit = sh == 1 and sw == 1 and w <= UNIT_FILL_MAX_COLS
+    small = not unit and w <= SMALL_PHASE_MAX_COLS
     for part in prange(parts):
         wf = np.empty(taps, dtype=np.float32)
         plen = prow * wq
         planes = np.empty((0 if unit else sh * sw, prow, wq), dtype=np.float32)
         pf = np.empty(plen + RUN_SLACK, dtype=np.float32) if unit else planes.reshape(sh * sw * plen)
         tmp = np.empty(h * w + RUN_SLACK if unit else 0, dtype=np.float32)
+        img = np.empty((prow * sh, wq * sw) if small else (0, 0), dtype=np.float32)
         acc = np.zeros(span, dtype=np.float32)  # (row pairs leave the columns between rows)
         offs = np.empty(taps, dtype=np.int64)  # tap (ky, kx): phase (ky dh % sh, kx dw % sw)'s plane, shifted
         for ky in range(kh):
@@ -763,6 +804,8 @@ def depthwise(x, xrows, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
                 wf[t] = widen(w16[o, t])
             if unit:
                 _fill_unit_stride(xrows, o // og, h, w, pt, pl, padv, pf, prow, wq, tmp)
+            elif small:
+                fill_phases_small(xrows, o // og, h, w, pt, pl, sh, sw, padv, planes, img)
             else:
                 fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]

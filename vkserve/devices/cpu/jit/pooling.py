@@ -25,7 +25,9 @@ from vkserve.devices.cpu.jit.conv import (
     G_PT,
     G_SH,
     G_SW,
+    SMALL_PHASE_MAX_COLS,
     fill_phases,
+    fill_phases_small,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, store_row, store_row_inline, widen
 
@@ -96,6 +98,9 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
     span = (oh - 1) * wq + ow
     divide = divisor.size > 0
     channels = out.shape[0]
+    h, w = x.shape[1], x.shape[2]
+    small = (sh > 1 or sw > 1) and w <= SMALL_PHASE_MAX_COLS
+    xrows = np.ascontiguousarray(x).reshape((x.shape[0], h * w))
     # each tap's first value in the phase planes
     offs = np.empty(kh * kw, dtype=np.int64)
     for ky in range(kh):
@@ -105,8 +110,12 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
         planes = np.empty((sh * sw, prow, wq), dtype=np.float32)
         pf = planes.reshape(sh * sw * plen)
         acc = np.empty(span, dtype=np.float32)
+        img = np.empty((prow * sh, wq * sw) if small else (0, 0), dtype=np.float32)
         for c in range(part * channels // parts, (part + 1) * channels // parts):
-            fill_phases(x, c, pt, pl, sh, sw, padv, planes)
+            if small:
+                fill_phases_small(xrows, c, h, w, pt, pl, sh, sw, padv, planes, img)
+            else:
+                fill_phases(x, c, pt, pl, sh, sw, padv, planes)
             if kh * kw == 9:
                 _window9(acc, pf, offs, span, is_max)
             elif kh * kw == 4:
