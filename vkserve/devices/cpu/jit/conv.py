@@ -763,7 +763,9 @@ def depthwise(x, xrows, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     Per output channel the input channel is widened once into padded fp32 planes (border =
     ``pad_value``), one per stride phase (row r, column q of phase (ry, rx) is padded input
     (r sh + ry, q sw + rx)), so every tap reads a plane at unit stride without bounds checks.
-    At column stride 2 both column phases of a row are filled in one pass (``fill_phases``).
+    At column stride 2 both column phases of a row are filled in one pass (``fill_phases``); on
+    inputs up to ``SMALL_PHASE_MAX_COLS`` wide every phase is copied out of one padded image of
+    the channel (``fill_phases_small``).
     The planes' rows run on into each other, so a 3x3 kernel is one pass over all outputs at
     once, in plane coordinates (the extra columns between rows are computed and dropped); other
     kernels make a pass per 5-wide row, else per three taps of a row (each from its phase's
