@@ -262,29 +262,13 @@ SMALL_PHASE_MAX_COLS = 32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def fill_phases_small(xrows, c, h, w, pt, pl, sh, sw, padv, planes, img):  # noqa: ANN001
-    """``fill_phases`` for small maps: channel c of ``xrows`` ((C, H W)) widened once into
-    ``img``, its padded image (img[r, q] = x[c, r - pt, q - pl], ``padv`` outside the input;
-    (prow sh, wq sw) for planes of (prow, wq)), then each phase plane copied out of it at the
-    stride, with no bounds checks per value (``_fill_plane`` checks each row and runs a short
-    loop per phase: most of a small map's depthwise time went there)."""
-    rows, cols = img.shape
-    cu = _U(c)
-    lo = min(max(pl, 0), cols)
-    hi = max(lo, min(pl + w, cols))
-    for r in range(rows):
-        iy = r - pt
-        if iy < 0 or iy >= h:
-            for q in range(cols):
-                img[r, q] = padv
-            continue
-        for q in range(lo):
-            img[r, q] = padv
-        src, ru, lu = _U(iy * w + lo - pl), _U(r), _U(lo)
-        for q in range(_U(hi - lo)):
-            img[ru, lu + q] = widen(xrows[cu, src + q])
-        for q in range(hi, cols):
-            img[r, q] = padv
+def fill_phases_small(x, c, pt, pl, sh, sw, padv, planes, img):  # noqa: ANN001
+    """``fill_phases`` for small maps: channel c widened once into ``img``, its padded image
+    (img[r, q] = x[c, r - pt, q - pl], ``padv`` outside the input; (prow sh, wq sw) for planes
+    of (prow, wq)), then each phase plane copied out of it at the stride, with no bounds checks
+    per value (``_fill_plane`` per phase checks each row and runs a short loop: most of a small
+    map's depthwise time went there)."""
+    _fill_plane(x, c, -pt, -pl, 1, 1, padv, img)
     prow, wq = planes.shape[1], planes.shape[2]
     for ry in range(sh):
         for rx in range(sw):
@@ -808,7 +792,7 @@ def depthwise(x, xrows, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
             if unit:
                 _fill_unit_stride(xrows, o // og, h, w, pt, pl, padv, pf, prow, wq, tmp)
             elif small:
-                fill_phases_small(xrows, o // og, h, w, pt, pl, sh, sw, padv, planes, img)
+                fill_phases_small(x, o // og, pt, pl, sh, sw, padv, planes, img)
             else:
                 fill_phases(x, o // og, pt, pl, sh, sw, padv, planes)
             bv = bias[o]

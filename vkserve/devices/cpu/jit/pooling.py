@@ -98,9 +98,7 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
     span = (oh - 1) * wq + ow
     divide = divisor.size > 0
     channels = out.shape[0]
-    h, w = x.shape[1], x.shape[2]
-    small = (sh > 1 or sw > 1) and w <= SMALL_PHASE_MAX_COLS
-    xrows = np.ascontiguousarray(x).reshape((x.shape[0], h * w))
+    small = (sh > 1 or sw > 1) and x.shape[2] <= SMALL_PHASE_MAX_COLS
     # each tap's first value in the phase planes
     offs = np.empty(kh * kw, dtype=np.int64)
     for ky in range(kh):
@@ -113,7 +111,7 @@ def pool2d(x, geo, is_max, padv, divisor, scale, out, parts):  # noqa: ANN001
         img = np.empty((prow * sh, wq * sw) if small else (0, 0), dtype=np.float32)
         for c in range(part * channels // parts, (part + 1) * channels // parts):
             if small:
-                fill_phases_small(xrows, c, h, w, pt, pl, sh, sw, padv, planes, img)
+                fill_phases_small(x, c, pt, pl, sh, sw, padv, planes, img)
             else:
                 fill_phases(x, c, pt, pl, sh, sw, padv, planes)
             if kh * kw == 9:
