@@ -333,7 +333,7 @@ class VulkanConvolution(VulkanLayer):
 
     def zeroed_scratch(self) -> frozenset[str]:
         """conv_winograd's GEMMs' tile counters where gemm_coopmat splits their K."""
-        return frozenset(SplitScratch.KEYS[1:]) & self.scratch().keys()
+        return SplitScratch.zeroed(self.scratch())
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params

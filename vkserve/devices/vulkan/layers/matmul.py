@@ -22,7 +22,7 @@ for the layers that were given a device with it (``GemmLayer.specialize``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -175,12 +175,12 @@ class CoopGemm:
         return batches * mpad // (32 * self.fm) * npad // (64 * self.fn)
 
     def split_scratch(self, m: int, n: int, batches: int) -> dict[str, int]:
-        """``SplitScratch.KEYS``' sizes for a layer's ``scratch()`` (none with K whole), in
+        """``SplitScratch``'s blobs' sizes for a layer's ``scratch()`` (none with K whole), in
         fp16 storage elements (the modes gemm_coopmat runs in): fp32 partials, uint32 counters."""
         if self.ksplit == 1:
             return {}
-        partials, counters = SplitScratch.KEYS
-        return {partials: self.partial_floats(m, n, batches) * 2, counters: self.tiles(m, n, batches) * 2}
+        return {SplitScratch.PARTIALS: self.partial_floats(m, n, batches) * 2,
+                SplitScratch.COUNTERS: self.tiles(m, n, batches) * 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,11 +193,17 @@ class SplitScratch:
     counters: str
 
     #: the scratch keys a layer gives them (``CoopGemm.split_scratch``)
-    KEYS = ("partial", "tile_count")
+    PARTIALS = "partial"
+    COUNTERS = "tile_count"
 
     @classmethod
     def of_layer(cls) -> SplitScratch:
-        return cls(*(f"s:{key}" for key in cls.KEYS))
+        return cls(f"s:{cls.PARTIALS}", f"s:{cls.COUNTERS}")
+
+    @classmethod
+    def zeroed(cls, scratch: Mapping[str, int]) -> frozenset[str]:
+        """A layer's ``zeroed_scratch`` given its ``scratch()``: the counters, where K is split."""
+        return frozenset({cls.COUNTERS}) & scratch.keys()
 
 
 def choose_coop_gemm(m: int, n: int, k: int, batches: int, split: bool, by_size: bool = True) -> CoopGemm | None:
@@ -407,17 +413,14 @@ class VulkanGemm(GemmLayer):
         self._row_norm = (gamma, beta, eps)
         return True
 
-    def _launch(self) -> CoopGemm | None:
-        return choose_coop_gemm(self.m, self.n, self.k, 1, split=True,
-                                by_size=self._row_norm is None) if self.coop else None
-
     def scratch(self) -> dict[str, int]:
         """gemm_coopmat's partials and tile counters when it splits K."""
-        launch = self._launch()
+        launch = choose_coop_gemm(self.m, self.n, self.k, 1, split=True,
+                                  by_size=self._row_norm is None) if self.coop else None
         return {} if launch is None else launch.split_scratch(self.m, self.n, 1)
 
     def zeroed_scratch(self) -> frozenset[str]:
-        return frozenset(SplitScratch.KEYS[1:]) & self.scratch().keys()
+        return SplitScratch.zeroed(self.scratch())
 
     def dispatches(self) -> list[Dispatch]:
         p = self.params
