@@ -11,7 +11,8 @@ mobilenet, which the client sends through shared memory), on the chosen devices,
   (the engine the daemon uses, no daemon); overhead = round trip - in-process run time;
 - the daemon's CPU seconds per request over those N requests (its process's user + system
   time, every thread: a figure other load on the machine changes little);
-- the per-stage split the replies carry (median queue, copy-in, device, copy-out seconds);
+- the per-stage split the replies carry (median queue, copy-in, device, copy-out seconds) and
+  how the GPUs read the inputs that came in shared memory (in place or copied);
 - `vkserve bench`'s load generator at each concurrency (throughput, p50/p99), with the
   daemon's CPU per request over the whole sweep.
 """
@@ -161,6 +162,9 @@ def main() -> int:
             levels = trio.run(lambda: sweep(lambda: AsyncClient.connect(f"unix:{sock}"),
                                             settings, concurrencies=concurrencies))
             sweep_cpu = (cpu_seconds(proc.pid) - cpu_before) / max(1, served(sock) - served_before)
+            with Client.connect(f"unix:{sock}") as c:  # inputs in shared memory, by how GPUs read them
+                shared = {d["device"]: {"in_place": d.get("inputs_in_place"), "copied": d.get("shared_inputs_copied")}
+                          for d in c.status()["devices"] if d["kind"] == "vulkan"}
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
@@ -171,6 +175,7 @@ def main() -> int:
         "rtt_p50_ms": round(pct(rtt, 50), 3), "rtt_p99_ms": round(pct(rtt, 99), 3),
         "scheduler": args.scheduler,
         "server_stages_p50_ms": stages,
+        "shared_inputs": shared,
         "daemon_cpu_ms_per_request": {"sequential": round(sequential_cpu * 1e3, 3),
                                       "sweep": round(sweep_cpu * 1e3, 3)},
         "in_process_p50_ms": round(local_ms, 3),

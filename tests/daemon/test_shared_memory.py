@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import trio
 
-from tests.support.daemon import Daemon, Launch
+from tests.support.daemon import Daemon, Launch, http_get
 from vkserve.client import AsyncClient, Client
 from vkserve.client.errors import BadRequestError
 from vkserve.client.framing import FrameDecoder, encode_frame
@@ -172,3 +172,48 @@ def test_tcp_refuses_shared_memory(daemon: Daemon) -> None:
         assert tcp._shm is None
         with pytest.raises(BadRequestError, match="needs a Unix-socket connection"):
             tcp._call(ShmRegisterRequest(tcp._conn.next_id(), "r", 4096))
+
+
+@pytest.fixture(scope="module")
+def gpu_daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
+    """The same model on the Vulkan device only (lavapipe, which imports host memory), fp16."""
+    work = tmp_path_factory.mktemp("shm-gpu")
+    folder = work / "repo" / "fcn"
+    folder.mkdir(parents=True)
+    (folder / "model.param").write_text(FCN)
+    write_random_bin(folder / "model.param", folder / "model.bin", seed=3)
+    (folder / "config.toml").write_text('devices = "gpu"\nprecision = "fp16"\n')
+    return launch_module_daemon(work, f"""
+[server]
+socket = "{work}/d.sock"
+tcp = "127.0.0.1:0"
+token = "{TOKEN}"
+
+[models]
+repository = "{work}/repo"
+""")
+
+
+def shared_inputs(daemon: Daemon) -> dict[str, float]:
+    assert daemon.metrics_port is not None
+    code, body = http_get(daemon.metrics_port, "/metrics")
+    assert code == 200
+    return {path: float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+            for path in ("in_place", "copied")
+            if line.startswith(f'vkserve_device_shared_inputs_total{{device="vulkan:0",path="{path}"}}')}
+
+
+def test_the_gpu_reads_shared_inputs_where_the_client_wrote_them(gpu_daemon: Daemon) -> None:
+    """The input the client wrote into its region is what the GPU reads (the import of the
+    client's pages, counted as in_place), with the inline path's answer; then, after the client
+    unregistered the region with the connection's end, the next connection's region works too."""
+    with Client.connect(tcp_address(gpu_daemon), token=TOKEN) as tcp:
+        inline = [tcp.infer("fcn", {"data": x(seed)})["out"] for seed in range(4)]
+    before = shared_inputs(gpu_daemon)
+    for connection in range(2):
+        with Client.connect(gpu_daemon.socket) as unix:
+            for seed in range(connection * 2, connection * 2 + 2):
+                np.testing.assert_array_equal(unix.infer("fcn", {"data": x(seed)})["out"], inline[seed])
+    after = shared_inputs(gpu_daemon)
+    assert after["in_place"] - before.get("in_place", 0) == 4, (before, after)
+    assert after["copied"] == before.get("copied", 0), (before, after)

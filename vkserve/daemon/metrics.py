@@ -111,6 +111,11 @@ RUNS = Family("vkserve_device_runs_total", _C, ("device", "thread"),
               "Executions on the device (a batch is one), by the thread that ran them: worker "
               "(the device's run threads) or loop (the event loop's own: a short run while "
               "nothing else was in flight, scheduler.inline_run_ms)")
+SHARED_INPUTS = Family("vkserve_device_shared_inputs_total", _C, ("device", "path"),
+                      "Inputs that arrived in a client's shared memory, by how the device read "
+                      "them: in_place (a GPU importing the client's pages, "
+                      "VK_EXT_external_memory_host) or copied (into its staging buffer: no "
+                      "import on the device, or the region or offset off its alignment; logged)")
 DEVICE_HEALTHY = Family("vkserve_device_healthy", _G, ("device",),
                         "1 when the device serves, 0 after a fault")
 MEMORY_IN_USE = Family("vkserve_device_memory_in_use_bytes", _G, ("device",),
@@ -137,7 +142,7 @@ GPU_UNUSABLE = Family("vkserve_gpu_unusable", _G, ("node", "reason"),
 FAMILIES: tuple[Family, ...] = (
     BUILD_INFO, REQUESTS, REJECTED, REQUEST_DURATION, QUEUE_DURATION, EXECUTION_DURATION,
     BATCH_SIZE, MODEL_LOAD_DURATION, QUEUED, QUEUE_LIMIT, MODEL_READY, RELOAD_FAILURES, IN_FLIGHT,
-    RUNS, DEVICE_HEALTHY, MEMORY_IN_USE, MEMORY_POOLED, MEMORY_BUDGET, CACHE_HITS, CACHE_MISSES,
+    RUNS, SHARED_INPUTS, DEVICE_HEALTHY, MEMORY_IN_USE, MEMORY_POOLED, MEMORY_BUDGET, CACHE_HITS, CACHE_MISSES,
     COMPILE_SECONDS, CACHE_ERRORS, GPU_UNUSABLE,
 )
 
@@ -170,6 +175,7 @@ class _StateCollector(Collector):
         yield ready
         yield reload_failures
         in_flight, healthy, runs = IN_FLIGHT.gauge(), DEVICE_HEALTHY.gauge(), RUNS.counter()
+        shared = SHARED_INPUTS.counter()
         in_use, pooled, budget = MEMORY_IN_USE.gauge(), MEMORY_POOLED.gauge(), MEMORY_BUDGET.gauge()
         hits, misses = CACHE_HITS.counter(), CACHE_MISSES.counter()
         compile_s, cache_errors = COMPILE_SECONDS.counter(), CACHE_ERRORS.counter()
@@ -179,6 +185,9 @@ class _StateCollector(Collector):
             healthy.add_metric([label], float(d.healthy))
             runs.add_metric([label, "worker"], d.runs - d.inline_runs)
             runs.add_metric([label, "loop"], d.inline_runs)
+            if d.kind == "vulkan":
+                shared.add_metric([label, "in_place"], d.inputs_in_place)
+                shared.add_metric([label, "copied"], d.shared_inputs_copied)
             if d.memory is not None:  # none on the CPU, nor before the Vulkan device opens
                 in_use.add_metric([label], d.memory.in_use_bytes)
                 pooled.add_metric([label], d.memory.pooled_bytes)
@@ -192,7 +201,7 @@ class _StateCollector(Collector):
                 compile_s.add_metric([label], cache.compile_seconds)
                 for op, count in cache.errors().items():
                     cache_errors.add_metric([label, op], count)
-        yield from (in_flight, runs, healthy, in_use, pooled, budget, hits, misses, compile_s,
+        yield from (in_flight, runs, shared, healthy, in_use, pooled, budget, hits, misses, compile_s,
                     cache_errors)
         unusable = GPU_UNUSABLE.gauge()
         if s.gpu_problem is not None:

@@ -4,7 +4,9 @@ file descriptor passed over the socket instead of a name anyone could open).
 A client registers a region once (op ``shm_register``: a name and a size, the descriptor sent
 with the frame as SCM_RIGHTS); its infer requests then refer to tensors by (region, offset)
 instead of carrying their bytes, and may give room in a region for the outputs. The daemon maps
-each region once; inputs are numpy views of the mapping, so the engines read them in place.
+each region once; inputs are numpy views of the mapping, so the engines read them in place: the
+CPU engine as any array, a GPU that imports host memory straight from the client's pages (the
+mapping is registered in ``vkserve.devices.host_regions`` while the connection has it).
 
 Only memfds sealed against shrinking are taken: a region the client could shrink after
 registering would turn the daemon's next read of it into a SIGBUS. Regions go with their
@@ -24,6 +26,7 @@ import numpy as np
 
 from vkserve.client.messages import ShmSlot
 from vkserve.client.tensors import TensorError
+from vkserve.devices.host_regions import REGIONS, HostRegion
 
 __all__ = ["RegionError", "Regions"]
 
@@ -43,6 +46,7 @@ class Regions:
         self.max_regions = max_regions
         self.max_bytes = max_bytes
         self._maps: dict[str, mmap.mmap] = {}
+        self._hosts: dict[str, HostRegion] = {}
 
     def register(self, name: str, fd: int, size: int) -> None:
         """Map ``size`` bytes of ``fd`` as ``name``. Takes ownership of ``fd`` (closed here,
@@ -69,15 +73,23 @@ class Regions:
             actual = os.fstat(fd).st_size
             if actual < size:
                 raise RegionError(f"field 'size': {size} bytes, but the memfd holds {actual}")
-            self._maps[name] = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._maps[name] = mapping
+            self._hosts[name] = REGIONS.register(mapping)
         finally:
             os.close(fd)
 
     def unregister(self, name: str) -> bool:
         """Forget ``name`` (False when unknown); its mapping lives on while views use it."""
+        host = self._hosts.pop(name, None)
+        if host is not None:
+            REGIONS.retire(host)
         return self._maps.pop(name, None) is not None
 
     def close(self) -> None:
+        for host in self._hosts.values():
+            REGIONS.retire(host)
+        self._hosts.clear()
         self._maps.clear()
 
     def view(self, region: str, offset: int, nbytes: int) -> memoryview:

@@ -14,3 +14,7 @@ class StageTimes:
     copy_in: float  # the inputs into the engine's memory (staging buffer; the CPU's bf16 arena)
     run: float  # the execution: submit to fence on a GPU, the kernels on the CPU
     copy_out: float  # the outputs out as fp32 arrays, host-side tail layers included
+    #: inputs that lay in a client's shared memory (``vkserve.devices.host_regions``): read by
+    #: the GPU where they lay, and copied into staging instead (the device cannot import them)
+    in_place: int = 0
+    shared_copied: int = 0

@@ -201,6 +201,9 @@ class _Device:
     queue_depth: int = 0  # jobs waiting for this device in the last placement pass
     runs: int = 0
     inline_runs: int = 0  # of ``runs``, those run on the loop's thread (``_run_inline``)
+    #: inputs in clients' shared memory: read by the GPU where they lay, and copied instead
+    inputs_in_place: int = 0
+    shared_inputs_copied: int = 0
     run_seconds: float = 0.0
     completed: int = 0
     faults: int = 0
@@ -1019,6 +1022,8 @@ class Scheduler:
                 self._run_failed(batch, entry, device, exc)
                 return
             device.runs += 1
+            device.inputs_in_place += done.stages.in_place
+            device.shared_inputs_copied += done.stages.shared_copied
             device.run_seconds += run_seconds
             self._observe_latency(placement, len(batch), run_seconds)
             for job, outputs in zip(batch, done.outputs):
@@ -1726,6 +1731,8 @@ class Scheduler:
             mean_latency_ms=(device.run_seconds / device.runs * 1e3) if device.runs else None,
             runs=device.runs,
             inline_runs=device.inline_runs,
+            inputs_in_place=device.inputs_in_place,
+            shared_inputs_copied=device.shared_inputs_copied,
             completed=device.completed,
             faults=device.faults,
             memory=device.handle.memory_stats(),

@@ -122,6 +122,8 @@ class DeviceStatus:
     mean_latency_ms: float | None = None
     runs: int = 0
     inline_runs: int = 0  # of runs, those run on the event loop's thread (inline_run_ms)
+    inputs_in_place: int = 0  # inputs in clients' shared memory the GPU read where they lay
+    shared_inputs_copied: int = 0  # such inputs copied into staging instead
     completed: int = 0
     faults: int = 0
     memory: MemoryStats | None = None  # None on the CPU and before the Vulkan device opens

@@ -86,10 +86,14 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
                    budget if "VK_EXT_memory_budget" in extensions else None)
     has_driver_props = has11 and (api >= vk.VK_MAKE_VERSION(1, 2, 0)
                                   or "VK_KHR_driver_properties" in extensions)
+    has_host_import = "VK_EXT_external_memory_host" in extensions
+    host_import = _struct(vk, "VkPhysicalDeviceExternalMemoryHostPropertiesEXT",
+                          "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT",
+                          driver if has_driver_props else subgroup)
     if has11:
         props2 = _struct(vk, "VkPhysicalDeviceProperties2",
                          "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2",
-                         driver if has_driver_props else subgroup)
+                         host_import if has_host_import else driver if has_driver_props else subgroup)
         lib.vkGetPhysicalDeviceProperties2(pd, props2)
         lib.vkGetPhysicalDeviceFeatures2(pd, features2)
         lib.vkGetPhysicalDeviceMemoryProperties2(pd, mem2)
@@ -138,6 +142,8 @@ def read_caps(instance: Instance, index: int) -> DeviceCaps:
     subgroup_ops = subgroup.supportedOperations if has11 else 0
     properties.update(subgroupSize=subgroup_size, supportedOperations=subgroup_ops,
                       supportedStages=subgroup.supportedStages if has11 else 0)
+    if has11 and has_host_import:
+        properties["minImportedHostPointerAlignment"] = int(host_import.minImportedHostPointerAlignment)
     fp16_storage = bool(features.get("storageBuffer16BitAccess"))
     int8_storage = bool(features.get("storageBuffer8BitAccess"))
     return DeviceCaps(

@@ -87,20 +87,28 @@ _DEVICE_FEATURE_STRUCTS = (
 _OPTIONAL_EXTENSIONS = ("VK_EXT_memory_budget", "VK_KHR_16bit_storage", "VK_KHR_8bit_storage",
                         "VK_KHR_shader_float16_int8", "VK_KHR_storage_buffer_storage_class",
                         "VK_KHR_vulkan_memory_model",
-                        "VK_KHR_shader_non_semantic_info")  # debug printf (VKSERVE_VALIDATION)
-_NEVER_CORE = ("VK_EXT_memory_budget", "VK_KHR_cooperative_matrix")  # enabled on Vulkan 1.2+ too
+                        "VK_KHR_shader_non_semantic_info",  # debug printf (VKSERVE_VALIDATION)
+                        "VK_EXT_external_memory_host")  # clients' shared memory read in place
+#: enabled on Vulkan 1.2+ too
+_NEVER_CORE = ("VK_EXT_memory_budget", "VK_KHR_cooperative_matrix", "VK_EXT_external_memory_host")
 
 
 class Buffer:
-    """A VkBuffer bound to its own VkDeviceMemory; host-visible ones stay mapped."""
+    """A VkBuffer bound to its own VkDeviceMemory; host-visible ones stay mapped. With
+    ``host_pointer`` the memory is the host's own pages from that address on, imported
+    (VK_EXT_external_memory_host: ``size`` a multiple of the device's import alignment, the
+    pages mapped for as long as the buffer lives; the caller sees to both), not mapped again."""
 
-    def __init__(self, ctx: "VulkanContext", size: int, memory: MemoryKind) -> None:
+    def __init__(self, ctx: "VulkanContext", size: int, memory: MemoryKind,
+                 host_pointer: int | None = None) -> None:
         vk = ctx.vk
         self.ctx = ctx
         self.size = size
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-        info = vk.VkBufferCreateInfo(size=max(size, 4), usage=usage,
+        imported = None if host_pointer is None else vk.VkExternalMemoryBufferCreateInfo(
+            handleTypes=vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT)
+        info = vk.VkBufferCreateInfo(pNext=imported, size=max(size, 4), usage=usage,
                                      sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
         with vk_errors("vkCreateBuffer"):
             self.handle = vk.vkCreateBuffer(ctx.device, info, None)
@@ -109,17 +117,27 @@ class Buffer:
         self._mapped: Any = None
         try:
             req = vk.vkGetBufferMemoryRequirements(ctx.device, self.handle)
-            type_index, flags = ctx.pick_memory_type(req.memoryTypeBits, memory)
+            bits, nbytes, source = req.memoryTypeBits, req.size, None
+            if host_pointer is not None:
+                bits &= ctx.host_pointer_memory_types(host_pointer)
+                nbytes = size
+                source = vk.VkImportMemoryHostPointerInfoEXT(
+                    handleType=vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                    pHostPointer=vk.ffi.cast("void *", host_pointer))
+            type_index, flags = ctx.pick_memory_type(bits, memory)
             self.host_visible = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
             self.coherent = bool(flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)
-            alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=type_index)
-            with vk_errors(f"vkAllocateMemory({req.size} bytes, {memory.value})"):
+            if source is not None and not self.coherent:  # it is never mapped here to flush it
+                raise VulkanError(f"importing {size} bytes of host memory", "no host-coherent memory type")
+            alloc = vk.VkMemoryAllocateInfo(pNext=source, allocationSize=nbytes, memoryTypeIndex=type_index)
+            what = "imported host memory" if source is not None else memory.value
+            with vk_errors(f"vkAllocateMemory({nbytes} bytes, {what})"):
                 self.memory = vk.vkAllocateMemory(ctx.device, alloc, None)
             _track("VkDeviceMemory", +1)
-            self.allocation_size = int(req.size)
+            self.allocation_size = int(nbytes)
             with vk_errors("vkBindBufferMemory"):
                 vk.vkBindBufferMemory(ctx.device, self.handle, self.memory, 0)
-            if self.host_visible:
+            if self.host_visible and source is None:
                 with vk_errors("vkMapMemory"):
                     self._mapped = vk.vkMapMemory(ctx.device, self.memory, 0, req.size, 0)
         except BaseException:
@@ -193,6 +211,7 @@ class VulkanContext:
         self._poll_lock = threading.Lock()
         self.device = None
         self.command_pool = None
+        self._host_pointer_properties: Any = None  # vkGetMemoryHostPointerPropertiesEXT, looked up once
         self._create_device()
         try:
             self.queue = vk.vkGetDeviceQueue(self.device, caps.compute_queue_family, 0)
@@ -263,6 +282,30 @@ class VulkanContext:
 
     def create_buffer(self, size: int, memory: MemoryKind = MemoryKind.DEVICE) -> Buffer:
         return Buffer(self, size, memory)
+
+    @property
+    def host_import_alignment(self) -> int:
+        """Address and size alignment of host memory the device imports; 0 where it cannot
+        (VK_EXT_external_memory_host not enabled)."""
+        if "VK_EXT_external_memory_host" not in self.enabled_extensions:
+            return 0
+        return int(self.caps.properties.get("minImportedHostPointerAlignment", 0))
+
+    def import_host(self, address: int, size: int) -> Buffer:
+        """A buffer over ``size`` bytes of this process's memory at ``address`` (both aligned
+        to ``host_import_alignment``): the device reads and writes those pages themselves."""
+        return Buffer(self, size, MemoryKind.HOST, host_pointer=address)
+
+    def host_pointer_memory_types(self, address: int) -> int:
+        """Memory type bits that can import the host memory at ``address``."""
+        vk = self.vk
+        if self._host_pointer_properties is None:
+            self._host_pointer_properties = vk.vkGetDeviceProcAddr(self.device, "vkGetMemoryHostPointerPropertiesEXT")
+        with vk_errors("vkGetMemoryHostPointerPropertiesEXT"):
+            props = self._host_pointer_properties(
+                self.device, vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                vk.ffi.cast("void *", address))
+        return int(props.memoryTypeBits)
 
     # -- commands ---------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.vulkan.compiler import check_options
 from vkserve.devices.vulkan.context import VulkanContext
 from vkserve.devices.vulkan.engine.pool import MemoryPool
+from vkserve.devices.vulkan.host_import import HostImports
 from vkserve.devices.vulkan.pipeline import ComputePipeline, SpecValue
 from vkserve.devices.vulkan.pipeline_backend import VulkanPipelineBackend
 from vkserve.devices.vulkan.shader_options import ShaderOptions
@@ -30,6 +31,8 @@ class VulkanDevice:
             raise
         # Weights, arenas and staging buffers of the Plans on this device (engine.plan).
         self.pool = MemoryPool(self.ctx, pool_budget_bytes)
+        # Clients' shared-memory regions the Plans' runs read in place.
+        self.imports = HostImports(self.ctx)
 
     def pipeline(self, shader_id: str, precision: Precision | ShaderOptions,
                  local_size: tuple[int, int, int] = (64, 1, 1),
@@ -55,6 +58,7 @@ class VulkanDevice:
             if save:
                 self.pipelines.save()
         finally:
+            self.imports.close()
             self.pool.close()
             self.pipelines.close()
             self.ctx.destroy()

@@ -59,9 +59,10 @@ import numpy as np
 from vkserve.devices.arena import Interval, align_up, plan_offsets
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.host_regions import REGIONS
 from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
-from vkserve.devices.vulkan.context import Buffer, MemoryKind
+from vkserve.devices.vulkan.context import Buffer, MemoryKind, VulkanContext
 from vkserve.devices.vulkan.descriptors import DescriptorPool
 from vkserve.devices.vulkan.engine.fusion import (
     fold_activations,
@@ -73,6 +74,7 @@ from vkserve.devices.vulkan.engine.fusion import (
 )
 from vkserve.devices.vulkan.engine.tuning import tuned_dispatches
 from vkserve.devices.vulkan.errors import VulkanError, check
+from vkserve.devices.vulkan.host_import import ImportedRegion
 from vkserve.devices.vulkan.image import Image, ImageBinding, ImageFormat, Sampler
 from vkserve.devices.vulkan.layers.base import MAX_GROUPS, VULKAN_LAYERS, Dispatch, VulkanLayer
 from vkserve.devices.vulkan.pipeline import ComputePipeline, pack_scalars
@@ -233,6 +235,8 @@ class Plan:
         load_layer_modules()
         self.device = device
         self.ctx = device.ctx
+        #: where a binding may start in a buffer (an input read in place by cast_input)
+        self.min_binding_offset = max(16, int(self.ctx.caps.properties.get("minStorageBufferOffsetAlignment", 16)))
         self.pool = device.pool
         self.precision = Precision(precision)
         self.dtype = storage_dtype(self.precision)
@@ -632,6 +636,9 @@ class Plan:
         with concurrent.futures.ThreadPoolExecutor(workers) as ex:
             built = dict(zip(requests, ex.map(build, requests)))
         self.steps: list[Step] = []
+        #: the leading steps that convert the inputs (cast_input, in copy_in's order); none
+        #: where the inputs are copied into the arena as they are
+        self.input_steps = len(self.copy_in) if self.input_dtype != self.dtype else 0
         pending_reads: list[tuple[int, int]] = []
         pending_writes: list[tuple[int, int]] = []
         self.barrier_count = 0
@@ -782,7 +789,8 @@ class Plan:
             inst.wait(timeout_s, between_waits)
             t2 = time.perf_counter()
             outputs = inst.read_outputs()
-            return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)
+            return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2,
+                                       inst.inputs_in_place, inst.shared_inputs_copied)
 
     def close(self) -> None:
         """Destroy idle instances now, busy ones when released, and give the weights back."""
@@ -836,6 +844,33 @@ class StepTimer(Protocol):
     def record_step(self, cmd: Any, k: int) -> None: ...
 
 
+#: input command buffers an instance keeps for inputs read in place (``PlanInstance._input_source``)
+MAX_INPUT_SOURCES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class _InPlace:
+    """An input the GPU reads where the client put it: a region imported, and the offset."""
+
+    imported: ImportedRegion
+    offset: int
+
+
+@dataclasses.dataclass(eq=False)
+class _InputSource:
+    """An input command buffer reading some inputs in place (``places``), its descriptor sets."""
+
+    ctx: VulkanContext
+    cmd: Any
+    places: tuple[_InPlace, ...]
+    descriptors: DescriptorPool | None
+
+    def destroy(self) -> None:
+        self.ctx.free_command_buffer(self.cmd)
+        if self.descriptors is not None:
+            self.descriptors.destroy()
+
+
 class PlanInstance:
     """One replayable copy of a Plan: its own arena, staging buffer, descriptor sets,
     recorded command buffer and fence. Not re-entrant: one inference at a time.
@@ -864,8 +899,16 @@ class PlanInstance:
         self.images: dict[tuple[int, int, int], Image] = {}
         self.sampler: Sampler | None = None
         self.cmd: Any = None
+        self.input_cmd: Any = None  # the inputs from staging into the arena (then `cmd`)
         self.fence: Any = None
         self.in_flight = False  # submitted and not waited for to the end (wait abandoned)
+        # inputs read from clients' shared memory in place: the command buffers doing so (by
+        # where each item's inputs lie), the imports the run in flight holds, and its counts
+        self.imports = plan.device.imports
+        self._sources: dict[tuple[tuple[_InPlace | None, ...], ...], _InputSource] = {}
+        self._held: list[ImportedRegion] = []
+        self.inputs_in_place = 0
+        self.shared_inputs_copied = 0
         try:
             self.arena = plan.pool.acquire(self.arena_stride * batch, MemoryKind.DEVICE)
             self.staging = plan.pool.acquire(self.staging_stride * batch, MemoryKind.HOST)
@@ -873,16 +916,20 @@ class PlanInstance:
             self._write_sets()
             self.cmd = ctx.allocate_command_buffer()
             ctx.record(self.cmd, self._record)
+            self.input_cmd = ctx.allocate_command_buffer()
+            staged = [[(self.staging, i * self.staging_stride + t.staging_offset) for t in plan.copy_in]
+                      for i in range(batch)]
+            ctx.record(self.input_cmd, lambda cmd: self._record_inputs(cmd, staged, self.sets))
             self.fence = ctx.create_fence()
         except BaseException:
             self.destroy()
             raise
         ffi = vk.ffi
         self._lib = vk.lib
-        self._cmds = ffi.new("VkCommandBuffer[1]", [self.cmd])
+        self._cmds = ffi.new("VkCommandBuffer[2]", [self.input_cmd, self.cmd])
         self._fences = ffi.new("VkFence[1]", [self.fence])
         self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                                 "commandBufferCount": 1,
+                                                 "commandBufferCount": 2,
                                                  "pCommandBuffers": self._cmds})
         # per item: (blob, shape, staging view) of inputs, (blob, view) of outputs, raw views
         self._inputs = [self._input_views(i) for i in range(batch)]
@@ -951,33 +998,55 @@ class PlanInstance:
         self.dispatch_count = sum(len(sets) for sets in self.sets)
 
     def _record(self, cmd: Any) -> None:
+        """The main command buffer: every step after the input steps, then the readback."""
         vk, plan = self.ctx.vk, self.plan
         assert self.arena is not None and self.staging is not None
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         transfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+        barrier = self._barrier(cmd)
+        items = range(self.batch)
+        for offset, nbytes in plan.zeroed_spans:  # scratch a layer needs zeroed (split K's counters)
+            for i in items:
+                vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
+        if plan.zeroed_spans:
+            barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
+                    shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
+        self._record_steps(cmd, range(plan.input_steps, len(plan.steps)), self.sets, barrier)
+        cast_out = plan.output_dtype != plan.dtype
+        copies = [*([] if cast_out else plan.copy_out), *(t for _, t in plan.copy_raw)]
+        if cast_out and plan.copy_out and not copies:  # cast_output wrote staging: host reads it
+            barrier(compute, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
+                    vk.VK_ACCESS_HOST_READ_BIT)
+        if copies:
+            barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
+            regions = [vk.VkBufferCopy(srcOffset=i * self.arena_stride + t.arena_offset,
+                                       dstOffset=i * self.staging_stride + t.staging_offset,
+                                       size=t.nbytes) for i in items for t in copies]
+            vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
+            barrier(transfer | compute, vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+
+    def _barrier(self, cmd: Any) -> Callable[[int, int, int, int], None]:
+        vk = self.ctx.vk
 
         def barrier(src_stage: int, src: int, dst_stage: int, dst: int) -> None:
             mb = vk.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)
             vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, [mb], 0, None, 0, None)
 
-        items = range(self.batch)
-        for offset, nbytes in plan.zeroed_spans:  # scratch a layer needs zeroed (split K's counters)
-            for i in items:
-                vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
-        copies = plan.copy_in and plan.input_dtype == plan.dtype  # else cast_input dispatches
-        if copies:
-            regions = [vk.VkBufferCopy(srcOffset=i * self.staging_stride + t.staging_offset,
-                                       dstOffset=i * self.arena_stride + t.arena_offset,
-                                       size=t.nbytes) for i in items for t in plan.copy_in]
-            vk.vkCmdCopyBuffer(cmd, self.staging.handle, self.arena.handle, len(regions), regions)
-        if copies or plan.zeroed_spans:
-            barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
-                    shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
+        return barrier
+
+    def _record_steps(self, cmd: Any, steps: range, sets: Sequence[Sequence[Any]],
+                      barrier: Callable[[int, int, int, int], None]) -> None:
+        """The dispatches of ``steps`` (``sets[k]``: step k's descriptor sets, one per item or
+        one for the whole batch), each after the barrier it needs."""
+        vk = self.ctx.vk
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
         bound = None
-        if self.profiler:
-            self.profiler.record_start(cmd)
-        for k, (step, dsets) in enumerate(zip(plan.steps, self.sets)):
+        for k in steps:
+            step, dsets = self.plan.steps[k], sets[k]
             if step.barrier_before and k:
                 barrier(compute, shader_rw, compute, shader_rw)
             self._record_image_copies(cmd, k, barrier)
@@ -996,20 +1065,32 @@ class PlanInstance:
                 vk.vkCmdDispatch(cmd, gx, gy, gz)
             if self.profiler:
                 self.profiler.record_step(cmd, k)
-        cast_out = plan.output_dtype != plan.dtype
-        copies = [*([] if cast_out else plan.copy_out), *(t for _, t in plan.copy_raw)]
-        if cast_out and plan.copy_out and not copies:  # cast_output wrote staging: host reads it
-            barrier(compute, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
-                    vk.VK_ACCESS_HOST_READ_BIT)
-        if copies:
-            barrier(compute | transfer, vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                    transfer, vk.VK_ACCESS_TRANSFER_READ_BIT)
-            regions = [vk.VkBufferCopy(srcOffset=i * self.arena_stride + t.arena_offset,
-                                       dstOffset=i * self.staging_stride + t.staging_offset,
-                                       size=t.nbytes) for i in items for t in copies]
-            vk.vkCmdCopyBuffer(cmd, self.arena.handle, self.staging.handle, len(regions), regions)
-            barrier(transfer | compute, vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
-                    vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+
+    def _record_inputs(self, cmd: Any, sources: Sequence[Sequence[tuple[Buffer, int]]],
+                       sets: Sequence[Sequence[Any]]) -> None:
+        """The input command buffer: item i's input j (``plan.copy_in[j]``) read from
+        ``sources[i][j]`` (a buffer and the offset of its first byte) into the arena, by the
+        cast_input steps (``sets``: their descriptor sets, bound to those sources) or by copies."""
+        vk, plan = self.ctx.vk, self.plan
+        assert self.arena is not None
+        barrier = self._barrier(cmd)
+        if self.profiler:
+            self.profiler.record_start(cmd)
+        if plan.input_steps:
+            self._record_steps(cmd, range(plan.input_steps), sets, barrier)
+            return
+        by_buffer: dict[Buffer, list[Any]] = {}
+        for i, row in enumerate(sources):
+            for (buffer, offset), t in zip(row, plan.copy_in):
+                by_buffer.setdefault(buffer, []).append(vk.VkBufferCopy(
+                    srcOffset=offset, dstOffset=i * self.arena_stride + t.arena_offset, size=t.nbytes))
+        for buffer, regions in by_buffer.items():
+            vk.vkCmdCopyBuffer(cmd, buffer.handle, self.arena.handle, len(regions), regions)
+        if by_buffer:
+            barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+                    | vk.VK_ACCESS_TRANSFER_READ_BIT)
 
     def _record_image_copies(self, cmd: Any, k: int, barrier: Callable[[int, int, int, int], None]) -> None:
         """Step k's image-backed inputs: every item's blob bytes copied into its image, after
@@ -1050,24 +1131,96 @@ class PlanInstance:
             raise RuntimeError("plan instance already has an inference in flight")
         if len(batch) != self.batch:
             raise ValueError(f"{len(batch)} inputs for an instance of batch {self.batch}")
-        for inputs, views in zip(batch, self._inputs):
-            for name, shape, view in views:
-                arr = inputs.get(name)
-                if arr is None:
-                    raise ValueError(f"missing input {name!r}")
-                if np.shape(arr) != shape:
-                    raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
-                np.copyto(view, arr, casting="unsafe")
-        staging = self.staging
-        assert staging is not None
-        if not staging.coherent:
-            staging.flush()
-        ctx, lib = self.ctx, self._lib
-        check(lib.vkResetFences(ctx.device, 1, self._fences), "vkResetFences")
-        with ctx.queue_lock:
-            code = lib.vkQueueSubmit(ctx.queue, 1, self._submit, self.fence)
-        check(code, "vkQueueSubmit")
+        self.inputs_in_place = self.shared_inputs_copied = 0
+        for key in [k for k, v in self._sources.items() if not all(p.imported.alive for p in v.places)]:
+            self._sources.pop(key).destroy()  # its regions went: never submitted again
+        try:
+            where = tuple(tuple(self._write_input(inputs, name, shape, view) for name, shape, view in views)
+                          for inputs, views in zip(batch, self._inputs))
+            self._cmds[0] = self._input_source(where).cmd if self._held else self.input_cmd
+            staging = self.staging
+            assert staging is not None
+            if not staging.coherent:
+                staging.flush()
+            ctx, lib = self.ctx, self._lib
+            check(lib.vkResetFences(ctx.device, 1, self._fences), "vkResetFences")
+            with ctx.queue_lock:
+                code = lib.vkQueueSubmit(ctx.queue, 1, self._submit, self.fence)
+            check(code, "vkQueueSubmit")
+        except BaseException:
+            self._release_imports()
+            raise
         self.in_flight = True
+
+    def _write_input(self, inputs: Mapping[str, np.ndarray], name: str, shape: Shape,
+                     view: np.ndarray) -> _InPlace | None:
+        """One item's input ``name``: where the GPU reads it in place (a client's shared
+        memory, imported and held for this run), or None once it is written into staging."""
+        arr = inputs.get(name)
+        if arr is None:
+            raise ValueError(f"missing input {name!r}")
+        if np.shape(arr) != shape:
+            raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
+        found = REGIONS.find(arr) if arr.dtype == self.plan.input_dtype else None
+        if found is not None:
+            region, offset = found
+            imported = None
+            # the cast shader binds the input at its offset; copies take any offset
+            if self.profiler is None and (not self.plan.input_steps or offset % self.plan.min_binding_offset == 0):
+                imported = self.imports.acquire(region)
+            if imported is not None:
+                self._held.append(imported)
+                self.inputs_in_place += 1
+                return _InPlace(imported, offset)
+            self.shared_inputs_copied += 1
+        np.copyto(view, arr, casting="unsafe")
+        return None
+
+    def _input_source(self, where: tuple[tuple[_InPlace | None, ...], ...]) -> _InputSource:
+        """The input command buffer reading each item's inputs from ``where`` (staging where
+        None): recorded on first use, kept for the next runs with the same places (a client
+        reuses its regions) while its imports live, at most ``MAX_INPUT_SOURCES`` of them."""
+        source = self._sources.pop(where, None)
+        if source is None:
+            while len(self._sources) >= MAX_INPUT_SOURCES:
+                self._sources.pop(next(iter(self._sources))).destroy()
+            source = self._new_input_source(where)
+        self._sources[where] = source  # (most recently used last)
+        return source
+
+    def _new_input_source(self, where: tuple[tuple[_InPlace | None, ...], ...]) -> _InputSource:
+        plan, ctx = self.plan, self.ctx
+        assert self.staging is not None
+        sources = [[(self.staging, i * self.staging_stride + t.staging_offset) if p is None
+                    else (p.imported.buffer, p.offset) for t, p in zip(plan.copy_in, row)]
+                   for i, row in enumerate(where)]
+        places = tuple(p for row in where for p in row if p is not None)
+        steps = plan.steps[:plan.input_steps]
+        source = _InputSource(ctx, ctx.allocate_command_buffer(), places, None)
+        try:
+            sets: list[list[Any]] = []
+            if steps:
+                source.descriptors = DescriptorPool(ctx, len(steps) * self.batch, self.batch * sum(
+                    s.pipeline.binding_count for s in steps))
+                buffers = {"weights": plan.weights, "arena": self.arena}
+                strides = {"weights": 0, "arena": self.arena_stride}
+                for k, step in enumerate(steps):  # cast_input k reads copy_in[k]
+                    sets.append([source.descriptors.allocate(step.pipeline.set_layout, [
+                        (sources[i][k][0], sources[i][k][1], b.size) if b.buffer == "staging"
+                        else self._resource(b, k, j, i, buffers, strides)
+                        for j, b in enumerate(step.bindings[:step.pipeline.binding_count])])
+                        for i in range(self.batch)])
+            ctx.record(source.cmd, lambda cmd: self._record_inputs(cmd, sources, sets))
+        except BaseException:
+            source.destroy()
+            raise
+        return source
+
+    def _release_imports(self) -> None:
+        """The run is over (or never started): the client regions it read may be freed."""
+        if self._held:
+            held, self._held = self._held, []
+            self.imports.release(held)
 
     def finish(self, timeout_s: float | None = None,
                between_waits: Callable[[], None] | None = None) -> dict[str, np.ndarray]:
@@ -1092,6 +1245,7 @@ class PlanInstance:
             raise RuntimeError("no inference in flight: call start() first")
         self.ctx.wait_fence(self.fence, timeout_s, between_waits)
         self.in_flight = False
+        self._release_imports()
 
     def read_outputs(self) -> list[dict[str, np.ndarray]]:
         """The finished submission's outputs per item, copied out of staging (then the host
@@ -1118,15 +1272,20 @@ class PlanInstance:
         except VulkanError as e:  # device lost: nothing of it runs any more either
             log.warning("plan instance: waiting for an abandoned submission: %s", e)
         self.in_flight = False
+        self._release_imports()
 
     def destroy(self) -> None:
         ctx, pool = self.ctx, self.plan.pool
         if self.fence is not None:
             ctx.destroy_fence(self.fence)
             self.fence = None
-        if self.cmd is not None:
-            ctx.free_command_buffer(self.cmd)
-            self.cmd = None
+        for cmd in (self.cmd, self.input_cmd):
+            if cmd is not None:
+                ctx.free_command_buffer(cmd)
+        self.cmd = self.input_cmd = None
+        for source in self._sources.values():
+            source.destroy()
+        self._sources = {}
         if self.descriptors is not None:
             self.descriptors.destroy()
             self.descriptors = None
