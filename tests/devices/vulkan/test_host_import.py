@@ -22,6 +22,7 @@ from vkserve.devices.host_regions import REGIONS, HostRegion
 from vkserve.devices.reference import random_inputs
 from vkserve.devices.vulkan.context import LIVE_OBJECTS
 from vkserve.devices.vulkan.device import VulkanDevice
+from vkserve.devices.vulkan.engine import plan as plan_module
 from vkserve.devices.vulkan.engine.plan import Plan, PlanInstance
 from vkserve.devices.vulkan.errors import VulkanError
 from vkserve.models.graph import Graph, load_model
@@ -74,9 +75,9 @@ def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None
 def test_inputs_in_a_region_are_read_in_place(engine_device: VulkanDevice, graph: Graph, region: HostRegion,
                                               precision: Precision) -> None:
     """fp32 runs copy the input into the arena (a buffer copy from the region), fp16 runs cast it
-    (cast_input bound to the region): both equal the staged run bit for bit, alone and in a
-    batch whose items lie in the region and in staging; the input command buffer is kept for
-    the next run from the same place."""
+    (cast_input bound to the region): both equal the staged run bit for bit; the input command
+    buffer is kept for the next run from the same place. A batched instance copies (its items'
+    places rarely come back together), with the same outputs."""
     batch = [random_inputs({"data": SHAPE}, seed=s) for s in range(3)]
     with Plan(engine_device, graph, precision=precision, max_instances=1) as plan:
         alone = [plan.run(inputs) for inputs in batch]
@@ -89,10 +90,8 @@ def test_inputs_in_a_region_are_read_in_place(engine_device: VulkanDevice, graph
                 assert_same(inst.read_outputs()[0], alone[0])
                 assert (inst.inputs_in_place, inst.shared_inputs_copied) == (1, 0)
             assert len(inst._sources) == 1  # recorded once, replayed
-        with plan.acquire(batch=3) as inst:
-            poison_staging(inst)
         outputs, times = plan.run_batch_timed([shared[0], batch[1], shared[2]])
-        assert (times.in_place, times.shared_copied) == (2, 0)
+        assert (times.in_place, times.shared_copied) == (0, 2)
         for got, want in zip(outputs, alone):
             assert_same(got, want)
         assert engine_device.imports.count == 1
@@ -165,3 +164,22 @@ def test_a_refused_import_is_logged_once_and_copied(engine_device: VulkanDevice,
     assert calls == [(region.address, SIZE)]
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 1 and "VK_ERROR_INVALID_EXTERNAL_HANDLE" in logged[0], logged
+
+
+def test_places_beyond_the_instance_s_command_buffers_are_copied(engine_device: VulkanDevice, graph: Graph,
+                                                                 region: HostRegion,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An instance records input command buffers for its first places only (recording holds
+    the GIL, copying does not): a later place is copied, the kept ones still read in place."""
+    monkeypatch.setattr(plan_module, "MAX_INPUT_SOURCES", 2)
+    inputs = [random_inputs({"data": SHAPE}, seed=s) for s in range(3)]
+    with Plan(engine_device, graph, precision=Precision.FP16_STORAGE, max_instances=1) as plan:
+        want = [plan.run(x) for x in inputs]
+        views = [{"data": put(region, 16384 * i, x["data"])} for i, x in enumerate(inputs)]
+        with plan.acquire() as inst:
+            for i in (0, 1, 2, 0, 1, 2):
+                inst.start(views[i])
+                inst.wait()
+                assert_same(inst.read_outputs()[0], want[i])
+                assert (inst.inputs_in_place, inst.shared_inputs_copied) == ((0, 1) if i == 2 else (1, 0))
+            assert len(inst._sources) == 2

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from vkserve.devices.host_regions import REGIONS, HostRegion
 from vkserve.devices.vulkan.context import Buffer, VulkanContext
@@ -39,18 +40,21 @@ class HostImports:
     """The regions one device has imported (thread-safe: runs acquire and release them from
     worker threads, retirement comes from the daemon's event loop)."""
 
-    def __init__(self, ctx: VulkanContext) -> None:
+    def __init__(self, ctx: VulkanContext, env: Mapping[str, str] = os.environ) -> None:
         self.ctx = ctx
-        #: 0 where the device cannot import host memory: every ``acquire`` answers None
-        self.alignment = ctx.host_import_alignment
+        #: 0 where the device cannot import host memory (or ``VKSERVE_HOST_IMPORT=0`` says not
+        #: to): every ``acquire`` answers None
+        self.alignment = ctx.host_import_alignment if env.get("VKSERVE_HOST_IMPORT", "1") != "0" else 0
         self._lock = threading.Lock()
         self._imports: dict[HostRegion, ImportedRegion] = {}
         self._refused: set[HostRegion] = set()
         if self.alignment:
             REGIONS.on_retire(self._retired)
         else:
-            log.info("device %d (%s): no VK_EXT_external_memory_host; inputs in clients' shared "
-                     "memory are copied into staging", ctx.caps.index, ctx.caps.name)
+            why = ("VKSERVE_HOST_IMPORT=0" if ctx.host_import_alignment
+                   else "no VK_EXT_external_memory_host")
+            log.info("device %d (%s): %s; inputs in clients' shared memory are copied into "
+                     "staging", ctx.caps.index, ctx.caps.name, why)
 
     def acquire(self, region: HostRegion) -> ImportedRegion | None:
         """``region`` imported (on first use), held for one run until ``release``; None when

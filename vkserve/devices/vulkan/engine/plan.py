@@ -22,9 +22,12 @@ Compile (once per Plan):
   since the previous barrier wrote (or writes bytes one read).
 
 Run (per inference, per `PlanInstance`): numpy writes the inputs into the instance's mapped
-staging buffer (converting to fp16 on the way when needed), one vkQueueSubmit of the
-recorded command buffer (staging->arena copies, all dispatches, arena->staging copies),
-a sliced fence wait, and the outputs are copied out of staging. No per-layer Python work.
+staging buffer (fp32: cast_input converts them on the GPU), one vkQueueSubmit of two recorded
+command buffers (the inputs into the arena by copies or cast_input; then all the other
+dispatches and the arena->staging copies), a sliced fence wait, and the outputs are copied out
+of staging. No per-layer Python work. An input lying in a client's shared memory is read by the
+GPU from there where the device imports host memory (`host_import`): the first command buffer
+is then one recorded for that place, kept for the next runs from it.
 
 Host-finished layers (data-dependent outputs, e.g. detection output): a VulkanLayer may also
 define `host_readback() -> {scratch key: bytes}` and `finish_on_host({key: uint8 view}) ->
@@ -34,7 +37,7 @@ fence (before the host tail). Its outputs get no arena bytes, so no dispatch may
 trailing such layer whose class says `usable(caps, layer, in_shapes)` is False runs on the host
 tail instead.
 
-Instances own an arena, a staging buffer, descriptor sets, a command buffer and a fence;
+Instances own an arena, a staging buffer, descriptor sets, command buffers and a fence;
 they come from `Plan.acquire()` (several may run at once, each on its own thread), and their
 buffers come from the device's MemoryPool.
 """
@@ -236,6 +239,8 @@ class Plan:
         self.device = device
         self.ctx = device.ctx
         #: where a binding may start in a buffer (an input read in place by cast_input)
+        self.file = graph.file
+        self.sources_full_logged = False  # (PlanInstance._input_source)
         self.min_binding_offset = max(16, int(self.ctx.caps.properties.get("minStorageBufferOffsetAlignment", 16)))
         self.pool = device.pool
         self.precision = Precision(precision)
@@ -1135,9 +1140,25 @@ class PlanInstance:
         for key in [k for k, v in self._sources.items() if not all(p.imported.alive for p in v.places)]:
             self._sources.pop(key).destroy()  # its regions went: never submitted again
         try:
-            where = tuple(tuple(self._write_input(inputs, name, shape, view) for name, shape, view in views)
-                          for inputs, views in zip(batch, self._inputs))
-            self._cmds[0] = self._input_source(where).cmd if self._held else self.input_cmd
+            items = [[(self._input(inputs, name, shape), view) for name, shape, view in views]
+                     for inputs, views in zip(batch, self._inputs)]
+            where = tuple(tuple(self._place(arr) for arr, _ in row) for row in items)
+            source = self._input_source(where) if self._held else None
+            if source is None and self._held:  # no command buffer for these places: copied
+                if not self.plan.sources_full_logged:
+                    self.plan.sources_full_logged = True
+                    log.info("plan of %s: an instance keeps input command buffers for %d places "
+                             "in clients' shared memory; inputs elsewhere are copied into staging",
+                             self.plan.file or "a graph", MAX_INPUT_SOURCES)
+                self.shared_inputs_copied += len(self._held)
+                self._release_imports()
+                where = tuple((None,) * len(row) for row in where)
+            self.inputs_in_place = len(self._held)
+            for row, places in zip(items, where):
+                for (arr, view), place in zip(row, places):
+                    if place is None:
+                        np.copyto(view, arr, casting="unsafe")
+            self._cmds[0] = self.input_cmd if source is None else source.cmd
             staging = self.staging
             assert staging is not None
             if not staging.coherent:
@@ -1152,40 +1173,46 @@ class PlanInstance:
             raise
         self.in_flight = True
 
-    def _write_input(self, inputs: Mapping[str, np.ndarray], name: str, shape: Shape,
-                     view: np.ndarray) -> _InPlace | None:
-        """One item's input ``name``: where the GPU reads it in place (a client's shared
-        memory, imported and held for this run), or None once it is written into staging."""
+    @staticmethod
+    def _input(inputs: Mapping[str, np.ndarray], name: str, shape: Shape) -> np.ndarray:
         arr = inputs.get(name)
         if arr is None:
             raise ValueError(f"missing input {name!r}")
         if np.shape(arr) != shape:
             raise ValueError(f"input {name!r} has shape {np.shape(arr)}, the plan expects {shape}")
-        found = REGIONS.find(arr) if arr.dtype == self.plan.input_dtype else None
-        if found is not None:
-            region, offset = found
-            imported = None
-            # the cast shader binds the input at its offset; copies take any offset
-            if self.profiler is None and (not self.plan.input_steps or offset % self.plan.min_binding_offset == 0):
-                imported = self.imports.acquire(region)
-            if imported is not None:
-                self._held.append(imported)
-                self.inputs_in_place += 1
-                return _InPlace(imported, offset)
-            self.shared_inputs_copied += 1
-        np.copyto(view, arr, casting="unsafe")
-        return None
+        return arr
 
-    def _input_source(self, where: tuple[tuple[_InPlace | None, ...], ...]) -> _InputSource:
+    def _place(self, arr: np.ndarray) -> _InPlace | None:
+        """Where the GPU reads ``arr`` in place (a client's shared memory, imported and held
+        for this run), or None: it goes through staging."""
+        found = REGIONS.find(arr) if arr.dtype == self.plan.input_dtype else None
+        if found is None:
+            return None
+        region, offset = found
+        imported = None
+        # A batch's items rarely come back in the same places together, and a batched
+        # instance runs under load, where copying (no GIL held) beats recording an input
+        # command buffer (the GIL held): only one-item instances read in place. The cast
+        # shader binds the input at its offset; copies take any offset.
+        if (self.batch == 1 and self.profiler is None
+                and (not self.plan.input_steps or offset % self.plan.min_binding_offset == 0)):
+            imported = self.imports.acquire(region)
+        if imported is None:
+            self.shared_inputs_copied += 1
+            return None
+        self._held.append(imported)
+        return _InPlace(imported, offset)
+
+    def _input_source(self, where: tuple[tuple[_InPlace | None, ...], ...]) -> _InputSource | None:
         """The input command buffer reading each item's inputs from ``where`` (staging where
-        None): recorded on first use, kept for the next runs with the same places (a client
-        reuses its regions) while its imports live, at most ``MAX_INPUT_SOURCES`` of them."""
-        source = self._sources.pop(where, None)
-        if source is None:
-            while len(self._sources) >= MAX_INPUT_SOURCES:
-                self._sources.pop(next(iter(self._sources))).destroy()
-            source = self._new_input_source(where)
-        self._sources[where] = source  # (most recently used last)
+        None), recorded on first use and kept while its imports live; None once the instance
+        keeps ``MAX_INPUT_SOURCES`` for other places. Recording holds the GIL for ~0.1 ms
+        (lavapipe, mobilenet), where copying the inputs releases it: under load from many
+        clients the first places keep theirs and the rest are copied; a sequential client's
+        places come back each request."""
+        source = self._sources.get(where)
+        if source is None and len(self._sources) < MAX_INPUT_SOURCES:
+            source = self._sources[where] = self._new_input_source(where)
         return source
 
     def _new_input_source(self, where: tuple[tuple[_InPlace | None, ...], ...]) -> _InputSource:
