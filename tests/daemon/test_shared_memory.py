@@ -32,14 +32,16 @@ FCN = ("7767517\n3 3\n"
 TOKEN = "a-token-of-sixteen-chars"
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
-    work = tmp_path_factory.mktemp("shm")
+def fcn_daemon(tmp_path_factory: pytest.TempPathFactory, launch: Launch, folder_name: str, model_config: str,
+               scheduler: str) -> Daemon:
+    """A daemon serving the fcn model (``model_config``: its config.toml)."""
+    work = tmp_path_factory.mktemp(folder_name)
     folder = work / "repo" / "fcn"
     folder.mkdir(parents=True)
     (folder / "model.param").write_text(FCN)
     write_random_bin(folder / "model.param", folder / "model.bin", seed=3)
-    return launch_module_daemon(work, f"""
+    (folder / "config.toml").write_text(model_config)
+    return launch(work, f"""
 [server]
 socket = "{work}/d.sock"
 tcp = "127.0.0.1:0"
@@ -47,10 +49,12 @@ token = "{TOKEN}"
 
 [models]
 repository = "{work}/repo"
+{scheduler}""")
 
-[scheduler]
-use_vulkan = false
-""")
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
+    return fcn_daemon(tmp_path_factory, launch_module_daemon, "shm", "", "[scheduler]\nuse_vulkan = false\n")
 
 
 def tcp_address(daemon: Daemon) -> str:
@@ -177,21 +181,7 @@ def test_tcp_refuses_shared_memory(daemon: Daemon) -> None:
 @pytest.fixture(scope="module")
 def gpu_daemon(tmp_path_factory: pytest.TempPathFactory, launch_module_daemon: Launch) -> Daemon:
     """The same model on the Vulkan device only (lavapipe, which imports host memory), fp16."""
-    work = tmp_path_factory.mktemp("shm-gpu")
-    folder = work / "repo" / "fcn"
-    folder.mkdir(parents=True)
-    (folder / "model.param").write_text(FCN)
-    write_random_bin(folder / "model.param", folder / "model.bin", seed=3)
-    (folder / "config.toml").write_text('devices = "gpu"\nprecision = "fp16"\n')
-    return launch_module_daemon(work, f"""
-[server]
-socket = "{work}/d.sock"
-tcp = "127.0.0.1:0"
-token = "{TOKEN}"
-
-[models]
-repository = "{work}/repo"
-""")
+    return fcn_daemon(tmp_path_factory, launch_module_daemon, "shm-gpu", 'devices = "gpu"\nprecision = "fp16"\n', "")
 
 
 def shared_inputs(daemon: Daemon) -> dict[str, float]:

@@ -119,23 +119,18 @@ def test_a_region_retired_during_a_run_is_freed_when_the_run_ends(engine_device:
             assert not inst._sources  # the command buffer over the freed import went with it
 
 
-def test_an_input_off_the_binding_alignment_is_copied(engine_device: VulkanDevice, graph: Graph,
-                                                      region: HostRegion) -> None:
+@pytest.mark.parametrize(("case", "precision", "offset"), [
+    ("an offset off the cast's binding alignment", Precision.FP16_STORAGE, 4),
+    ("a device without the extension", Precision.FP32, 0)])
+def test_what_cannot_be_imported_is_copied(engine_device: VulkanDevice, graph: Graph, region: HostRegion,
+                                           monkeypatch: pytest.MonkeyPatch, case: str, precision: Precision,
+                                           offset: int) -> None:
+    if case == "a device without the extension":
+        monkeypatch.setattr(engine_device.imports, "alignment", 0)
     inputs = random_inputs({"data": SHAPE}, seed=8)
-    with Plan(engine_device, graph, precision=Precision.FP16_STORAGE, max_instances=1) as plan:
+    with Plan(engine_device, graph, precision=precision, max_instances=1) as plan:
         want = plan.run(inputs)
-        outputs, times = plan.run_batch_timed([{"data": put(region, 4, inputs["data"])}])
-    assert (times.in_place, times.shared_copied) == (0, 1)
-    assert_same(outputs[0], want)
-
-
-def test_without_the_extension_inputs_are_copied(engine_device: VulkanDevice, graph: Graph, region: HostRegion,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_device.imports, "alignment", 0)
-    inputs = random_inputs({"data": SHAPE}, seed=9)
-    with Plan(engine_device, graph, precision=Precision.FP32, max_instances=1) as plan:
-        want = plan.run(inputs)
-        outputs, times = plan.run_batch_timed([{"data": put(region, 0, inputs["data"])}])
+        outputs, times = plan.run_batch_timed([{"data": put(region, offset, inputs["data"])}])
     assert (times.in_place, times.shared_copied) == (0, 1)
     assert_same(outputs[0], want)
     assert engine_device.imports.count == 0
