@@ -20,6 +20,10 @@ from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.threads import MIN_SPLIT, parallel
 
 BF16 = np.uint16
+#: the lowest finite bf16 (0xFF7F), as fp32. Max pooling pads with it where ncnn pads with
+#: -FLT_MAX: a window lying wholly in the padding then stores it, while -FLT_MAX would round to
+#: -inf (ncnn's fp32 answer there is -FLT_MAX, 0.4 % away).
+BF16_LOWEST = float(np.uint32(0xFF7F0000).view(np.float32))
 
 _QUIET_BIT = np.uint32(0x0040)
 _U16 = np.uint32(16)

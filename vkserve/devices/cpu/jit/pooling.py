@@ -2,7 +2,7 @@
 contiguous tasks, each with its scratch planes made once) and global average (``global_avg``).
 
 ``pool2d`` works like ``conv.depthwise``: each channel is widened once into padded fp32 planes, one per stride
-phase (border = ``padv``: -FLT_MAX for max, 0 for average), whose rows run on into each other,
+phase (border = ``padv``: the lowest finite bf16 for max, 0 for average), whose rows run on into each other,
 so each tap is one unit-stride pass over all outputs (3x3 and 2x2 windows: all their taps in
 one pass). Per output: the taps ky-major, kx ascending (max, or a sum), then for an average
 the division by ``divisor[oy, ox]`` (padding excluded) or the multiplication by ``scale``

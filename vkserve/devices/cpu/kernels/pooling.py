@@ -18,10 +18,10 @@ import math
 import numpy as np
 
 from vkserve.devices.cpu import jit
-from vkserve.devices.cpu.bf16 import narrow_exact_into, to_bf16, widen_into
+from vkserve.devices.cpu.bf16 import BF16_LOWEST, narrow_exact_into, to_bf16, widen_into
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
-from vkserve.models.layers import FLT_MAX, Shape
+from vkserve.models.layers import Shape
 
 
 def pool_windows(
@@ -70,12 +70,8 @@ class Pooling(Kernel):
         kh, kw, sh, sw = p.kernel_h, p.kernel_w, p.stride_h, p.stride_w
         self.pads = pads = p.pads(h, w)
         hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
-        # a maximum of bf16 values is one, unless a window lies wholly in the -FLT_MAX border
-        # (never when every border is narrower than the window and windows do not skip rows)
-        self.exact_store = (
-            p.pooling_type == 0 and max(pads[0], pads[1]) < kh and max(pads[2], pads[3]) < kw
-            and sh <= kh and sw <= kw
-        )
+        # a maximum of bf16 values is one (the border too: BF16_LOWEST)
+        self.exact_store = p.pooling_type == 0
         self.divisor: np.ndarray | None = None
         if p.pooling_type == 1 and not p.avgpool_count_include_pad:
             y0, y1, x0, x1 = p.count_region(h, w)
@@ -108,7 +104,7 @@ class Pooling(Kernel):
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
         with jit.launch(self.work):
             jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
-                               np.float32(-FLT_MAX if is_max else 0.0), divisor,
+                               np.float32(BF16_LOWEST if is_max else 0.0), divisor,
                                np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
                                jit.task_count(c))
 
@@ -153,13 +149,13 @@ class Pooling(Kernel):
         c, oh, ow = self.out_shapes[0]
         t, b, l, r = self.pads
         if min(t, b, l, r) < 0:
-            xp = border(x, t, b, l, r, -FLT_MAX if is_max else 0.0)  # negative pads crop
+            xp = border(x, t, b, l, r, BF16_LOWEST if is_max else 0.0)  # negative pads crop
         elif t or b or l or r:
             # the padded input in a reusable scratch buffer (no per-run allocation)
             h, w = x.shape[1:]
             xp = self.buf("pad", (c, h + t + b, w + l + r))
             np.copyto(xp[:, t : t + h, l : l + w], x)
-            fill_border(xp, t, b, l, r, -FLT_MAX if is_max else 0.0)
+            fill_border(xp, t, b, l, r, BF16_LOWEST if is_max else 0.0)
         else:
             xp = x
         y = pool_windows(xp, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, oh, ow, is_max,
