@@ -22,12 +22,12 @@ Compile (once per Plan):
   since the previous barrier wrote (or writes bytes one read).
 
 Run (per inference, per `PlanInstance`): numpy writes the inputs into the instance's mapped
-staging buffer (fp32: cast_input converts them on the GPU), one vkQueueSubmit of two recorded
-command buffers (the inputs into the arena by copies or cast_input; then all the other
-dispatches and the arena->staging copies), a sliced fence wait, and the outputs are copied out
-of staging. No per-layer Python work. An input lying in a client's shared memory is read by the
-GPU from there where the device imports host memory (`host_import`): the first command buffer
-is then one recorded for that place, kept for the next runs from it.
+staging buffer (fp32: cast_input converts them on the GPU), one vkQueueSubmit of the recorded
+command buffer (the inputs into the arena by copies or cast_input, all the other dispatches,
+arena->staging copies), a sliced fence wait, and the outputs are copied out of staging. No
+per-layer Python work. An input lying in a client's shared memory is read by the GPU from there
+where the device imports host memory (`host_import`): the submission is then an input command
+buffer recorded for that place (kept for the next runs from it) and one of the other steps.
 
 Host-finished layers (data-dependent outputs, e.g. detection output): a VulkanLayer may also
 define `host_readback() -> {scratch key: bytes}` and `finish_on_host({key: uint8 view}) ->
@@ -903,8 +903,11 @@ class PlanInstance:
         # image-backed blobs: images[(step, binding, item)], read through one sampler
         self.images: dict[tuple[int, int, int], Image] = {}
         self.sampler: Sampler | None = None
-        self.cmd: Any = None
-        self.input_cmd: Any = None  # the inputs from staging into the arena (then `cmd`)
+        self.cmd: Any = None  # the inputs from staging into the arena, then every other step
+        # every step but the inputs' (after an input command buffer reading some in place):
+        # recorded at the instance's first such run. Staged inputs keep one command buffer
+        # (a second one measured 10-40 us slower a run on an H200 in one call: RESULTS.md)
+        self.main_cmd: Any = None
         self.fence: Any = None
         self.in_flight = False  # submitted and not waited for to the end (wait abandoned)
         # inputs read from clients' shared memory in place: the command buffers doing so (by
@@ -919,22 +922,20 @@ class PlanInstance:
             self.staging = plan.pool.acquire(self.staging_stride * batch, MemoryKind.HOST)
             self._make_images()
             self._write_sets()
-            self.cmd = ctx.allocate_command_buffer()
-            ctx.record(self.cmd, self._record)
-            self.input_cmd = ctx.allocate_command_buffer()
             staged = [[(self.staging, i * self.staging_stride + t.staging_offset) for t in plan.copy_in]
                       for i in range(batch)]
-            ctx.record(self.input_cmd, lambda cmd: self._record_inputs(cmd, staged, self.sets))
+            self.cmd = ctx.allocate_command_buffer()
+            ctx.record(self.cmd, lambda cmd: (self._record_inputs(cmd, staged, self.sets), self._record(cmd)))
             self.fence = ctx.create_fence()
         except BaseException:
             self.destroy()
             raise
         ffi = vk.ffi
         self._lib = vk.lib
-        self._cmds = ffi.new("VkCommandBuffer[2]", [self.input_cmd, self.cmd])
+        self._cmds = ffi.new("VkCommandBuffer[2]", [self.cmd, ffi.NULL])
         self._fences = ffi.new("VkFence[1]", [self.fence])
         self._submit = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                                                 "commandBufferCount": 2,
+                                                 "commandBufferCount": 1,
                                                  "pCommandBuffers": self._cmds})
         # per item: (blob, shape, staging view) of inputs, (blob, view) of outputs, raw views
         self._inputs = [self._input_views(i) for i in range(batch)]
@@ -1003,20 +1004,13 @@ class PlanInstance:
         self.dispatch_count = sum(len(sets) for sets in self.sets)
 
     def _record(self, cmd: Any) -> None:
-        """The main command buffer: every step after the input steps, then the readback."""
+        """Every step after the input steps, then the readback."""
         vk, plan = self.ctx.vk, self.plan
         assert self.arena is not None and self.staging is not None
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         transfer = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
         barrier = self._barrier(cmd)
         items = range(self.batch)
-        for offset, nbytes in plan.zeroed_spans:  # scratch a layer needs zeroed (split K's counters)
-            for i in items:
-                vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
-        if plan.zeroed_spans:
-            barrier(transfer, vk.VK_ACCESS_TRANSFER_WRITE_BIT, compute | transfer,
-                    shader_rw | vk.VK_ACCESS_TRANSFER_READ_BIT)
         self._record_steps(cmd, range(plan.input_steps, len(plan.steps)), self.sets, barrier)
         cast_out = plan.output_dtype != plan.dtype
         copies = [*([] if cast_out else plan.copy_out), *(t for _, t in plan.copy_raw)]
@@ -1073,12 +1067,21 @@ class PlanInstance:
 
     def _record_inputs(self, cmd: Any, sources: Sequence[Sequence[tuple[Buffer, int]]],
                        sets: Sequence[Sequence[Any]]) -> None:
-        """The input command buffer: item i's input j (``plan.copy_in[j]``) read from
-        ``sources[i][j]`` (a buffer and the offset of its first byte) into the arena, by the
-        cast_input steps (``sets``: their descriptor sets, bound to those sources) or by copies."""
+        """The run's first commands: the zeroed scratch filled, then item i's input j
+        (``plan.copy_in[j]``) read from ``sources[i][j]`` (a buffer and the offset of its first
+        byte) into the arena, by the cast_input steps (``sets``: their descriptor sets, bound to
+        those sources) or by copies."""
         vk, plan = self.ctx.vk, self.plan
         assert self.arena is not None
         barrier = self._barrier(cmd)
+        # first the scratch a layer needs zeroed (split K's counters), as the run's first writes
+        for offset, nbytes in plan.zeroed_spans:
+            for i in range(self.batch):
+                vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
+        if plan.zeroed_spans:
+            barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                    vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
         if self.profiler:
             self.profiler.record_start(cmd)
         if plan.input_steps:
@@ -1158,7 +1161,15 @@ class PlanInstance:
                 for (arr, view), place in zip(row, places):
                     if place is None:
                         np.copyto(view, arr, casting="unsafe")
-            self._cmds[0] = self.input_cmd if source is None else source.cmd
+            if source is None:
+                self._cmds[0] = self.cmd
+                self._submit.commandBufferCount = 1
+            else:
+                if self.main_cmd is None:
+                    self.main_cmd = self.ctx.allocate_command_buffer()
+                    self.ctx.record(self.main_cmd, self._record)
+                self._cmds[0], self._cmds[1] = source.cmd, self.main_cmd
+                self._submit.commandBufferCount = 2
             staging = self.staging
             assert staging is not None
             if not staging.coherent:
@@ -1306,10 +1317,10 @@ class PlanInstance:
         if self.fence is not None:
             ctx.destroy_fence(self.fence)
             self.fence = None
-        for cmd in (self.cmd, self.input_cmd):
+        for cmd in (self.cmd, self.main_cmd):
             if cmd is not None:
                 ctx.free_command_buffer(cmd)
-        self.cmd = self.input_cmd = None
+        self.cmd = self.main_cmd = None
         for source in self._sources.values():
             source.destroy()
         self._sources = {}
