@@ -238,9 +238,9 @@ class Plan:
         load_layer_modules()
         self.device = device
         self.ctx = device.ctx
-        #: where a binding may start in a buffer (an input read in place by cast_input)
         self.file = graph.file
         self.sources_full_logged = False  # (PlanInstance._input_source)
+        #: where a binding may start in a buffer (an input read in place by cast_input)
         self.min_binding_offset = max(16, int(self.ctx.caps.properties.get("minStorageBufferOffsetAlignment", 16)))
         self.pool = device.pool
         self.precision = Precision(precision)
@@ -1067,38 +1067,30 @@ class PlanInstance:
 
     def _record_inputs(self, cmd: Any, sources: Sequence[Sequence[tuple[Buffer, int]]],
                        sets: Sequence[Sequence[Any]]) -> None:
-        """The run's first commands: the zeroed scratch filled, then item i's input j
-        (``plan.copy_in[j]``) read from ``sources[i][j]`` (a buffer and the offset of its first
-        byte) into the arena, by the cast_input steps (``sets``: their descriptor sets, bound to
-        those sources) or by copies."""
+        """The run's first commands: the scratch a layer needs zeroed filled, and item i's
+        input j (``plan.copy_in[j]``) read from ``sources[i][j]`` (a buffer and the offset of its
+        first byte) into the arena, by copies or by the cast_input steps (``sets``: their
+        descriptor sets, bound to those sources)."""
         vk, plan = self.ctx.vk, self.plan
         assert self.arena is not None
-        barrier = self._barrier(cmd)
-        # first the scratch a layer needs zeroed (split K's counters), as the run's first writes
-        for offset, nbytes in plan.zeroed_spans:
+        for offset, nbytes in plan.zeroed_spans:  # scratch a layer needs zeroed (split K's counters)
             for i in range(self.batch):
                 vk.vkCmdFillBuffer(cmd, self.arena.handle, i * self.arena_stride + offset, nbytes, 0)
-        if plan.zeroed_spans:
-            barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                    vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
-                    vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
-        if self.profiler:
-            self.profiler.record_start(cmd)
-        if plan.input_steps:
-            self._record_steps(cmd, range(plan.input_steps), sets, barrier)
-            return
         by_buffer: dict[Buffer, list[Any]] = {}
-        for i, row in enumerate(sources):
+        for i, row in enumerate(sources if not plan.input_steps else ()):
             for (buffer, offset), t in zip(row, plan.copy_in):
                 by_buffer.setdefault(buffer, []).append(vk.VkBufferCopy(
                     srcOffset=offset, dstOffset=i * self.arena_stride + t.arena_offset, size=t.nbytes))
         for buffer, regions in by_buffer.items():
             vk.vkCmdCopyBuffer(cmd, buffer.handle, self.arena.handle, len(regions), regions)
-        if by_buffer:
+        barrier = self._barrier(cmd)
+        if by_buffer or plan.zeroed_spans:
             barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_ACCESS_TRANSFER_WRITE_BIT,
                     vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
-                    vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-                    | vk.VK_ACCESS_TRANSFER_READ_BIT)
+                    vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
+        if self.profiler:
+            self.profiler.record_start(cmd)
+        self._record_steps(cmd, range(plan.input_steps), sets, barrier)
 
     def _record_image_copies(self, cmd: Any, k: int, barrier: Callable[[int, int, int, int], None]) -> None:
         """Step k's image-backed inputs: every item's blob bytes copied into its image, after
