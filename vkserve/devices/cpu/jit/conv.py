@@ -505,27 +505,41 @@ def _put_depth_impl(panel, k, pf, a, b, offs, n, runs):  # noqa: ANN001, ANN202
     return fp32
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _block_geometry(geo, flat, p0, n):  # noqa: ANN001
-    """The padded-row planes (PAIR of them, of ``PANEL``) a pixel block's receptive fields lie
-    in, each pixel's offset in one, and per strip of NR pixels its column stride where they lie
-    in one output row, else 0 (computed once per block)."""
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _block_space(geo, flat, pixels):  # noqa: ANN001, ANN202
+    """``_block_geometry``'s buffers for blocks of up to ``pixels`` pixels: room for the planes
+    (of ``PANEL``), the pixels' offsets, the strips' runs."""
+    sh = geo[G_SH]
+    ow = geo[G_OW]
+    wpad = (ow - 1) * geo[G_SW] + (geo[G_KW] - 1) * geo[G_DW] + 1
+    prow = ((pixels - 1) // ow + 1) * sh + (geo[G_KH] - 1) * geo[G_DH] + 1 if not flat else 1
+    return (np.empty(PAIR * prow * wpad, dtype=PANEL), np.empty(NB, dtype=np.int64),
+            np.empty(NB // NR, dtype=np.int64))
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _block_geometry(geo, flat, p0, n, space, offs, runs):  # noqa: ANN001, ANN202
+    """The padded-row planes (PAIR of them, in ``space``) a pixel block's receptive fields lie
+    in, each pixel's offset in one (``offs``), and per strip of NR pixels its column stride
+    where they lie in one output row, else 0 (``runs``); computed once per block, in buffers
+    from ``_block_space`` (allocating them per block cost 1x1 layers of few input channels up
+    to a quarter of their time)."""
     kh, sh, sw, dh = geo[G_KH], geo[G_SH], geo[G_SW], geo[G_DH]
     ow = geo[G_OW]
     wpad = (ow - 1) * sw + (geo[G_KW] - 1) * geo[G_DW] + 1
     oy0 = p0 // ow
     prow = (((p0 + n - 1) // ow - oy0) * sh + (kh - 1) * dh + 1) if not flat else 1
-    planes = np.empty((PAIR, prow, wpad), dtype=PANEL)
-    offs = np.empty(NB, dtype=np.int64)
+    planes = space[:PAIR * prow * wpad].reshape((PAIR, prow, wpad))
     for j in range(n):
         oy = (p0 + j) // ow
         offs[j] = (oy - oy0) * sh * wpad + (p0 + j - oy * ow) * sw
-    runs = np.zeros(NB // NR, dtype=np.int64)
+    for si in range(NB // NR):
+        runs[si] = 0
     for si in range((n + NR - 1) // NR):
         last = min(n, (si + 1) * NR) - 1
         if (p0 + si * NR) // ow == (p0 + last) // ow:
             runs[si] = sw
-    return planes, offs, runs
+    return planes
 
 
 def _block_product(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
@@ -578,11 +592,10 @@ def task_of(task, blocks, n_blocks, pixels, npix, rb_per_task, nrb):  # noqa: AN
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def bias_tile(bias, base, first, rows, nrows):  # noqa: ANN001, ANN201
-    """An fp32 (nrows, NB) tile whose row r holds bias[base + first + r] (0 past ``rows``, the
+def fill_bias_tile(bias, base, first, rows, tile):  # noqa: ANN001, ANN201
+    """Row r of the fp32 (nrows, NB) ``tile`` <- bias[base + first + r] (0 past ``rows``, the
     group's output channels): the sums' start."""
-    tile = np.empty((nrows, NB), dtype=np.float32)
-    for r in range(nrows):
+    for r in range(tile.shape[0]):
         o = first + r
         bv = bias[base + o] if o < rows else np.float32(0.0)
         for j in range(NB):
@@ -590,13 +603,15 @@ def bias_tile(bias, base, first, rows, nrows):  # noqa: ANN001, ANN201
     return tile
 
 
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  # noqa: ANN001
+def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, parts, out):  # noqa: ANN001
     """Grouped convolution, ``x`` (C, H, W) -> ``out`` (groups * og, OH * OW); ``wp`` from
     ``pack_gemm_weights``; ``bias`` fp32 per output channel; ``ops`` the epilogue;
     ``pixels`` (a multiple of NR, at most NB) and ``rb_per_task`` from ``gemm_split``;
     ``shared`` of ``shared_panels_shape``: when not empty, every input panel is packed into it
-    once (a first parallel pass), and the row chunks read it there.
+    once (a first parallel pass), and the row chunks read it there. The (block, row chunk)
+    tasks run in ``parts`` contiguous runs, each allocating its buffers once.
 
     The input panel of a pixel block is gathered from a padded fp32 copy of the input rows the
     block reads (one channel at a time), at per-pixel offsets computed once per block."""
@@ -622,27 +637,32 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, out):  #
             g = blk // n_blocks
             p0 = (blk - g * n_blocks) * pixels
             n = min(pixels, npix - p0)
-            planes, offs, runs = _block_geometry(geo, flat, p0, n)
+            space, offs, runs = _block_space(geo, flat, n)
+            planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
             _pack_panel(x, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs, runs,
                         shared[blk, kb])
-    for task in prange(groups * n_blocks * n_chunks):
-        blk, g, p0, n, rb0, nb = task_of(task, groups * n_blocks, n_blocks, pixels, npix, rb_per_task, nrb)
-        nrows = nb * MR
+    n_tasks = groups * n_blocks * n_chunks
+    for part in prange(parts):
         own = np.empty((0 if is_shared else NB // NR, PANEL_ROWS, PANEL_COLS), dtype=PANEL)
-        planes, offs, runs = _block_geometry(geo, flat, p0, n)
+        space, offs, runs = _block_space(geo, flat, pixels)
         wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
-        tile = bias_tile(bias, g * og, rb0 * MR, og, nrows)
-        for k0 in range(0, k_total, KC):
-            kcb = min(KC, k_total - k0)
-            if is_shared:
-                panel = shared[blk, k0 // KC]
-            else:
-                panel = own
-                _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
-            for i in range(nb):
-                _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
-        rows = min(nrows, og - rb0 * MR)
-        finish_tile(tile, 0, rows, n, out, g * og + rb0 * MR, p0, tile_pass(tile, rows, ops))
+        tiles = np.empty((rb_per_task * MR, NB), dtype=np.float32)
+        for task in range(part * n_tasks // parts, (part + 1) * n_tasks // parts):
+            blk, g, p0, n, rb0, nb = task_of(task, groups * n_blocks, n_blocks, pixels, npix, rb_per_task, nrb)
+            nrows = nb * MR
+            planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
+            tile = fill_bias_tile(bias, g * og, rb0 * MR, og, tiles[:nrows])
+            for k0 in range(0, k_total, KC):
+                kcb = min(KC, k_total - k0)
+                if is_shared:
+                    panel = shared[blk, k0 // KC]
+                else:
+                    panel = own
+                    _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
+                for i in range(nb):
+                    _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
+            rows = min(nrows, og - rb0 * MR)
+            finish_tile(tile, 0, rows, n, out, g * og + rb0 * MR, p0, tile_pass(tile, rows, ops))
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside

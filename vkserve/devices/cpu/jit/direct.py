@@ -36,8 +36,8 @@ from vkserve.devices.cpu.jit.conv import (
     NB,
     NR,
     BRead,
-    bias_tile,
     compile_micro,
+    fill_bias_tile,
     fill_phases,
     task_of,
 )
@@ -75,10 +75,11 @@ def planes_size(geo: np.ndarray, c: int) -> int:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
+def conv_direct(x, wa, bias, ops, padv, geo, work, max_parts, out):  # noqa: ANN001
     """Dense convolution ``x`` (C, H, W) -> ``out`` (og, OH * OW) with ``wa`` from
     ``pack_weights``, ``bias`` fp32 per output channel, ``ops`` the epilogue; ``work`` of
-    ``planes_size`` fp32 values holds the planes."""
+    ``planes_size`` fp32 values holds the planes; the (block, row chunk) tasks run in at most
+    ``max_parts`` contiguous runs, each allocating its tile once."""
     kh, kw, sh, sw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW]
     dh, dw, pt, pl = geo[G_DH], geo[G_DW], geo[G_PT], geo[G_PL]
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
@@ -105,21 +106,25 @@ def conv_direct(x, wa, bias, ops, padv, geo, work, out):  # noqa: ANN001
     rb_task = max(1, TASK_ROWS // MR)
     n_chunks = (nrb + rb_task - 1) // rb_task
     n_blocks = (span + NB - 1) // NB
-    for task in prange(n_blocks * n_chunks):
-        _, _, p0, n, rb0, nb = task_of(task, n_blocks, n_blocks, NB, span, rb_task, nrb)
-        nrows = nb * MR
-        tile = bias_tile(bias, 0, rb0 * MR, og, nrows)
-        for i in range(nb):
-            a = wa[rb0 + i]
-            for s in range((n + NR - 1) // NR):
-                _micro(a, work, offs, p0, tile, k_total, i * MR, s)
-        rows = min(nrows, og - rb0 * MR)
-        store_ops = tile_pass(tile, rows, ops)
-        # the block's output rows: plane pixels p0 .. p0 + n - 1, columns past ow dropped
-        for oy in range(p0 // wq, (p0 + n - 1) // wq + 1):
-            first = max(oy * wq, p0)
-            cnt = min(oy * wq + ow, p0 + n) - first
-            if cnt <= 0:
-                continue
-            ox0 = first - oy * wq
-            finish_tile(tile, first - p0, rows, cnt, out, rb0 * MR, oy * ow + ox0, store_ops)
+    n_tasks = n_blocks * n_chunks
+    parts = min(n_tasks, max_parts)
+    for part in prange(parts):
+        tiles = np.empty((rb_task * MR, NB), dtype=np.float32)
+        for task in range(part * n_tasks // parts, (part + 1) * n_tasks // parts):
+            _, _, p0, n, rb0, nb = task_of(task, n_blocks, n_blocks, NB, span, rb_task, nrb)
+            nrows = nb * MR
+            tile = fill_bias_tile(bias, 0, rb0 * MR, og, tiles[:nrows])
+            for i in range(nb):
+                a = wa[rb0 + i]
+                for s in range((n + NR - 1) // NR):
+                    _micro(a, work, offs, p0, tile, k_total, i * MR, s)
+            rows = min(nrows, og - rb0 * MR)
+            store_ops = tile_pass(tile, rows, ops)
+            # the block's output rows: plane pixels p0 .. p0 + n - 1, columns past ow dropped
+            for oy in range(p0 // wq, (p0 + n - 1) // wq + 1):
+                first = max(oy * wq, p0)
+                cnt = min(oy * wq + ow, p0 + n) - first
+                if cnt <= 0:
+                    continue
+                ox0 = first - oy * wq
+                finish_tile(tile, first - p0, rows, cnt, out, rb0 * MR, oy * ow + ox0, store_ops)

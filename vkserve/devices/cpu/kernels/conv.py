@@ -118,7 +118,7 @@ class Convolution(JitKernel):
         if self.direct:
             work = self.buf("direct_planes", (jit.direct.planes_size(self.geo, x.shape[0]),))
             jit.direct.conv_direct(x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
-                                   out.reshape(oc, oh * ow))
+                                   jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
         if self.winograd:
@@ -126,8 +126,10 @@ class Convolution(JitKernel):
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
+            g = self.p.group_count()
+            tasks = g * -(-oh * ow // pixels) * -(-self.weight.shape[1] // rows)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
-                          shared, out.reshape(oc, oh * ow))
+                          shared, jit.task_count(tasks), out.reshape(oc, oh * ow))
 
 
 @register("InnerProduct")
