@@ -126,10 +126,8 @@ class Convolution(JitKernel):
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            g = self.p.group_count()
-            tasks = g * -(-oh * ow // pixels) * -(-self.weight.shape[1] // rows)
             jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
-                          shared, jit.task_count(tasks), out.reshape(oc, oh * ow))
+                          shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
 
 
 @register("InnerProduct")
