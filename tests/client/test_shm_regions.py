@@ -45,11 +45,15 @@ def test_outputs_that_fit_are_placed_the_others_go_inline() -> None:
     regions = Regions(4, 1 << 30)
     regions.register("r", sealed(4096), 4096)
     small, big = np.arange(10, dtype=np.float32), np.ones(2000, np.float32)
-    placed = regions.write(ShmSlot("r", 1024, 3072), {"small": small, "big": big})
+    room = regions.room(ShmSlot("r", 1024, 3072), None)
+    assert room is not None and room.size == 3072
+    placed = {n: ShmSlot("r", 1024 + p.offset, p.nbytes) for n, p in room.complete({"small": small, "big": big}).items()}
     assert placed == {"small": ShmSlot("r", 1024, 40)}
+    np.testing.assert_array_equal(np.frombuffer(regions.view("r", 1024, 40), np.float32), small)
     result = encode_infer_result({"small": small, "big": big}, placed=placed)
     assert "data" not in result["outputs"]["small"] and "data" in result["outputs"]["big"]
-    assert regions.write(ShmSlot("nope", 0, 10), {"small": small}) == {}
+    assert regions.room(ShmSlot("nope", 0, 10), None) is None
+    assert regions.room(ShmSlot("r", 4000, 200), None) is None  # past the region's end
 
 
 def test_the_client_pool_reuses_and_grows_regions() -> None:

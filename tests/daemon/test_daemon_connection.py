@@ -14,6 +14,7 @@ import trio.testing
 from vkserve.client.protocol import FrameDecoder, Response, encode_frame, encode_tensors, parse_response
 from vkserve.daemon.config import Config, ServerConfig
 from vkserve.daemon.server import Server
+from vkserve.devices.output_room import OutputRoom
 from vkserve.scheduler import (
     DeviceStatus,
     InferResult,
@@ -42,7 +43,8 @@ class ScriptedBackend:
         pass
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None = None,
-                    deadline: float | None = None, outputs: list[str] | None = None) -> InferResult:
+                    deadline: float | None = None, outputs: list[str] | None = None,
+                    room: OutputRoom | None = None) -> InferResult:
         if model == "boom":
             raise RuntimeError("kaboom")
         if model == "busy":
@@ -58,7 +60,8 @@ class ScriptedBackend:
         return InferResult({"y": np.asarray(inputs["x"]) * 2}, "test", 0.0, 0.0)
 
     def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
-               deadline: float | None, outputs: list[str] | None, on_done: object) -> None:
+               deadline: float | None, outputs: list[str] | None, on_done: object,
+               room: OutputRoom | None = None) -> None:
         if model == "submit-bug":
             raise RuntimeError("submit kaboom")
         return None  # every other request takes the awaiting path (infer above)

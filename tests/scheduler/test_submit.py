@@ -12,6 +12,7 @@ import trio
 
 from tests.scheduler.test_scheduler import reference, until, write_model, x
 from tests.support.scheduler import serving
+from vkserve.devices.output_room import OutputRoom, Placed
 from vkserve.scheduler import BadInput, Cancelled, DeadlineExceeded, DeviceHandle, Job
 
 
@@ -26,6 +27,40 @@ async def test_a_submitted_job_ends_through_its_callback(tmp_path: Path) -> None
         assert ended == [job] and job.error is None and job.result is not None
         np.testing.assert_allclose(job.result.outputs["prob"], reference(folder, x(3)), rtol=1e-5, atol=1e-6)
         assert sched.status().totals.completed == 1
+
+
+async def test_the_engine_writes_a_job_s_outputs_into_its_room(tmp_path: Path) -> None:
+    folder = write_model(tmp_path)
+    async with serving([DeviceHandle.cpu(0)], tmp_path) as sched:
+        memory = bytearray(4096)
+        room = OutputRoom(memoryview(memory))
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x(3)}, priority=None, deadline=None, outputs=None,
+                           on_done=ended.append, room=room)
+        assert job is not None and job.room is room
+        await until(sched, lambda: bool(ended))
+        assert job.result is not None
+        prob = job.result.outputs["prob"]
+        assert np.shares_memory(prob, np.frombuffer(memory, np.uint8))  # written there by the run
+        np.testing.assert_allclose(prob, reference(folder, x(3)), rtol=1e-5, atol=1e-6)
+        assert room.complete(job.result.outputs) == {"prob": Placed(0, prob.nbytes)}
+
+
+async def test_a_job_ended_during_its_run_leaves_its_room_untouched(tmp_path: Path) -> None:
+    """The answer (deadline exceeded) goes out while the run goes on; the run's end writes
+    nothing into the room the client may already be reusing."""
+    write_model(tmp_path)
+    device = DeviceHandle.cpu(0)
+    async with serving([device], tmp_path) as sched:
+        device.inject_delay(0.4)
+        memory = bytearray(4096)
+        ended: list[Job] = []
+        job = sched.submit("tiny", {"data": x(3)}, priority=None, deadline=time.time() + 0.1,
+                           outputs=None, on_done=ended.append, room=OutputRoom(memoryview(memory)))
+        await until(sched, lambda: bool(ended))
+        assert job is not None and isinstance(job.error, DeadlineExceeded)
+        await until(sched, lambda: sched.status().totals.discarded == 1)  # the run ended
+        assert memory == bytearray(4096)
 
 
 async def test_the_deadline_watcher_ends_a_queued_job_on_time(tmp_path: Path) -> None:

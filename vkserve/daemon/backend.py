@@ -17,6 +17,7 @@ from typing import Protocol, TypeAlias
 import numpy as np
 import trio
 
+from vkserve.devices.output_room import OutputRoom
 from vkserve.scheduler import InferResult, Job, ModelInfo, RescanResult, Status, UnloadResult
 
 __all__ = ["Backend", "Wire", "to_wire"]
@@ -33,11 +34,12 @@ class Backend(Protocol):
     async def aclose(self, timeout: float | None = None) -> None: ...
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None = None,
-                    deadline: float | None = None, outputs: list[str] | None = None) -> InferResult: ...
+                    deadline: float | None = None, outputs: list[str] | None = None,
+                    room: OutputRoom | None = None) -> InferResult: ...
 
     def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
                deadline: float | None, outputs: list[str] | None,
-               on_done: Callable[[Job], None]) -> Job | None: ...
+               on_done: Callable[[Job], None], room: OutputRoom | None = None) -> Job | None: ...
 
     def cancel(self, job: Job, message: str) -> None: ...
 

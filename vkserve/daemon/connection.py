@@ -70,6 +70,7 @@ from vkserve.client.protocol import (
     Request,
     Response,
     ShmRegisterRequest,
+    ShmSlot,
     ShmUnregisterRequest,
     StatusRequest,
     UnloadModelRequest,
@@ -83,6 +84,7 @@ from vkserve.daemon.config import Config
 from vkserve.daemon.limits import AuthThrottle, BufferBudget, RateLimitedLog
 from vkserve.daemon.shm import RegionError, Regions
 from vkserve.devices.names import DeviceNameError, parse_device
+from vkserve.devices.output_room import OutputRoom
 from vkserve.scheduler import InferResult, Job, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -566,7 +568,7 @@ class Connection:
         try:
             job = self.server.backend.submit(request.model, dict(request.inputs), priority=request.priority,
                                              deadline=request.effective_deadline(received_at),
-                                             outputs=request.outputs,
+                                             outputs=request.outputs, room=self._room(request),
                                              on_done=functools.partial(self._job_done, request, received_at))
         except SchedulerError as exc:
             self._infer_ended(request, received_at, None, exc.code.value.lower())
@@ -605,8 +607,8 @@ class Connection:
         else:
             assert job.result is not None
             try:
-                frame = encode_frame(Response.success(request.id, self._infer_answer(request, job.result)).to_message(),
-                                     self.cfg.max_frame_size)
+                answer = self._infer_answer(request, job.result, job.room)
+                frame = encode_frame(Response.success(request.id, answer).to_message(), self.cfg.max_frame_size)
             except FrameTooLarge as exc:
                 response = Response.failure(request.id, ErrorCode.INTERNAL, f"answer too large to send: {exc}")
                 outcome = ErrorCode.INTERNAL.value.lower()
@@ -818,21 +820,33 @@ class Connection:
         # The scheduler ends the job at its deadline (DEADLINE_EXCEEDED); what it awaits besides
         # the job is image work in threads, which a cancel scope here could not interrupt
         # either, so no scope of its own: a result that still comes late is not sent.
+        room = self._room(request)
         result = await self.server.backend.infer(request.model, dict(request.inputs),
                                                  priority=request.priority, deadline=deadline,
-                                                 outputs=request.outputs)
+                                                 outputs=request.outputs, room=room)
         if deadline is not None and time.time() > deadline + DEADLINE_GRACE:
             raise RequestFailed(ErrorCode.DEADLINE_EXCEEDED,
                                 "no result by the request's deadline (it came "
                                 f"{time.time() - deadline:.3f} s late)")
         self._results[request.id] = result
-        return self._infer_answer(request, result)
+        return self._infer_answer(request, result, room)
 
-    def _infer_answer(self, request: InferRequest, result: InferResult) -> dict[str, Wire]:
-        """An infer request's answer (its outputs inline or into its shared memory)."""
-        placed = {}
-        if request.outputs_shm is not None and self.regions is not None:
-            placed = self.regions.write(request.outputs_shm, result.outputs)
+    def _room(self, request: InferRequest) -> OutputRoom | None:
+        """The room the request gives its outputs in its shared memory, if any."""
+        if request.outputs_shm is None or self.regions is None:
+            return None
+        return self.regions.room(request.outputs_shm, request.outputs)
+
+    def _infer_answer(self, request: InferRequest, result: InferResult,
+                      room: OutputRoom | None) -> dict[str, Wire]:
+        """An infer request's answer: its outputs inline, or in its room where they fit (the
+        engine wrote those it could there; the others are copied in now)."""
+        placed: dict[str, ShmSlot] = {}
+        if room is not None:
+            slot = request.outputs_shm
+            assert slot is not None
+            placed = {name: ShmSlot(slot.region, slot.offset + p.offset, p.nbytes)
+                      for name, p in room.complete(result.outputs).items()}
         stages: dict[str, float] = {}
         if result.stages is not None:  # the execution's split (a batch's: all its jobs')
             stages = {"copy_in_seconds": result.stages.copy_in, "device_seconds": result.stages.run,

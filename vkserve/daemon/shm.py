@@ -6,7 +6,8 @@ with the frame as SCM_RIGHTS); its infer requests then refer to tensors by (regi
 instead of carrying their bytes, and may give room in a region for the outputs. The daemon maps
 each region once; inputs are numpy views of the mapping, so the engines read them in place: the
 CPU engine as any array, a GPU that imports host memory straight from the client's pages (the
-mapping is registered in ``vkserve.devices.host_regions`` while the connection has it).
+mapping is registered in ``vkserve.devices.host_regions`` while the connection has it). The
+engines write the outputs into their room themselves (``vkserve.devices.output_room``).
 
 Only memfds sealed against shrinking are taken: a region the client could shrink after
 registering would turn the daemon's next read of it into a SIGBUS. Regions go with their
@@ -20,19 +21,16 @@ import fcntl
 import mmap
 import os
 import re
-from collections.abc import Mapping
-
-import numpy as np
+from collections.abc import Collection
 
 from vkserve.client.messages import ShmSlot
 from vkserve.client.tensors import TensorError
 from vkserve.devices.host_regions import REGIONS, HostRegion
+from vkserve.devices.output_room import OutputRoom
 
 __all__ = ["RegionError", "Regions"]
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-#: outputs written into a client's slot start at this alignment
-ALIGN = 64
 
 
 class RegionError(ValueError):
@@ -102,20 +100,11 @@ class Regions:
                                             f"region {region!r} ({len(mapping)} bytes)")
         return memoryview(mapping)[offset:offset + nbytes]
 
-    def write(self, slot: ShmSlot, arrays: Mapping[str, np.ndarray]) -> dict[str, ShmSlot]:
-        """Write the arrays that fit into ``slot`` one after the other (each at an ALIGN
-        boundary); returns where each written one lies. A slot outside its region (or of an
-        unknown region) takes nothing: those outputs go inline."""
+    def room(self, slot: ShmSlot, wanted: Collection[str] | None) -> OutputRoom | None:
+        """The room ``slot`` gives a job's ``wanted`` outputs (None: all), which the engines
+        fill directly; None for a slot outside its region (or of an unknown region): the
+        outputs then go inline."""
         mapping = self._maps.get(slot.region)
         if mapping is None or slot.offset + slot.size > len(mapping):
-            return {}
-        placed: dict[str, ShmSlot] = {}
-        offset, end = slot.offset, slot.offset + slot.size
-        for name, array in arrays.items():
-            data = np.ascontiguousarray(array)
-            if offset + data.nbytes > end:
-                continue
-            mapping[offset:offset + data.nbytes] = data.reshape(-1).view(np.uint8)
-            placed[name] = ShmSlot(slot.region, offset, data.nbytes)
-            offset += -(-data.nbytes // ALIGN) * ALIGN
-        return placed
+            return None
+        return OutputRoom(memoryview(mapping)[slot.offset:slot.offset + slot.size], wanted)

@@ -55,6 +55,7 @@ import trio
 
 from vkserve.devices import heap
 from vkserve.devices.discovery import GpuProblem
+from vkserve.devices.output_room import OutputRoom
 from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
 from vkserve.models.errors import ModelFormatError
@@ -258,15 +259,16 @@ def _same_io(old: ModelSpec, new: ModelSpec) -> bool:
 
 
 def _run_blocking(handle: DeviceHandle, executor: Executor,
-                  batch: Sequence[Mapping[str, np.ndarray]],
+                  batch: Sequence[Mapping[str, np.ndarray]], rooms: Sequence[OutputRoom | None],
                   between_waits: Callable[[], None]) -> tuple[BatchRun, float]:
     """Worker thread: one run (of a batch, in one execution) with the device's test hooks;
     returns the outputs per item with the stage times, and the seconds of the whole run.
-    ``between_waits`` runs between the slices of blocking waits and may raise to abandon them."""
+    ``rooms``: where each item's outputs go (or None). ``between_waits`` runs between the
+    slices of blocking waits and may raise to abandon them."""
     handle.wait_gate(between_waits)
     start = time.perf_counter()
     handle.apply_hooks(between_waits)
-    result = executor.run_batch(batch, between_waits)
+    result = executor.run_batch(batch, between_waits, rooms)
     return result, time.perf_counter() - start
 
 
@@ -307,7 +309,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
         for executor in executors:
             for _ in range(warmup):
                 trio.from_thread.check_cancelled()
-                timings.append(_run_blocking(handle, executor, [inputs],
+                timings.append(_run_blocking(handle, executor, [inputs], [None],
                                              trio.from_thread.check_cancelled)[1])
     except BaseException:
         for executor in executors:
@@ -515,13 +517,14 @@ class Scheduler:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], *,
                     priority: int | None = None, deadline: float | None = None,
-                    outputs: list[str] | None = None) -> InferResult:
+                    outputs: list[str] | None = None, room: OutputRoom | None = None) -> InferResult:
         """Run ``model`` on ``inputs`` and return its outputs.
 
         ``priority``: higher runs first (default ``config.default_priority``). ``deadline``:
         absolute ``time.time()`` by which the answer must be ready, or DeadlineExceeded.
-        ``outputs``: a subset of the model's outputs to return. Cancelling the calling task
-        cancels the job. Raises a SchedulerError subclass on every failure.
+        ``outputs``: a subset of the model's outputs to return. ``room``: where the engine
+        writes them (a shared-memory client's slot; not used for a client's batch, whose
+        outputs are stacked). Cancelling the calling task cancels the job. Raises a SchedulerError subclass on every failure.
 
         Inputs with one leading dimension more than the model's (every input of a model whose
         inputs have a known rank) are a client's batch: one job per item, admitted together
@@ -535,16 +538,16 @@ class Scheduler:
         entry = self._models.get(model)
         if entry is None or (entry.spec.preprocess is None and entry.spec.postprocess is None):
             return await self._infer_tensors(model, inputs, priority=priority, deadline=deadline,
-                                             outputs=outputs)
+                                             outputs=outputs, room=room)
         spec = entry.spec
         tensors, geometries = await prepare_request(spec, inputs)
         result = await self._infer_tensors(model, tensors, priority=priority, deadline=deadline,
-                                           outputs=outputs)
+                                           outputs=outputs, room=room)
         return await explain_result(spec, result, tensors, geometries)
 
     def submit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
                deadline: float | None, outputs: list[str] | None,
-               on_done: Callable[[Job], None]) -> Job | None:
+               on_done: Callable[[Job], None], room: OutputRoom | None = None) -> Job | None:
         """`infer` without a task per request: the job is admitted (or a SchedulerError
         raised, as `infer` would) and ``on_done(job)`` runs in the loop when it ends
         (``job.result`` or ``job.error``; at its deadline, DeadlineExceeded from
@@ -557,7 +560,7 @@ class Scheduler:
         if spec is not None and (needs_preparing(spec, inputs) or explains_in_a_thread(spec)):
             return None
         admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs,
-                               single_only=True)
+                               single_only=True, room=room)
         if admitted is None:
             return None
         job = admitted[1][0]
@@ -608,8 +611,9 @@ class Scheduler:
 
     async def _infer_tensors(self, model: str, inputs: dict[str, np.ndarray], *,
                              priority: int | None, deadline: float | None,
-                             outputs: list[str] | None) -> InferResult:
-        admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs)
+                             outputs: list[str] | None, room: OutputRoom | None) -> InferResult:
+        admitted = self._admit(model, inputs, priority=priority, deadline=deadline, outputs=outputs,
+                               room=room)
         assert admitted is not None
         entry, jobs, batched = admitted
         if not batched:
@@ -641,9 +645,11 @@ class Scheduler:
 
     def _admit(self, model: str, inputs: dict[str, np.ndarray], *, priority: int | None,
                deadline: float | None, outputs: list[str] | None,
-               single_only: bool = False) -> tuple[_Model, list[Job], bool] | None:
+               single_only: bool = False, room: OutputRoom | None = None
+               ) -> tuple[_Model, list[Job], bool] | None:
         """Validate and queue a request's jobs (one, or one per item of a client's batch: the
-        bool); None, with nothing queued, for a client's batch when ``single_only``."""
+        bool); None, with nothing queued, for a client's batch when ``single_only``. ``room``
+        goes to a lone job (a client's batch's outputs are stacked after the run)."""
         self._check_accepting()
         entry = self._models.get(model)
         if entry is None:
@@ -683,7 +689,8 @@ class Scheduler:
                              f"jobs waiting{adds}); retry later")
 
         jobs = [Job(model, a, wanted, level, trio_deadline,
-                    tuple(a[n].shape for n in entry.spec.inputs)) for a in arrays]
+                    tuple(a[n].shape for n in entry.spec.inputs), room if items is None else None)
+                for a in arrays]
         for job in jobs:
             self._jobs[job.id] = job
             entry.queue.append(job)
@@ -987,7 +994,7 @@ class Scheduler:
         placement.running += len(batch)
         entry.running += len(batch)
         work = functools.partial(_run_blocking, device.handle, executor, [j.inputs for j in batch],
-                                 device.threads.check_stopped)
+                                 [j.room for j in batch], device.threads.check_stopped)
         done = functools.partial(self._run_done, batch, entry, placement, shape, device, executor)
         if self._inline is None and self._runs_inline(batch, device, placement, latency):
             self._inline = (device, work, done)

@@ -32,6 +32,7 @@ import trio
 from vkserve.devices.capabilities import Precision
 from vkserve.devices.cpu.executor import Plan as CpuPlan
 from vkserve.devices.cpu.warm import WarmReport, compile_kernels, kernels_cached
+from vkserve.devices.output_room import OutputRoom
 from vkserve.devices.progress import ProgressFn
 from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan.errors import VulkanError
@@ -54,10 +55,11 @@ class BatchRun:
 
 
 class Executor(Protocol):
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
-                  between_waits: Callable[[], None]) -> BatchRun:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], between_waits: Callable[[], None],
+                  rooms: Sequence[OutputRoom | None]) -> BatchRun:
         """Run the items (one or more) as one execution (blocking; a worker thread);
-        ``between_waits`` runs between the slices of blocking waits and may raise to abandon."""
+        ``between_waits`` runs between the slices of blocking waits and may raise to abandon;
+        an item's outputs are written into its room where it has one."""
         ...
 
     def close(self) -> None: ...
@@ -86,10 +88,11 @@ class _CpuExecutor:
     def __init__(self, plan: CpuPlan) -> None:
         self.plan = plan
 
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
-                  between_waits: Callable[[], None]) -> BatchRun:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], between_waits: Callable[[], None],
+                  rooms: Sequence[OutputRoom | None]) -> BatchRun:
         size = self.plan.batch
-        runs = [self.plan.run_batch_timed(batch[i:i + size]) for i in range(0, len(batch), size)]
+        runs = [self.plan.run_batch_timed(batch[i:i + size], rooms[i:i + size])
+                for i in range(0, len(batch), size)]
         stages = [s for _, s in runs]
         return BatchRun([outputs for chunk, _ in runs for outputs in chunk],
                         StageTimes(sum(s.copy_in for s in stages), sum(s.run for s in stages),
@@ -119,10 +122,10 @@ class _VulkanExecutor:
     def __init__(self, plan: Any) -> None:
         self.plan = plan
 
-    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]],
-                  between_waits: Callable[[], None]) -> BatchRun:
+    def run_batch(self, batch: Sequence[Mapping[str, np.ndarray]], between_waits: Callable[[], None],
+                  rooms: Sequence[OutputRoom | None]) -> BatchRun:
         """The batch in one submission (a Plan instance of that batch size, made on first use)."""
-        outputs, stages = self.plan.run_batch_timed(batch, between_waits=between_waits)
+        outputs, stages = self.plan.run_batch_timed(batch, between_waits=between_waits, rooms=rooms)
         return BatchRun(outputs, stages)
 
     def close(self) -> None:

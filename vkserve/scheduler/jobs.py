@@ -16,6 +16,7 @@ import numpy as np
 import trio
 
 from vkserve.client.meaning import Meaning
+from vkserve.devices.output_room import OutputRoom
 from vkserve.devices.timing import StageTimes
 from vkserve.scheduler.errors import BadInput, SchedulerError
 from vkserve.scheduler.shapes import InputSpec, ShapeKey
@@ -43,10 +44,12 @@ class Job:
     """One admitted inference request, from admission until it ends."""
 
     def __init__(self, model: str, inputs: dict[str, np.ndarray], outputs: list[str] | None,
-                 priority: int, deadline: float | None, key: ShapeKey = ()) -> None:
+                 priority: int, deadline: float | None, key: ShapeKey = (),
+                 room: OutputRoom | None = None) -> None:
         self.id = next(_ids)
         self.model = model
         self.inputs = inputs
+        self.room = room  # where the engine writes the outputs (a shared-memory client's slot)
         self.key = key  # the input shapes, in the model's input order: which Plans run it
         self.outputs = outputs
         self.priority = priority
@@ -72,9 +75,12 @@ class Job:
 
     def finish(self, result: InferResult | None = None,
                error: SchedulerError | None = None) -> bool:
-        """Record the outcome; False (and nothing changes) when the job already ended."""
+        """Record the outcome; False (and nothing changes) when the job already ended. From
+        here no run writes into the job's room (one writing now is waited for)."""
         if self.done.is_set():
             return False
+        if self.room is not None:
+            self.room.close()
         self.result, self.error = result, error
         self.done.set()
         return True

@@ -31,6 +31,7 @@ A Plan is not re-entrant: ``run`` holds a lock; use one Plan per concurrent job.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -53,6 +54,7 @@ from vkserve.devices.cpu.kernels.shape import Concat
 from vkserve.devices.cpu.scratch import Scratch
 from vkserve.devices.cpu.thread_choice import ThreadChoice
 from vkserve.devices.errors import UnsupportedError
+from vkserve.devices.output_room import OutputRoom
 from vkserve.devices.timing import StageTimes
 from vkserve.models.layers import Shape, ShapeError
 
@@ -447,10 +449,12 @@ class Plan:
         outputs, times = self.run_batch_timed([inputs])
         return outputs[0], times
 
-    def run_batch_timed(self, items: Sequence[Mapping[str, np.ndarray]]
+    def run_batch_timed(self, items: Sequence[Mapping[str, np.ndarray]],
+                        rooms: Sequence[OutputRoom | None] = ()
                         ) -> tuple[list[dict[str, np.ndarray]], StageTimes]:
         """Run 1 to ``batch`` items in one execution: their outputs (in order) and the seconds
-        spent narrowing the inputs, in the kernels and widening the outputs."""
+        spent narrowing the inputs, in the kernels and widening the outputs. An item with a
+        room (``rooms``, by item) has its outputs widened straight into it."""
         count = len(items)
         if not 1 <= count <= self.batch:
             raise ValueError(f"{count} items: this Plan runs 1 to {self.batch} at a time")
@@ -476,11 +480,29 @@ class Plan:
                              f"{name} {list(self.blob_shapes[name])}" for name in self.input_names),
                          self.batch, choice.chosen, "s" if choice.chosen != 1 else "",
                          1e3 * choice.median(1), 1e3 * choice.median(choice.threads), choice.threads)
-            widened = {name: from_bf16(self._views[name][:count]) for name in self.output_names
-                       if name not in dynamic}
-            outputs = [{name: widened[name][i] if name in widened else dynamic[name].copy()
-                        for name in self.output_names} for i in range(count)]
+            if any(rooms):
+                outputs = [self._outputs(i, dynamic, rooms[i] if i < len(rooms) else None) for i in range(count)]
+            else:  # the batch's outputs widened at once
+                widened = {name: from_bf16(self._views[name][:count]) for name in self.output_names
+                           if name not in dynamic}
+                outputs = [{name: widened[name][i] if name in widened else dynamic[name].copy()
+                            for name in self.output_names} for i in range(count)]
             return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+    def _outputs(self, item: int, dynamic: Mapping[str, np.ndarray], room: OutputRoom | None
+                 ) -> dict[str, np.ndarray]:
+        """Item ``item``'s outputs widened to fp32: into its room where they fit, else new
+        arrays (data-dependent ones copied: the room gets them when the answer is made)."""
+        out: dict[str, np.ndarray] = {}
+        with contextlib.nullcontext(False) if room is None else room.writing() as writable:
+            for name in self.output_names:
+                if name in dynamic:
+                    out[name] = dynamic[name].copy()
+                    continue
+                bits = self._views[name][item]
+                dest = room.place(name, bits.shape) if writable and room is not None else None
+                out[name] = from_bf16(bits) if dest is None else widen_into(bits, dest)
+        return out
 
     def _program_for(self, count: int) -> list[_Prepared]:
         """The steps that run ``count`` items: the whole-batch ones on their first ``count``

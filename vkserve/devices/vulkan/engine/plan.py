@@ -63,6 +63,7 @@ from vkserve.devices.arena import Interval, align_up, plan_offsets
 from vkserve.devices.capabilities import DeviceCaps, Precision
 from vkserve.devices.errors import UnsupportedError
 from vkserve.devices.host_regions import REGIONS
+from vkserve.devices.output_room import OutputRoom
 from vkserve.devices.timing import StageTimes
 from vkserve.devices.vulkan import layers as layer_package
 from vkserve.devices.vulkan.context import Buffer, MemoryKind, VulkanContext
@@ -783,17 +784,19 @@ class Plan:
         return self.run_batch_timed(batch, timeout_s, between_waits)[0]
 
     def run_batch_timed(self, batch: Sequence[Mapping[str, np.ndarray]], timeout_s: float | None = None,
-                        between_waits: Callable[[], None] | None = None
+                        between_waits: Callable[[], None] | None = None,
+                        rooms: Sequence[OutputRoom | None] = ()
                         ) -> tuple[list[dict[str, np.ndarray]], StageTimes]:
         """``run_batch``, and where its time went: writing the inputs into staging, submit to
-        fence, reading the outputs (and the host tail)."""
+        fence, reading the outputs (and the host tail). An item with a room (``rooms``, by
+        item) has its outputs read straight into it."""
         with self.acquire(batch=len(batch)) as inst:
             t0 = time.perf_counter()
             inst.start_batch(batch)
             t1 = time.perf_counter()
             inst.wait(timeout_s, between_waits)
             t2 = time.perf_counter()
-            outputs = inst.read_outputs()
+            outputs = inst.read_outputs(rooms)
             return outputs, StageTimes(t1 - t0, t2 - t1, time.perf_counter() - t2,
                                        inst.inputs_in_place, inst.shared_inputs_copied)
 
@@ -1277,16 +1280,16 @@ class PlanInstance:
         self.in_flight = False
         self._release_imports()
 
-    def read_outputs(self) -> list[dict[str, np.ndarray]]:
+    def read_outputs(self, rooms: Sequence[OutputRoom | None] = ()) -> list[dict[str, np.ndarray]]:
         """The finished submission's outputs per item, copied out of staging (then the host
-        tail)."""
+        tail): into the item's room (``rooms``, by item) where they fit, else new arrays."""
         staging = self.staging
         assert staging is not None
         if not staging.coherent:
             staging.invalidate()
         results = []
-        for outputs, finish_views in zip(self._outputs, self._finish_views):
-            out = {name: view.astype(np.float32) for name, view in outputs}
+        for item, (outputs, finish_views) in enumerate(zip(self._outputs, self._finish_views)):
+            out = self._copied_out(outputs, rooms[item] if item < len(rooms) else None)
             for (_, layer, vl), views in zip(self.plan.finishers, finish_views):
                 out.update(zip(layer.outputs, vl.finish_on_host(views)))  # type: ignore[attr-defined]
             tail = self.plan.tail
@@ -1294,6 +1297,23 @@ class PlanInstance:
                 tail.run(out)
             results.append({name: out[name] for name in self.plan.output_names})
         return results
+
+    def _copied_out(self, outputs: Sequence[tuple[str, np.ndarray]], room: OutputRoom | None) -> dict[str, np.ndarray]:
+        """One item's blobs out of staging, as fp32 (the model's outputs into ``room`` where
+        they fit; blobs the host tail reads are not outputs)."""
+        if room is None:
+            return {name: view.astype(np.float32) for name, view in outputs}
+        out: dict[str, np.ndarray] = {}
+        with room.writing() as writable:
+            for name, view in outputs:
+                wanted = writable and name in self.plan.output_names
+                dest = room.place(name, view.shape) if wanted else None
+                if dest is None:
+                    out[name] = view.astype(np.float32)
+                else:
+                    np.copyto(dest, view)
+                    out[name] = dest
+        return out
 
     def settle(self) -> None:
         """Wait for an abandoned submission so that the instance's objects can be destroyed."""
