@@ -1,11 +1,13 @@
 """Per-request overhead of the daemon and its throughput at concurrency 1/4/16.
 
     python benchmarks/daemon_overhead.py [--devices cpu|gpu|all] [--model digits|NAME]
-        [--requests N] [--concurrency 1,4,16] [--scheduler "cpu_instances = 1"] [--json OUT]
+        [--shape NAME=d0,d1,...] [--requests N] [--concurrency 1,4,16] [--scheduler "cpu_instances = 1"] [--json OUT]
 
 Starts `vkserve serve` on a temporary Unix socket with the digits example (a tiny model), or
 NAME.param of tests/data/models with seeded random weights (fp16 on a GPU; inputs of 600 KB for
-mobilenet, which the client sends through shared memory), on the chosen devices, then:
+mobilenet, which the client sends through shared memory; outputs that large come back the
+same way, e.g. ``--model pnnx/deeplabv3_mbv3 --shape in0=3,256,256``: 5.5 MB of scores), on
+the chosen devices, then:
 - one sync client, N sequential requests: round-trip p50/p99, the daemon's own run time
   for the same requests (`run_seconds` in each reply) and the same model run in-process
   (the engine the daemon uses, no daemon); overhead = round trip - in-process run time;
@@ -55,21 +57,26 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1e3
 
 
-def model_repository(tmp: Path, model: str, devices: str) -> Path:
+Shapes = dict[str, tuple[int, ...]]
+
+
+def model_repository(tmp: Path, model: str, devices: str, shapes: Shapes) -> Path:
     if model == "digits":
         return digits_repository(tmp, devices)
-    folder = tmp / "models" / model
+    folder = tmp / "models" / Path(model).name  # served under its file's name
     folder.mkdir(parents=True)
     shutil.copy(MODELS / f"{model}.param", folder / "model.param")
+    inputs = "".join(f"{name} = {list(shape)}\n" for name, shape in shapes.items())
     (folder / "config.toml").write_text(f'random_weights = true\nprecision = "fp16"\n'
-                                        f'devices = "{devices}"\nwarmup = 2\n')
+                                        f'devices = "{devices}"\nwarmup = 2\n'
+                                        + (f"[inputs]\n{inputs}" if inputs else ""))
     return tmp / "models"
 
 
-def model_inputs(model: str) -> dict[str, np.ndarray]:
+def model_inputs(model: str, shapes: Shapes) -> dict[str, np.ndarray]:
     if model == "digits":
         return {"data": np.load(DIGITS / "samples" / "3.npy").astype(np.float32)}
-    graph = model_graph(model)
+    graph = model_graph(model, shapes)
     rng = np.random.default_rng(0)
     return {n: rng.uniform(-1, 1, graph.blob_shapes[n]).astype(np.float32) for n in graph.input_names}
 
@@ -82,17 +89,18 @@ def digits_repository(tmp: Path, devices: str) -> Path:
     return repo
 
 
-def model_graph(model: str) -> Graph:
+def model_graph(model: str, shapes: Shapes) -> Graph:
     """The digits example with its weights, or a benchmark model with the daemon's seeded
     random weights (``random_weights = true``, seed 0)."""
     if model == "digits":
         return load_model(DIGITS / "model.param", DIGITS / "model.bin")
-    return load_model(MODELS / f"{model}.param")
+    return load_model(MODELS / f"{model}.param", input_shapes=shapes or None)
 
 
-def in_process_ms(devices: str, model: str, inputs: dict[str, np.ndarray], n: int) -> tuple[float, str]:
+def in_process_ms(devices: str, model: str, shapes: Shapes, inputs: dict[str, np.ndarray],
+                  n: int) -> tuple[float, str]:
     """Median run time of the model on the engine the daemon would use."""
-    graph = model_graph(model)
+    graph = model_graph(model, shapes)
     if devices == "cpu":
         from vkserve.devices.cpu.executor import Plan
 
@@ -125,38 +133,43 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="cpu", choices=["cpu", "gpu", "all"])
     ap.add_argument("--model", default="digits", help="digits, or NAME.param of tests/data/models")
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=d0,d1,...",
+                    help="an input's shape where the .param declares none (ncnn order)")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--window", type=float, default=2.0)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--scheduler", default="", help="extra [scheduler] lines for the daemon")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    x = model_inputs(args.model)
+    shapes = {name: tuple(int(d) for d in dims.split(","))
+              for name, dims in (s.split("=", 1) for s in args.shape)}
+    x = model_inputs(args.model, shapes)
+    name = Path(args.model).name
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as d:
-        proc, sock = start_daemon(Path(d), model_repository(Path(d), args.model, args.devices),
+        proc, sock = start_daemon(Path(d), model_repository(Path(d), args.model, args.devices, shapes),
                                   scheduler=args.scheduler)
         try:
             rtt: list[float] = []
             with Client.connect(f"unix:{sock}") as c:
                 for _ in range(50):
-                    c.infer(args.model, x)
+                    c.infer(name, x)
                 cpu_before = cpu_seconds(proc.pid)
                 for _ in range(args.requests):
                     t0 = time.perf_counter()
-                    c.infer(args.model, x)
+                    c.infer(name, x)
                     rtt.append(time.perf_counter() - t0)
                 sequential_cpu = (cpu_seconds(proc.pid) - cpu_before) / args.requests
 
             async def replies() -> list[InferReply]:
                 async with AsyncClient.connect(f"unix:{sock}") as tc:
-                    return [await tc.infer_detailed(args.model, x) for _ in range(200)]
+                    return [await tc.infer_detailed(name, x) for _ in range(200)]
 
             answers = trio.run(replies)
             stages = {name: round(statistics.median(getattr(r, name) or 0.0 for r in answers) * 1e3, 4)
                       for name in ("queue_seconds", "copy_in_seconds", "device_seconds",
                                    "copy_out_seconds", "run_seconds")}
-            settings = BenchSettings(args.model, x, window_seconds=args.window,
+            settings = BenchSettings(name, x, window_seconds=args.window,
                                      max_windows=8)
             served_before, cpu_before = served(sock), cpu_seconds(proc.pid)
             levels = trio.run(lambda: sweep(lambda: AsyncClient.connect(f"unix:{sock}"),
@@ -168,10 +181,11 @@ def main() -> int:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    local_ms, engine = in_process_ms(args.devices, args.model, x, 500)
+    local_ms, engine = in_process_ms(args.devices, args.model, shapes, x, 500)
     result = {
         "machine": f"{os.uname().machine}, {os.cpu_count()} cores",
-        "devices": args.devices, "model": args.model, "engine": engine, "requests": args.requests,
+        "devices": args.devices, "model": args.model, "shapes": shapes, "engine": engine,
+        "requests": args.requests,
         "rtt_p50_ms": round(pct(rtt, 50), 3), "rtt_p99_ms": round(pct(rtt, 99), 3),
         "scheduler": args.scheduler,
         "server_stages_p50_ms": stages,

@@ -34,6 +34,29 @@ def test_shared_memory_registers_once_then_reuses_the_region() -> None:
     shm.close()
 
 
+def test_outputs_seen_once_get_room_in_the_next_region() -> None:
+    """Small inputs, large outputs: the first request goes inline (nothing known of its
+    outputs), the next one through a region with room for what the first got back."""
+    conn, shm = ClientConnection(), SharedMemory()
+    small, big_out = {"x": np.ones(16, np.float32)}, {"y": np.ones((3, 512, 512), np.float32)}
+    first = infer_steps(conn, shm, InferCall("m", small), None)
+    step = next(first)
+    assert isinstance(step, Call) and isinstance(step.request, InferRequest) and step.request.placed is None
+    with pytest.raises(StopIteration):
+        first.send(encode_infer_result(big_out))
+    second = infer_steps(conn, shm, InferCall("m", small), None)
+    register = next(second)
+    assert isinstance(register, Call) and isinstance(register.request, ShmRegisterRequest)
+    step = second.send({})
+    assert isinstance(step, Call) and isinstance(step.request, InferRequest)
+    assert step.request.outputs_shm is not None and step.request.outputs_shm.size >= big_out["y"].nbytes
+    # another input shape is another kind of request: inline again
+    other = infer_steps(conn, shm, InferCall("m", {"x": np.ones(8, np.float32)}), None)
+    step = next(other)
+    assert isinstance(step, Call) and isinstance(step.request, InferRequest) and step.request.placed is None
+    shm.close()
+
+
 def test_a_failed_shared_memory_request_gives_its_region_up() -> None:
     conn, shm = ClientConnection(), SharedMemory()
     steps = infer_steps(conn, shm, InferCall("m", BIG), None)
@@ -62,7 +85,7 @@ def test_an_error_answer_keeps_the_region_no_answer_drops_it(answered: bool) -> 
     if answered:  # the daemon is done with the region: free for the next request
         with pytest.raises(NotFound):
             steps.throw(error)
-        assert shm.take(BIG) == (region, False)
+        assert shm.take(InferRequest(0, "m", BIG)) == (region, False)
     else:
         step = steps.throw(error)
         assert isinstance(step, Post) and step.request == ShmUnregisterRequest(step.request.id, region.name)
@@ -79,7 +102,7 @@ def test_a_refused_region_turns_shared_memory_off() -> None:
     step = steps.throw(Overloaded("too many regions"))  # any server error refuses it
     assert isinstance(step, Call) and isinstance(step.request, InferRequest)
     assert step.request.placed is None and "too many regions" in (shm.off or "")
-    assert shm.regions == [] and not shm.wanted(BIG)
+    assert shm.regions == [] and not shm.wanted(InferRequest(0, "m", BIG))
 
 
 def test_overloaded_is_retried_with_the_time_left() -> None:

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from vkserve.client.messages import BadResponse, ShmSlot, decode_infer_result, encode_infer_result
-from vkserve.client.shm import MIN_OUTPUT_ROOM, SharedInputs, SharedMemory
+from vkserve.client.messages import BadResponse, InferRequest, ShmSlot, decode_infer_result, encode_infer_result
+from vkserve.client.shm import MAX_KNOWN_OUTPUTS, MAX_OUTPUT_ROOM, MIN_OUTPUT_ROOM, SharedInputs, SharedMemory
 from vkserve.client.tensors import TensorError, decode_tensor
 from vkserve.daemon.shm import RegionError, Regions
 
@@ -59,8 +59,9 @@ def test_outputs_that_fit_are_placed_the_others_go_inline() -> None:
 def test_the_client_pool_reuses_and_grows_regions() -> None:
     pool = SharedMemory()
     x = {"data": np.random.default_rng(0).standard_normal((3, 128, 128)).astype(np.float32)}
-    assert pool.wanted(x)
-    region, new = pool.take(x)
+    request = InferRequest(1, "m", x)
+    assert pool.wanted(request)
+    region, new = pool.take(request)
     assert new and region.size >= x["data"].nbytes + MIN_OUTPUT_ROOM
     shared = SharedInputs(region, x)
     assert shared.placed["data"] == ShmSlot(region.name, 0, x["data"].nbytes)
@@ -77,8 +78,33 @@ def test_the_client_pool_reuses_and_grows_regions() -> None:
         decode_infer_result({"outputs": {"y": {**result["outputs"]["y"],
                                                "shm": {"region": region.name, "offset": 0}}}}, shared)
     pool.put(region)
-    assert pool.take(x) == (region, False)
-    bigger = {"data": np.zeros(4 * region.size, np.uint8)}
+    assert pool.take(request) == (region, False)
+    bigger = InferRequest(2, "m", {"data": np.zeros(4 * region.size, np.uint8)})
     grown, new = pool.take(bigger)
     assert new and grown.size > region.size
+    pool.close()
+
+
+def test_the_pool_remembers_each_kind_of_requests_outputs() -> None:
+    pool = SharedMemory()
+    small = InferRequest(1, "m", {"x": np.ones(16, np.float32)})
+    assert not pool.wanted(small) and pool.output_room(small) is None
+    pool.learn(small, {"a": np.ones(10, np.float32), "b": np.ones((4, 512, 512), np.float32)})
+    assert pool.output_room(small) == 64 + 4 * 512 * 512 * 4  # each output at 64 bytes
+    assert pool.wanted(small)  # 4 MiB of outputs expected back
+    region, new = pool.take(small)
+    assert new and region.size >= 64 + pool.output_room(small)
+    # the key: model, input shapes and types, outputs asked for (not the values, not the id)
+    assert pool.output_room(InferRequest(9, "m", {"x": np.zeros(16, np.float32)})) is not None
+    assert pool.output_room(InferRequest(1, "m", {"x": np.ones(16, np.float64)})) is None
+    assert pool.output_room(InferRequest(1, "m", {"x": np.ones(17, np.float32)})) is None
+    assert pool.output_room(InferRequest(1, "n", {"x": np.ones(16, np.float32)})) is None
+    assert pool.output_room(InferRequest(1, "m", {"x": np.ones(16, np.float32)}, outputs=["a"])) is None
+    # bounded: the room at MAX_OUTPUT_ROOM, the kinds at MAX_KNOWN_OUTPUTS (least recent out)
+    huge = InferRequest(1, "huge", {"x": np.ones(1, np.float32)})
+    pool.learn(huge, {"y": np.zeros(MAX_OUTPUT_ROOM + 1, np.uint8)})
+    assert pool.output_room(huge) == MAX_OUTPUT_ROOM
+    for i in range(MAX_KNOWN_OUTPUTS):
+        pool.learn(InferRequest(1, f"k{i}", {"x": np.ones(1)}), {"y": np.ones(1)})
+    assert pool.output_room(small) is None and pool.output_room(InferRequest(1, "k0", {"x": np.ones(1)})) == 64
     pool.close()

@@ -29,18 +29,23 @@ FCN = ("7767517\n3 3\n"
        "Input in 0 1 data 0=128 1=128 2=3\n"
        "Convolution conv 1 1 data c 0=4 1=3 4=1 5=1 6=108\n"
        "ReLU relu 1 1 c out\n")
+# an upsampler: 48 KiB in (under the threshold), 3 MiB out
+UP = ("7767517\n2 2\n"
+      "Input in 0 1 data 0=64 1=64 2=3\n"
+      "Interp up 1 1 data out 0=1 1=8.0 2=8.0\n")
 TOKEN = "a-token-of-sixteen-chars"
 
 
 def fcn_daemon(tmp_path_factory: pytest.TempPathFactory, launch: Launch, folder_name: str, model_config: str,
                scheduler: str) -> Daemon:
-    """A daemon serving the fcn model (``model_config``: its config.toml)."""
+    """A daemon serving the fcn and up models (``model_config``: their config.toml)."""
     work = tmp_path_factory.mktemp(folder_name)
-    folder = work / "repo" / "fcn"
-    folder.mkdir(parents=True)
-    (folder / "model.param").write_text(FCN)
-    write_random_bin(folder / "model.param", folder / "model.bin", seed=3)
-    (folder / "config.toml").write_text(model_config)
+    for name, param in (("fcn", FCN), ("up", UP)):
+        folder = work / "repo" / name
+        folder.mkdir(parents=True)
+        (folder / "model.param").write_text(param)
+        write_random_bin(folder / "model.param", folder / "model.bin", seed=3)
+        (folder / "config.toml").write_text(model_config)
     return launch(work, f"""
 [server]
 socket = "{work}/d.sock"
@@ -81,6 +86,29 @@ def test_large_tensors_go_through_shared_memory_with_the_inline_answer(daemon: D
         out = np.frombuffer(region.map, np.float32, 4 * 128 * 128, offset=3 * 128 * 128 * 4)
         np.testing.assert_array_equal(out.reshape(4, 128, 128), shared)
         del data, out  # views of the mapping: the client unmaps it at close
+
+
+def test_outputs_larger_than_the_inputs_come_through_shared_memory_from_the_second_request(
+        daemon: Daemon) -> None:
+    """The client learns what a kind of request gets back: the first upsampler request goes
+    inline both ways (its 48 KiB input is under the threshold, its outputs unknown), the next
+    ones take a region with room for the 3 MiB output, which the engine writes there."""
+    small = np.random.default_rng(7).standard_normal((3, 64, 64)).astype(np.float32)
+    with Client.connect(daemon.socket) as unix, Client.connect(tcp_address(daemon), token=TOKEN) as tcp:
+        expected = tcp.infer("up", {"data": small})["out"]
+        assert expected.shape == (3, 512, 512)
+        np.testing.assert_array_equal(unix.infer("up", {"data": small})["out"], expected)
+        assert unix._shm is not None and unix._shm.regions == []
+        for _ in range(2):
+            np.testing.assert_array_equal(unix.infer("up", {"data": small})["out"], expected)
+        (region,) = unix._shm.regions  # registered once, with room for the output
+        out = np.frombuffer(region.map, np.float32, expected.size, offset=small.nbytes)
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected)
+        del out  # a view of the mapping: the client unmaps it at close
+        # another input shape is another kind of request: nothing known of its outputs yet
+        np.testing.assert_array_equal(unix.infer("fcn", {"data": x(0)})["out"],
+                                      tcp.infer("fcn", {"data": x(0)})["out"])
+        assert len(unix._shm.regions) == 1  # fcn's 192 KiB input fit up's free region
 
 
 def test_the_async_client_uses_shared_memory_too(daemon: Daemon) -> None:

@@ -104,12 +104,23 @@ def _time_for(pause: float, call: InferCall, started: float) -> bool:
 
 def _one_try(conn: ClientConnection, shm: SharedMemory | None,
              request: InferRequest) -> Generator[Step, Any, InferReply]:
-    """One infer request; its inputs by reference in a shared-memory region when ``shm`` wants
-    them (registering a new region first: a refusal turns shared memory off, with a log line,
-    and the request goes inline)."""
+    """One infer request; on a Unix socket (``shm``) its tensors go through a shared-memory
+    region when ``shm`` wants them (registering a new region first: a refusal turns shared
+    memory off, with a log line, and the request goes inline), and the size of the outputs it
+    got back is kept for the next such request's room."""
     wait = answer_wait_budget(request.deadline, request.timeout)
-    taken = shm.take(request.inputs) if shm is not None and shm.wanted(request.inputs) else None
-    if shm is None or taken is None:
+    if shm is None:
+        return decode_infer_reply((yield Call(request, wait)))
+    reply = yield from _shared_try(conn, shm, request, wait)
+    shm.learn(request, reply.outputs)
+    return reply
+
+
+def _shared_try(conn: ClientConnection, shm: SharedMemory, request: InferRequest,
+                wait: float | None) -> Generator[Step, Any, InferReply]:
+    """``_one_try`` on a Unix socket: through a region when ``shm`` wants the request."""
+    taken = shm.take(request) if shm.wanted(request) else None
+    if taken is None:
         return decode_infer_reply((yield Call(request, wait)))
     region, new = taken
     if new:

@@ -5,7 +5,11 @@ with the daemon once each (the descriptor travels with the ``shm_register`` fram
 whose inputs reach ``THRESHOLD`` bytes takes a free region large enough (registering a new one
 when none is), writes its inputs into it, sends references instead of bytes, and leaves the rest
 of the region for the outputs; the outputs are copied out of the region before it is freed for
-the next request. Both clients use this transparently (the sequence of requests is
+the next request. The pool remembers how many bytes of outputs each kind of request (model,
+input shapes and types, outputs asked for) got back, so the next such request takes a region
+with room for all of them: a model whose outputs outgrow its inputs (segmentation maps,
+upsamplers) gets them through shared memory from its second request on, small inputs
+included. Both clients use this transparently (the sequence of requests is
 ``vkserve.client.calls.infer_steps``); TCP connections send tensors inline.
 """
 
@@ -17,6 +21,7 @@ import itertools
 import mmap
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
@@ -27,12 +32,20 @@ from .tensors import TensorError
 
 __all__ = ["THRESHOLD", "ClientRegion", "SharedInputs", "SharedMemory"]
 
-#: Inputs of at least this many bytes in all go through shared memory.
+#: Inputs (and the outputs expected back) of at least this many bytes in all go through shared
+#: memory.
 THRESHOLD = 64 * 1024
-#: Inputs start at this alignment in a region; the outputs' room follows them.
+#: Inputs start at this alignment in a region; the outputs' room follows them (the daemon
+#: places each output at this alignment too: ``vkserve.devices.output_room.ALIGN``).
 ALIGN = 64
-#: Room for outputs in a new region: its inputs' size again, at least this much.
+#: Room for outputs in a new region when none are known for the request: its inputs' size
+#: again, at least this much.
 MIN_OUTPUT_ROOM = 1 << 20
+#: Room remembered for a kind of request at most: larger outputs come inline (a connection's
+#: regions may hold 1 GiB in all, ``vkserve.daemon.connection.SHM_MAX_BYTES``).
+MAX_OUTPUT_ROOM = 64 << 20
+#: Kinds of request whose outputs' size is remembered (the least recently seen forgotten).
+MAX_KNOWN_OUTPUTS = 64
 #: Regions one connection may have registered at once: the daemon refuses more, and a client
 #: with more requests in flight sends the others' tensors inline.
 MAX_REGIONS = 16
@@ -92,9 +105,25 @@ class SharedInputs:
         return memoryview(self.region.map)[offset:offset + nbytes]
 
 
+def _aligned(arrays: Mapping[str, npt.NDArray[np.generic]]) -> int:
+    """Bytes ``arrays`` take in a region, each at ``ALIGN``."""
+    return sum(-(-a.nbytes // ALIGN) * ALIGN for a in arrays.values())
+
+
+_OutputsKey = tuple[str, tuple[tuple[str, tuple[int, ...], str], ...], tuple[str, ...] | None]
+
+
+def _outputs_key(request: InferRequest) -> _OutputsKey:
+    """What a request's outputs' size depends on: the model, its inputs' shapes and types,
+    the outputs asked for."""
+    inputs = tuple((n, a.shape, a.dtype.str) for n, a in request.inputs.items())
+    return request.model, inputs, None if request.outputs is None else tuple(request.outputs)
+
+
 class SharedMemory:
     """The regions of one connection: taken by one request at a time, reused, grown by
-    registering a larger one. Thread-safe (the sync client's callers share it).
+    registering a larger one; and the outputs' size each kind of request got back (``learn``).
+    Thread-safe (the sync client's callers share it).
 
     ``off`` says why shared memory was turned off for the connection (the daemon refused a
     region); tensors then go inline."""
@@ -104,31 +133,51 @@ class SharedMemory:
         self._free: list[ClientRegion] = []
         self.regions: list[ClientRegion] = []
         self.off: str | None = None
+        self._outputs: OrderedDict[_OutputsKey, int] = OrderedDict()
 
-    def wanted(self, arrays: Mapping[str, npt.NDArray[np.generic]]) -> bool:
-        """Whether ``arrays`` go through shared memory: large enough, and it is not off."""
-        return self.off is None and sum(a.nbytes for a in arrays.values()) >= THRESHOLD
+    def learn(self, request: InferRequest, outputs: Mapping[str, npt.NDArray[np.generic]]) -> None:
+        """``request`` got ``outputs`` back: the room the next such request asks for."""
+        key = _outputs_key(request)
+        with self._lock:
+            self._outputs[key] = min(_aligned(outputs), MAX_OUTPUT_ROOM)
+            self._outputs.move_to_end(key)
+            if len(self._outputs) > MAX_KNOWN_OUTPUTS:
+                self._outputs.popitem(last=False)
+
+    def output_room(self, request: InferRequest) -> int | None:
+        """Bytes of outputs ``request``'s kind got back last time (None: not seen yet)."""
+        with self._lock:
+            return self._outputs.get(_outputs_key(request))
+
+    def wanted(self, request: InferRequest) -> bool:
+        """Whether ``request``'s tensors go through shared memory: its inputs and the outputs
+        it is expected to get back large enough, and it is not off."""
+        size = sum(a.nbytes for a in request.inputs.values()) + (self.output_room(request) or 0)
+        return self.off is None and size >= THRESHOLD
 
     def refused(self, region: ClientRegion, reason: str) -> None:
         """The daemon refused to register ``region``: drop it and turn shared memory off."""
         self.drop(region)
         self.off = reason
 
-    def take(self, arrays: Mapping[str, np.ndarray]) -> tuple[ClientRegion, bool] | None:
-        """A free region that holds ``arrays`` with as much room again for outputs, and whether
-        it is new (the caller registers it, then ``put``s it back after the request); None when
-        every region the daemon allows (`MAX_REGIONS`) is busy or too small: that request goes
+    def take(self, request: InferRequest) -> tuple[ClientRegion, bool] | None:
+        """A free region that holds ``request``'s inputs with room for its outputs (the bytes
+        its kind got back last time; unknown: as much as the inputs again), and whether it is
+        new (the caller registers it, then ``put``s it back after the request); None when every
+        region the daemon allows (`MAX_REGIONS`) is busy or too small: that request goes
         inline."""
-        need = sum(-(-a.nbytes // ALIGN) * ALIGN for a in arrays.values())
+        need = _aligned(request.inputs)
+        known = self.output_room(request)
+        room = min(need, MIN_OUTPUT_ROOM) if known is None else known
         with self._lock:
-            fits = [r for r in self._free if r.size >= need + min(need, MIN_OUTPUT_ROOM)]
+            fits = [r for r in self._free if r.size >= need + room]
             if fits:
                 region = min(fits, key=lambda r: r.size)
                 self._free.remove(region)
                 return region, False
             if len(self.regions) >= MAX_REGIONS:
                 return None
-            region = ClientRegion(1 << max(need + max(need, MIN_OUTPUT_ROOM), 1).bit_length())
+            region = ClientRegion(1 << max(need + max(need, MIN_OUTPUT_ROOM, room), 1).bit_length())
             self.regions.append(region)
         return region, True
 
