@@ -8,9 +8,14 @@ resize steps are the layers' (``vkserve.models.layers``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from vkserve.devices.cpu import jit
+from vkserve.devices.cpu.jit import interp as jit_interp
 from vkserve.devices.cpu.kernels.base import Kernel, register, widen
+from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, positive_axis
 
 
@@ -236,10 +241,16 @@ def resize_taps(resize_type: int, size: int, out: int, align_corner: bool,
 
 
 @register("Interp")
-class Interp(Kernel):
+class Interp(JitKernel):
     """Resize along w and h (``InterpParams``): each axis is a weighted sum of taps
     (``resize_taps``), along w first, as ncnn; a 2-D blob is resized along w only, a 1-D blob
-    spread over its output channels."""
+    spread over its output channels. Bilinear and bicubic run as ``jit.interp.resize`` on the
+    bf16 arena, fused activations included; nearest is a gather of the stored values, and
+    ``forward`` (fp32) stays numpy."""
+
+    @property
+    def raw_inputs(self) -> bool:  # type: ignore[override]
+        return len(self.in_shapes[0]) > 1 and self.p.resize_type != 1
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         p = self.p
@@ -258,7 +269,17 @@ class Interp(Kernel):
         else:
             self.ty, self.wy = resize_taps(p.resize_type, h, oh, align, hs)
         self.bf16_native = p.resize_type == 1  # nearest: a gather, any dtype
+        self.work = math.prod(out[0]) * (self.tx.shape[1] + self.ty.shape[1])
         return out
+
+    def _activation(self) -> tuple[int, tuple[float, ...]]:
+        return 0, ()
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        x = xs[0].reshape((1, *xs[0].shape)) if xs[0].ndim == 2 else xs[0]
+        rows = x.shape[0] * self.ty.shape[0]
+        jit_interp.resize(x, self.tx, self.wx, self.ty, self.wy, ops, jit.task_count(rows),
+                          out.reshape(rows, self.tx.shape[0]))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
