@@ -101,7 +101,7 @@ def test_layout_views() -> None:
 
 ACTIVATIONS = ["ReLU r 1 1 x1 y", "ReLU r 1 1 x1 y 0=0.1", "Clip r 1 1 x1 y 0=-0.5 1=0.75",
                "Sigmoid r 1 1 x1 y", "Swish r 1 1 x1 y", "HardSigmoid r 1 1 x1 y 0=0.2 1=0.5",
-               "HardSwish r 1 1 x1 y 0=0.2 1=0.5"]
+               "HardSwish r 1 1 x1 y 0=0.2 1=0.5", "GELU r 1 1 x1 y", "GELU r 1 1 x1 y 0=1"]
 
 
 @pytest.mark.parametrize("line", ACTIVATIONS, ids=lambda s: s.split()[0] + s.split(" y")[1])
@@ -120,3 +120,19 @@ def test_unfused_activations_run_as_one_pass(tmp_path: Path, line: str) -> None:
     got = np.empty(x.shape, dtype=np.uint16)
     kernel.forward_store([u], [got], [])
     np.testing.assert_allclose(from_bf16(got), want, rtol=1e-2, atol=1e-6)
+
+
+def test_batchnorm_runs_compiled_with_the_relu_after_it(tmp_path: Path) -> None:
+    """BatchNorm as one affine pass (``jit.elementwise.affine``), the ReLU after it fused into
+    its store (densenet's pre-activation pairs), against ncnn and the numpy path."""
+    x = np.random.default_rng(4).uniform(-3, 3, (12, 9, 11)).astype(np.float32)
+    lines = ["BatchNorm bn 1 1 data b 0=12", "ReLU r 1 1 b out"]
+    plan = plan_for(tmp_path, lines, {"data": x})
+    assert [step.fused for step in plan._steps if step.name == "bn"] == [["r"]]
+    assert kinds(plan)["bn"] is StepKind.STORE
+    got = plan.run({"data": x})["out"]
+    kernel = next(s.kernel for s in plan._program if s.name == "bn")
+    want = np.maximum(kernel.forward([from_bf16(to_bf16(x))])[0], 0)  # numpy, fp32
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-6)
+    assert (got == 0).any() and (got > 0).any()
+    check(tmp_path, "BatchNorm bn 1 1 data out 0=12", {"data": x})

@@ -71,7 +71,8 @@ class PlanError(ValueError):
 FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoid", "HardSwish"})
 #: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
 #: slot or a new array, never a slot those activations use, never a view of an input)
-FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp"})
+FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp",
+                               "BatchNorm"})
 
 
 def _stores_itself(kernel: Kernel) -> bool:

@@ -1,6 +1,7 @@
-"""Element-wise kernels: ``binary`` (BinaryOp, two-input Eltwise) and ``activation`` (the
-activation layers not fused into a producer): widen, op, fused activations, narrow, in one
-pass over each row; and ``softmax``, over one axis.
+"""Element-wise kernels: ``binary`` (BinaryOp, two-input Eltwise), ``activation`` (the
+activation layers not fused into a producer) and ``affine`` (BatchNorm's per-channel scale and
+shift): widen, op, fused activations, narrow, in one pass over each row; and ``softmax``, over
+one axis.
 
 The operands are seen as (rows, cols) matrices: ``a`` full, ``b`` full too, or broadcast as
 one value per row (a per-channel scale), one row for all rows (along w), or one scalar.
@@ -154,6 +155,22 @@ def activation(a, ops, parts, out):  # noqa: ANN001
             ru = _U(r)
             for j in range(_U(cols)):
                 t[j] = widen(a[ru, j])
+            apply_ops(t, cols, ops)
+            store_row(t, 0, out, r, 0, cols)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def affine(a, scale, shift, ops, parts, out):  # noqa: ANN001
+    """out[r, :] = the epilogue ``ops`` applied to widened a[r, :] * scale[r] + shift[r] (one
+    rounding: a fused multiply-add); rows (channels) split into ``parts`` tasks."""
+    rows, cols = out.shape
+    for part in prange(parts):
+        t = np.empty(cols, dtype=np.float32)
+        for r in range(part * rows // parts, (part + 1) * rows // parts):
+            ru = _U(r)
+            s, b = scale[ru], shift[ru]
+            for j in range(_U(cols)):
+                t[j] = widen(a[ru, j]) * s + b
             apply_ops(t, cols, ops)
             store_row(t, 0, out, r, 0, cols)
 

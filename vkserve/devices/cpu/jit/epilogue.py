@@ -144,7 +144,29 @@ def exp_f32(x: float) -> float:
 
 
 # epilogue op codes: ncnn's activation_type 0..6, then the fusable activation layers' own forms
-OP_NONE, OP_RELU, OP_LEAKY, OP_CLIP, OP_SIGMOID, OP_MISH, OP_HARDSWISH, OP_SWISH, OP_HARDSIGMOID = range(9)
+# and the other activation layers run as one pass (GELU, its tanh form)
+(OP_NONE, OP_RELU, OP_LEAKY, OP_CLIP, OP_SIGMOID, OP_MISH, OP_HARDSWISH, OP_SWISH, OP_HARDSIGMOID,
+ OP_GELU, OP_GELU_TANH) = range(11)
+
+# erfc(z) = t * poly(t) * exp(-z * z) for z >= 0, t = 1 / (1 + P z) (Abramowitz & Stegun 7.1.26,
+# about 1.5e-7 absolute)
+_ERF_P = np.float32(0.3275911)
+_ERF_A = (np.float32(1.061405429), np.float32(-1.453152027), np.float32(1.421413741),
+          np.float32(-0.284496736), np.float32(0.254829592))
+_SQRT_HALF = np.float32(0.70710678)
+_GELU_TANH_A = np.float32(2.0 * 0.79788452)  # 2 sqrt(2 / pi): x * sigmoid(2u) = 0.5 x (1 + tanh u)
+_GELU_TANH_B = np.float32(2.0 * 0.79788452 * 0.044715)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def gelu_f32(x: float) -> float:
+    """0.5 x (1 + erf(x / sqrt 2)) in fp32 arithmetic that vectorizes (``exp_f32``), with
+    1 + erf(z) taken as erfc(-z) so that large negative x lose nothing to cancellation."""
+    z = x * _SQRT_HALF
+    t = np.float32(1.0) / (np.float32(1.0) + _ERF_P * abs(z))
+    a4, a3, a2, a1, a0 = _ERF_A
+    q = t * ((((a4 * t + a3) * t + a2) * t + a1) * t + a0) * exp_f32(-z * z)
+    return np.float32(0.5) * x * (q if z < np.float32(0.0) else np.float32(2.0) - q)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -189,6 +211,13 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
         elif code == OP_HARDSIGMOID:
             for j in range(n):
                 row[j] = min(max(row[j] * a + b, zero), one)
+        elif code == OP_GELU:
+            for j in range(n):
+                row[j] = gelu_f32(row[j])
+        elif code == OP_GELU_TANH:
+            for j in range(n):
+                v = row[j]
+                row[j] = v / (one + exp_f32(-(_GELU_TANH_A * v + _GELU_TANH_B * v * v * v)))
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -274,6 +303,8 @@ def _post_op(k: Kernel) -> tuple[int, float, float]:
         return OP_HARDSIGMOID, p.alpha, p.beta
     if kind == "HardSwish":
         return OP_HARDSWISH, p.alpha, p.beta
+    if kind == "GELU":
+        return (OP_GELU_TANH if p.fast_gelu else OP_GELU), 0.0, 0.0
     raise ValueError(f"{kind} cannot be fused into a numba kernel's epilogue")
 
 

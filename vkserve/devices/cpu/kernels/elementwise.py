@@ -22,7 +22,7 @@ from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 ELEMENT_WORK = 8
 
 
-class _ElementwiseJit(JitKernel):
+class ElementwiseJit(JitKernel):
     """A layer run by a ``jit.elementwise`` kernel: no activation of its own (only fused ones),
     its work counted in elements (``ELEMENT_WORK``)."""
 
@@ -35,7 +35,7 @@ class _ElementwiseJit(JitKernel):
         return 0, ()
 
 
-class _JitActivation(_ElementwiseJit):
+class JitActivation(ElementwiseJit):
     """An activation layer its producer did not absorb: ``jit.elementwise.activation`` runs it
     as one pass (widen, the epilogue op of ``jit.epilogue``, narrow; the activations fused into
     it after), threaded over rows. ``forward`` stays numpy: it is what a numpy producer applies
@@ -53,7 +53,7 @@ class _JitActivation(_ElementwiseJit):
 
 
 @register("ReLU")
-class ReLU(_JitActivation):
+class ReLU(JitActivation):
     @property
     def exact_store(self) -> bool:  # type: ignore[override]
         return self.p.slope == 0.0
@@ -66,7 +66,7 @@ class ReLU(_JitActivation):
 
 
 @register("Clip")
-class Clip(_JitActivation):
+class Clip(JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [np.clip(xs[0], np.float32(self.p.min), np.float32(self.p.max), out=xs[0])]
 
@@ -80,7 +80,7 @@ def exp_neg_plus_one(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @register("Sigmoid")
-class Sigmoid(_JitActivation):
+class Sigmoid(JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
         d = exp_neg_plus_one(x, self.buf("tmp", x.shape))
@@ -88,7 +88,7 @@ class Sigmoid(_JitActivation):
 
 
 @register("Swish")
-class Swish(_JitActivation):
+class Swish(JitActivation):
     """x / (1 + exp(-x)), ncnn's expression (one rounding fewer than x * sigmoid(x))."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -98,7 +98,7 @@ class Swish(_JitActivation):
 
 
 @register("HardSigmoid")
-class HardSigmoid(_JitActivation):
+class HardSigmoid(JitActivation):
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         return [hard_sigmoid_into(xs[0], self.p.alpha, self.p.beta, self.buf("tmp", xs[0].shape))]
 
@@ -112,7 +112,7 @@ def hard_sigmoid_into(x: np.ndarray, alpha: float, beta: float, out: np.ndarray)
 
 
 @register("HardSwish")
-class HardSwish(_JitActivation):
+class HardSwish(JitActivation):
     """x * clip(x * alpha + beta, 0, 1), in a scratch buffer (no per-run allocation)."""
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -193,7 +193,7 @@ _JIT_DIRECT = (jit_elementwise.ADD, jit_elementwise.SUB, jit_elementwise.MUL, ji
 _JIT_SWAPPED = {**jit_elementwise.SWAPPED, 7: jit_elementwise.SUB, 8: jit_elementwise.DIV}  # rsub, rdiv
 
 
-class _TwoOperands(_ElementwiseJit):
+class _TwoOperands(ElementwiseJit):
     """A two-operand element-wise layer: ``jit.elementwise.binary`` (one pass, fused activations) where
     ``form`` found a way, else the numpy ``forward_numpy``."""
 
@@ -342,7 +342,7 @@ class Eltwise(_TwoOperands):
 
 
 @register("Softmax")
-class Softmax(_ElementwiseJit):
+class Softmax(ElementwiseJit):
     """``jit.elementwise.softmax`` on the Plan's path; ``forward`` stays numpy (fp32)."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
@@ -367,7 +367,7 @@ class Softmax(_ElementwiseJit):
 
 
 @register("LRN")
-class LRN(_ElementwiseJit):
+class LRN(ElementwiseJit):
     """Across channels (region_type 0): ``jit.lrn`` stores it in one threaded pass, fused
     activations included. Within a channel (1), and the fp32 ``forward``: numpy."""
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from vkserve.devices.cpu import jit
+from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.elementwise import ElementwiseJit
 from vkserve.models.layers import Shape, affine_channels, batchnorm_affine, bias_channels
 
 
@@ -27,12 +30,22 @@ def _affine(x: np.ndarray, channels: int, scale: np.ndarray | None,
 
 
 @register("BatchNorm")
-class BatchNorm(Kernel):
+class BatchNorm(ElementwiseJit):
+    """``jit.elementwise.affine`` on the Plan's path, a following activation fused (densenet's
+    pre-activation BatchNorm + ReLU pairs: 13 ms of its 70 on one core of the 2-core VM as
+    numpy passes); ``forward`` stays numpy (fp32)."""
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
         slope, mean, var, bias = (np.asarray(w, np.float32).ravel() for w in self.layer.weights[:4])
         self.scale, self.shift = batchnorm_affine(slope, mean, var, bias, self.p.eps)
+        self.channels = affine_channels(out[0])
         return out
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        rows = self.channels
+        jit_elementwise.affine(xs[0].reshape(rows, -1), self.scale, self.shift, ops, jit.task_count(rows),
+                               out.reshape(rows, -1))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = np.array(xs[0], dtype=np.float32)
