@@ -74,7 +74,7 @@ def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object]
     rng = np.random.default_rng(0)
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in blobs["inputs"].items()}
     if engine == "vkserve_bf16":
-        plan = Plan(load_model(param, bin_path))
+        plan = Plan(load_model(param, bin_path, input_shapes={n: tuple(s) for n, s in blobs["inputs"].items()}))
         for _ in range(2):
             plan.run(inputs)
     else:
@@ -92,7 +92,7 @@ def child(*args: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def prepare(params: list[Path], folder: Path) -> None:
+def prepare(params: list[Path], folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     """In a child process: write each model's seeded .bin into ``folder`` and run it once on
     vkserve (so that the memory children load compiled kernels from numba's cache instead of
     compiling them); print the inputs' shapes and the output names by model."""
@@ -105,7 +105,7 @@ def prepare(params: list[Path], folder: Path) -> None:
     for param in params:
         bin_path = folder / (param.stem + ".bin")
         write_random_bin(param, bin_path, seed=0)
-        plan = Plan(load_model(param, bin_path))
+        plan = Plan(load_model(param, bin_path, input_shapes=shapes or None))
         plan.run(random_inputs({n: plan.blob_shapes[n] for n in plan.input_names}))
         blobs[param.stem] = {"inputs": {n: list(plan.blob_shapes[n]) for n in plan.input_names},
                              "outputs": list(plan.output_names)}
@@ -130,6 +130,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", type=Path, default=DEFAULT_MODELS)
     ap.add_argument("--only", default="", help="comma-separated model names (default: every .param)")
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=d0,d1,...",
+                    help="an input's shape where the .param declares none (pnnx exports: "
+                         "--models tests/data/models/pnnx --shape in0=3,224,224)")
     ap.add_argument("--rss", action="store_true", help="also peak RSS per model and engine (child processes)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--rss-child", choices=ENGINES, help=argparse.SUPPRESS)
@@ -142,9 +145,11 @@ def main() -> int:
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
     only = {n for n in args.only.split(",") if n}
+    shapes = {name: tuple(int(d) for d in dims.split(","))
+              for name, dims in (s.split("=", 1) for s in args.shape)}
     params = [p for p in sorted(args.models.glob("*.param")) if not only or p.stem in only]
     if args.prepare:
-        prepare(params, args.prepare)
+        prepare(params, args.prepare, shapes)
         return 0
     if args.rss_child:
         rss_child(args.rss_child, args.param, args.bin, json.loads(args.blobs), args.threads)
@@ -153,7 +158,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         # this process stays small until the memory children have run: a child's ru_maxrss
         # starts from its parent's peak (Linux keeps the high-water mark across fork and exec)
-        blobs = json.loads(child("--prepare", tmp, "--models", str(args.models), "--only", args.only))
+        blobs = json.loads(child("--prepare", tmp, "--models", str(args.models), "--only", args.only,
+                                 *(f"--shape={s}" for s in args.shape)))
         rss: dict[str, dict[str, dict[str, int]]] = {}
         if args.rss:
             for param in params:
@@ -167,7 +173,7 @@ def main() -> int:
 
         for param in params:
             bin_path = Path(tmp) / (param.stem + ".bin")
-            plan = Plan(load_model(param, bin_path))
+            plan = Plan(load_model(param, bin_path, input_shapes=shapes or None))
             inputs = random_inputs({n: plan.blob_shapes[n] for n in plan.input_names})
             mats = ncnn_mats(inputs)
             nets = {bf16: ncnn_net(param, bin_path, bf16=bf16, threads=args.threads) for bf16 in (False, True)}
