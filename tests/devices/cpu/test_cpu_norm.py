@@ -9,12 +9,17 @@ var_data positive), written to a .bin for ncnn; the bf16 engine must meet the ve
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 
+from tests.devices.cpu.test_cpu_jit_elementwise import kinds, plan_for
 from tests.support.cpu_engine import check_against_ncnn
 from tests.support.params import param_text
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.executor import StepKind
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
 from vkserve.models.layers import ShapeError
@@ -129,3 +134,27 @@ def test_norm_param_errors(tmp_path: Path, line: str) -> None:
 def test_last_dims_norm_no_affine_size(tmp_path: Path, kind: str, shape: tuple[int, ...]) -> None:
     """affine=0 with affine_size left at 0: 3-D blobs normalise h*w, 4-D ones d*h*w."""
     check(tmp_path, f"{kind} op 1 1 data out 2=0", {"data": shape})
+
+
+@pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
+def test_last_dims_norm_is_compiled_the_same_bits_on_any_split(tmp_path: Path, kind: str) -> None:
+    """``jit.norm.last_dims`` stores it (rows of 100: six whole lane groups and a tail), with
+    numpy's values to bf16's precision and the same bits at 1 and 2 threads and any task count."""
+    x = np.random.default_rng(2).standard_normal((40, 100)).astype(np.float32) * 3 + 1
+    plan = plan_for(tmp_path, [f"{kind} op 1 1 data out 0=100 1=1.000000e-05"], {"data": x})
+    assert kinds(plan)["op"] is StepKind.STORE
+    kernel = next(s.kernel for s in plan._program if s.name == "op")
+    want = kernel.forward([from_bf16(to_bf16(x))])[0]  # numpy, fp32
+    saved = threads.THREADS
+    outs = []
+    try:
+        for n, tasks in ((1, None), (2, None), (2, 3), (2, 1000)):
+            threads.THREADS = n
+            with mock.patch.object(jit, "task_count", (lambda units, t=tasks: min(units, t))
+                                   if tasks else jit.task_count):
+                outs.append(plan.run({"data": x})["out"])
+    finally:
+        threads.THREADS = saved
+    np.testing.assert_allclose(outs[0], want, rtol=1e-2, atol=1e-3)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(outs[0], out)

@@ -13,6 +13,7 @@ import numpy as np
 
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
+from vkserve.devices.cpu.jit import norm as jit_norm
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.elementwise import ElementwiseJit
 from vkserve.models.layers import Shape, affine_channels, batchnorm_affine, bias_channels
@@ -90,7 +91,10 @@ def _normalize(v: np.ndarray, eps: float, centered: bool) -> np.ndarray:
     return v
 
 
-class _LastDims(Kernel):
+class _LastDims(ElementwiseJit):
+    """Each run of the last ``norm_dims`` dimensions normalised: ``jit.norm.last_dims`` on the
+    Plan's path (fused activations included), numpy in ``forward`` (fp32)."""
+
     centered = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
@@ -100,6 +104,13 @@ class _LastDims(Kernel):
         self.gamma = self.fp32_bias(0) if self.p.affine else None
         self.beta = self.fp32_bias(1) if (self.p.affine and self.centered) else None
         return out
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        none = np.empty(0, np.float32)
+        rows = out.size // self.run
+        jit_norm.last_dims(xs[0].reshape(rows, self.run), none if self.gamma is None else self.gamma,
+                           none if self.beta is None else self.beta, np.float32(self.p.eps), self.centered,
+                           ops, jit.task_count(rows), out.reshape(rows, self.run))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = np.array(xs[0], dtype=np.float32)
