@@ -157,7 +157,7 @@ async def prepare_device(device: DeviceHandle) -> str | None:
     compiled = None
     if not kernels_cached():
         log.info("CPU kernels: not in numba's cache for this machine: compiling them in a child "
-                 "process (a first start: ~50 kernels, 1-2 minutes on a 2-core box)")
+                 "process (a first start: ~65 kernels, about 2 minutes on a 2-core box)")
         compiled = await compile_kernels_apart()
     # abandoned on cancel: a stop while they load (or compile, if the cache lost them) does not wait
     loaded = await trio.to_thread.run_sync(compile_kernels, abandon_on_cancel=True)

@@ -47,6 +47,59 @@ def test_a_read_only_input_runs_on_kernels_compiled_at_start() -> None:
     assert added == {}, f"compiled at the first request, not at start: {added}"
 
 
+_LATER_LAYERS = """
+import importlib, json, numba, pkgutil
+import numpy as np
+import vkserve.devices.cpu.jit as package
+from vkserve.devices.cpu.executor import Plan
+from vkserve.devices.cpu.warm import KERNEL_MODULES, compile_kernels
+from vkserve.models.graph import build_graph, parse_param_text
+from vkserve.models.randinit import random_weights
+
+def signatures():
+    return {f"{m.__name__}.{k}": [str(s) for s in v.signatures]
+            for m in KERNEL_MODULES
+            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
+
+compile_kernels()
+before = signatures()
+layers = parse_param_text('''7767517
+9 9
+Input data 0 1 data 0=10 1=10 2=6
+BatchNorm bn 1 1 data a 0=6
+ReLU relu 1 1 a b
+Interp up 1 1 b c 0=2 3=16 4=16
+Interp cubic 1 1 c d 0=3 3=12 4=12
+GELU gelu 1 1 d e
+GELU tanh 1 1 e f 0=1
+LayerNorm ln 1 1 f g 0=12 1=1e-05
+RMSNorm rms 1 1 g out 0=12 1=1e-05
+''', "later layers")
+for layer, weights in zip(layers, random_weights(layers, 0)):
+    layer.weights = weights
+x = np.random.default_rng(1).standard_normal((6, 10, 10)).astype(np.float32)
+x.flags.writeable = False
+Plan(build_graph(layers, "later layers")).run({"data": x})
+after = signatures()
+modules = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+print(json.dumps({
+    "left_out": [m.__name__ for m in modules if m not in KERNEL_MODULES and any(
+        isinstance(v, numba.core.registry.CPUDispatcher) and v.__module__ == m.__name__ for v in vars(m).values())],
+    "compiled_later": {k: v for k, v in after.items() if v != before.get(k)},
+}))
+"""
+
+
+def test_the_later_kernels_are_compiled_at_start_too() -> None:
+    """The layers compiled after the first kernels (BatchNorm, bilinear and bicubic Interp,
+    GELU, LayerNorm, RMSNorm) add no specialization after ``compile_kernels``, and every
+    module of the package with compiled kernels is among the warm-up's (``KERNEL_MODULES``)."""
+    done = subprocess.run([sys.executable, "-c", _LATER_LAYERS], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"left_out": [], "compiled_later": {}}
+
+
 def test_the_stamp_says_whether_these_kernels_are_cached_here(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """``compile_kernels`` leaves a stamp beside numba's cache (its folder: ``NUMBA_CACHE_DIR``)

@@ -1,6 +1,6 @@
 """Compile the CPU engine's kernels for this machine before the first job needs them.
 
-numba compiles each kernel at its first call (about 20 s for all of them on a 2-core box) and
+numba compiles each kernel at its first call (about 2 minutes for all of them on a 2-core box) and
 keeps the result in its cache folder (``vkserve.devices.cpu.jit``), from where later processes
 load it in well under a second. ``compile_kernels`` runs a small built-in net through every
 kernel path once: the daemon calls it at start (and logs what it cost), `vkserve cache warm`
@@ -33,8 +33,10 @@ from vkserve.devices.cpu.jit import (
     elementwise,
     epilogue,
     innerproduct,
+    interp,
     lrn,
     nms,
+    norm,
     pooling,
     winograd,
 )
@@ -47,14 +49,15 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (bf16dot, conv, direct, elementwise, epilogue, innerproduct, lrn, nms, pooling, winograd)
+KERNEL_MODULES = (bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, lrn, nms, norm, pooling,
+                  winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
-#: windowed and global average pooling, LRN across channels, InnerProduct, element-wise
-#: (Eltwise, BinaryOp, an activation on its own), Softmax, fused activations; the detection
-#: layers' NMS is called on its own
+#: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
+#: LayerNorm, InnerProduct, element-wise (Eltwise, BinaryOp, an activation on its own),
+#: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-17 19
+22 24
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -69,7 +72,12 @@ BinaryOp mul 2 1 e3 h e4a 0=2
 BinaryOp scale 1 1 e4a e4 0=2 1=1 2=0.5
 Pooling pool 1 1 e4 f 0=1 1=2 2=2
 LRN lrn 1 1 f f2 0=0 1=3
-Pooling gap 1 1 f2 g 0=1 4=1
+BatchNorm bn 1 1 f2 f3 0=8
+ReLU bnrelu 1 1 f3 f4
+Interp up 1 1 f4 f5 0=2 1=2.0 2=2.0
+GELU gelu 1 1 f5 f6
+LayerNorm ln 1 1 f6 f7 0=12 1=1e-05
+Pooling gap 1 1 f7 g 0=1 4=1
 InnerProduct fc 1 1 g fc 0=4 1=1 2=32 9=4
 Softmax prob 1 1 fc out
 """
