@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from tests.support.params import param_text
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.graph import load_model
 
@@ -22,3 +25,24 @@ def check_against_ncnn(tmp_path: Path, line: str, shapes: dict[str, tuple[int, .
     report = verify_cpu(graph, param, None, inputs)
     details = [(o.name, o.shape, o.max_abs_err, o.ref_max_abs, o.cosine) for o in report.outputs]
     assert report.ok, details
+
+
+#: (threads, tasks a kernel splits its work into; None: its own choice)
+SPLITS = ((1, None), (2, None), (2, 1), (2, 7), (2, 5000))
+
+
+def outputs_on_splits(plan: Plan, inputs: dict[str, np.ndarray], output: str) -> list[np.ndarray]:
+    """``plan``'s ``output`` run under each of ``SPLITS`` (``threads.THREADS`` and
+    ``jit.task_count`` patched): a kernel whose results depend on its split gives different
+    bits."""
+    saved = threads.THREADS
+    outs = []
+    try:
+        for n, tasks in SPLITS:
+            threads.THREADS = n
+            with mock.patch.object(jit, "task_count", (lambda units, t=tasks: min(units, t))
+                                   if tasks else jit.task_count):
+                outs.append(plan.run(inputs)[output])
+    finally:
+        threads.THREADS = saved
+    return outs

@@ -7,14 +7,13 @@ and the thread count; nearest stays a gather of the stored values."""
 from __future__ import annotations
 
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from tests.devices.cpu.test_cpu_jit_elementwise import kinds, plan_for
 from tests.devices.cpu.test_cpu_layers import check
-from vkserve.devices.cpu import jit, threads
+from tests.support.cpu_engine import outputs_on_splits
 from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
 from vkserve.devices.cpu.executor import StepKind
 
@@ -63,16 +62,7 @@ def test_a_2d_blob_is_resized_along_w(tmp_path: Path) -> None:
 def test_fused_activation_tasks_and_threads_give_the_same_bits(tmp_path: Path) -> None:
     x = _input(7, (21, 16, 16))
     plan = plan_for(tmp_path, ["Interp op 1 1 data r 0=2 3=128 4=128", "ReLU act 1 1 r out"], {"data": x})
-    saved = threads.THREADS
-    outs = []
-    try:
-        for n, tasks in ((1, None), (2, None), (2, 1), (2, 7), (2, 5000)):
-            threads.THREADS = n
-            with mock.patch.object(jit, "task_count", (lambda units, t=tasks: min(units, t))
-                                   if tasks else jit.task_count):
-                outs.append(plan.run({"data": x})["out"])
-    finally:
-        threads.THREADS = saved
+    outs = outputs_on_splits(plan, {"data": x}, "out")
     assert (outs[0] >= 0).all() and (outs[0] > 0).any()
     for out in outs[1:]:
         np.testing.assert_array_equal(outs[0], out)

@@ -9,15 +9,13 @@ var_data positive), written to a .bin for ncnn; the bf16 engine must meet the ve
 from __future__ import annotations
 
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from tests.devices.cpu.test_cpu_jit_elementwise import kinds, plan_for
-from tests.support.cpu_engine import check_against_ncnn
+from tests.support.cpu_engine import check_against_ncnn, outputs_on_splits
 from tests.support.params import param_text
-from vkserve.devices.cpu import jit, threads
 from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
 from vkserve.devices.cpu.executor import StepKind
 from vkserve.models.errors import ModelFormatError
@@ -145,16 +143,7 @@ def test_last_dims_norm_is_compiled_the_same_bits_on_any_split(tmp_path: Path, k
     assert kinds(plan)["op"] is StepKind.STORE
     kernel = next(s.kernel for s in plan._program if s.name == "op")
     want = kernel.forward([from_bf16(to_bf16(x))])[0]  # numpy, fp32
-    saved = threads.THREADS
-    outs = []
-    try:
-        for n, tasks in ((1, None), (2, None), (2, 3), (2, 1000)):
-            threads.THREADS = n
-            with mock.patch.object(jit, "task_count", (lambda units, t=tasks: min(units, t))
-                                   if tasks else jit.task_count):
-                outs.append(plan.run({"data": x})["out"])
-    finally:
-        threads.THREADS = saved
+    outs = outputs_on_splits(plan, {"data": x}, "out")
     np.testing.assert_allclose(outs[0], want, rtol=1e-2, atol=1e-3)
     for out in outs[1:]:
         np.testing.assert_array_equal(outs[0], out)

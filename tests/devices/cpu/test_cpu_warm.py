@@ -1,7 +1,8 @@
 """`compile_kernels` (the daemon's start, `vkserve cache warm`) leaves nothing for a model's
-first request to compile: a CPU job of the example model, its input read-only as the daemon's
-are (a view of the request or of shared memory), adds no kernel specialization afterwards.
-It runs in a child so no earlier test has compiled that specialization in this process."""
+first request to compile: CPU jobs of the example model and of the later layers, inputs
+read-only as the daemon's are (a view of the request or of shared memory), add no kernel
+specialization afterwards. It runs in a child so no earlier test has compiled that
+specialization in this process."""
 
 from __future__ import annotations
 
@@ -17,43 +18,13 @@ from tests.support.paths import REPO
 from vkserve.devices.cpu.warm import compile_kernels, kernels_cached
 
 _CHILD = """
-import json, numba, numpy as np
-from pathlib import Path
-from vkserve.devices.cpu.warm import KERNEL_MODULES, compile_kernels
-from vkserve.devices.cpu.executor import Plan
-from vkserve.models.graph import load_model
-
-def signatures():
-    return {f"{m.__name__}.{k}": [str(s) for s in v.signatures]
-            for m in KERNEL_MODULES
-            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
-
-compile_kernels()
-before = signatures()
-folder = Path("vkserve/examples/digits")
-x = np.random.default_rng(1).standard_normal((1, 8, 8)).astype(np.float32)
-x.flags.writeable = False
-Plan(load_model(folder / "model.param", folder / "model.bin")).run({"data": x})
-after = signatures()
-print(json.dumps({k: v for k, v in after.items() if v != before.get(k)}))
-"""
-
-
-def test_a_read_only_input_runs_on_kernels_compiled_at_start() -> None:
-    done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    added = json.loads(done.stdout.strip().splitlines()[-1])
-    assert added == {}, f"compiled at the first request, not at start: {added}"
-
-
-_LATER_LAYERS = """
 import importlib, json, numba, pkgutil
 import numpy as np
+from pathlib import Path
 import vkserve.devices.cpu.jit as package
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.warm import KERNEL_MODULES, compile_kernels
-from vkserve.models.graph import build_graph, parse_param_text
+from vkserve.models.graph import build_graph, load_model, parse_param_text
 from vkserve.models.randinit import random_weights
 
 def signatures():
@@ -61,8 +32,15 @@ def signatures():
             for m in KERNEL_MODULES
             for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
 
+def read_only(shape):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    x.flags.writeable = False
+    return x
+
 compile_kernels()
 before = signatures()
+folder = Path("vkserve/examples/digits")
+Plan(load_model(folder / "model.param", folder / "model.bin")).run({"data": read_only((1, 8, 8))})
 layers = parse_param_text('''7767517
 9 9
 Input data 0 1 data 0=10 1=10 2=6
@@ -77,9 +55,7 @@ RMSNorm rms 1 1 g out 0=12 1=1e-05
 ''', "later layers")
 for layer, weights in zip(layers, random_weights(layers, 0)):
     layer.weights = weights
-x = np.random.default_rng(1).standard_normal((6, 10, 10)).astype(np.float32)
-x.flags.writeable = False
-Plan(build_graph(layers, "later layers")).run({"data": x})
+Plan(build_graph(layers, "later layers")).run({"data": read_only((6, 10, 10))})
 after = signatures()
 modules = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
 print(json.dumps({
@@ -90,11 +66,12 @@ print(json.dumps({
 """
 
 
-def test_the_later_kernels_are_compiled_at_start_too() -> None:
-    """The layers compiled after the first kernels (BatchNorm, bilinear and bicubic Interp,
-    GELU, LayerNorm, RMSNorm) add no specialization after ``compile_kernels``, and every
-    module of the package with compiled kernels is among the warm-up's (``KERNEL_MODULES``)."""
-    done = subprocess.run([sys.executable, "-c", _LATER_LAYERS], cwd=REPO, capture_output=True, text=True,
+def test_models_run_on_kernels_compiled_at_start() -> None:
+    """The example model and a net of the layers compiled after the first kernels (BatchNorm,
+    bilinear and bicubic Interp, GELU, LayerNorm, RMSNorm), inputs read-only as the daemon's
+    are, add no specialization after ``compile_kernels``; every module of the package with
+    compiled kernels is among the warm-up's (``KERNEL_MODULES``)."""
+    done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"left_out": [], "compiled_later": {}}
