@@ -4,7 +4,7 @@
 Tasks are contiguous runs of output rows (channel by channel); a run resizes along w only the
 source rows its output rows read, once each, into a buffer of its own, then sums them along h,
 applies the fused activations and narrows. numpy's version made ``kx + ky`` full-size
-temporaries on one thread (deeplabv3_mbv3's last upsampling, 21 x 64 x 64 -> 21 x 256 x 256:
+temporaries on one thread (deeplabv3_mbv3's last upsampling, 21 x 16 x 16 -> 21 x 256 x 256:
 about a tenth of the model on the CPU engine). Each output is computed by one task in a fixed
 order, so results are the same bits whatever the thread count.
 """

@@ -3,10 +3,9 @@ mean (LayerNorm) and the mean of squares, scale by 1 / sqrt(... + eps), gamma an
 fused activations, narrow.
 
 The sums run in ``LANES`` interleaved partial sums added pairwise at the end, so that they do
-not wait on one chain of additions and every row's result is the same bits whatever the
-thread count (numpy's
-version made five passes over the whole blob, its reductions on one thread: convnext_tiny's
-LayerNorms 7-8 ms on one core of the 2-core VM).
+not wait on one chain of additions and every row's result is the same bits whatever the thread
+count (numpy's version made five passes over the whole blob, its reductions on one thread:
+convnext_tiny's LayerNorms 7-8 ms on one core of the 2-core VM).
 """
 
 from __future__ import annotations
@@ -22,35 +21,27 @@ LANES = 8
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _term(v, squares):  # noqa: ANN001, ANN202
+    return v * v if squares else v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _lane_sum(t, n, squares):  # noqa: ANN001, ANN202
     """sum of t[:n] (of their squares with ``squares``) in ``LANES`` interleaved partial sums,
     added pairwise at the end."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
     whole = n - n % LANES
-    if squares:
-        for b in range(0, whole, LANES):
-            s0 += t[b] * t[b]
-            s1 += t[b + 1] * t[b + 1]
-            s2 += t[b + 2] * t[b + 2]
-            s3 += t[b + 3] * t[b + 3]
-            s4 += t[b + 4] * t[b + 4]
-            s5 += t[b + 5] * t[b + 5]
-            s6 += t[b + 6] * t[b + 6]
-            s7 += t[b + 7] * t[b + 7]
-        for j in range(whole, n):
-            s0 += t[j] * t[j]
-    else:
-        for b in range(0, whole, LANES):
-            s0 += t[b]
-            s1 += t[b + 1]
-            s2 += t[b + 2]
-            s3 += t[b + 3]
-            s4 += t[b + 4]
-            s5 += t[b + 5]
-            s6 += t[b + 6]
-            s7 += t[b + 7]
-        for j in range(whole, n):
-            s0 += t[j]
+    for b in range(0, whole, LANES):
+        s0 += _term(t[b], squares)
+        s1 += _term(t[b + 1], squares)
+        s2 += _term(t[b + 2], squares)
+        s3 += _term(t[b + 3], squares)
+        s4 += _term(t[b + 4], squares)
+        s5 += _term(t[b + 5], squares)
+        s6 += _term(t[b + 6], squares)
+        s7 += _term(t[b + 7], squares)
+    for j in range(whole, n):
+        s0 += _term(t[j], squares)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
