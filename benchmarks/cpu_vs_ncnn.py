@@ -144,9 +144,10 @@ def main() -> int:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VKSERVE_CPU_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
+    from vkserve.cli.commands._inputs import parse_shapes  # noqa: PLC0415 (light: no numba in this process yet)
+
     only = {n for n in args.only.split(",") if n}
-    shapes = {name: tuple(int(d) for d in dims.split(","))
-              for name, dims in (s.split("=", 1) for s in args.shape)}
+    shapes = parse_shapes(args.shape)
     params = [p for p in sorted(args.models.glob("*.param")) if not only or p.stem in only]
     if args.prepare:
         prepare(params, args.prepare, shapes)

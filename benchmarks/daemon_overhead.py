@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon_harness import start_daemon  # noqa: E402
+from vkserve.cli.commands._inputs import parse_shapes  # noqa: E402
 from vkserve.client import AsyncClient, Client, InferReply  # noqa: E402
 from vkserve.client.loadgen import BenchSettings, sweep  # noqa: E402
 from vkserve.models.graph import Graph, load_model  # noqa: E402
@@ -141,10 +142,9 @@ def main() -> int:
     ap.add_argument("--scheduler", default="", help="extra [scheduler] lines for the daemon")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    shapes = {name: tuple(int(d) for d in dims.split(","))
-              for name, dims in (s.split("=", 1) for s in args.shape)}
+    shapes = parse_shapes(args.shape)
     x = model_inputs(args.model, shapes)
-    name = Path(args.model).name
+    served_as = Path(args.model).name
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as d:
         proc, sock = start_daemon(Path(d), model_repository(Path(d), args.model, args.devices, shapes),
@@ -153,23 +153,23 @@ def main() -> int:
             rtt: list[float] = []
             with Client.connect(f"unix:{sock}") as c:
                 for _ in range(50):
-                    c.infer(name, x)
+                    c.infer(served_as, x)
                 cpu_before = cpu_seconds(proc.pid)
                 for _ in range(args.requests):
                     t0 = time.perf_counter()
-                    c.infer(name, x)
+                    c.infer(served_as, x)
                     rtt.append(time.perf_counter() - t0)
                 sequential_cpu = (cpu_seconds(proc.pid) - cpu_before) / args.requests
 
             async def replies() -> list[InferReply]:
                 async with AsyncClient.connect(f"unix:{sock}") as tc:
-                    return [await tc.infer_detailed(name, x) for _ in range(200)]
+                    return [await tc.infer_detailed(served_as, x) for _ in range(200)]
 
             answers = trio.run(replies)
             stages = {name: round(statistics.median(getattr(r, name) or 0.0 for r in answers) * 1e3, 4)
                       for name in ("queue_seconds", "copy_in_seconds", "device_seconds",
                                    "copy_out_seconds", "run_seconds")}
-            settings = BenchSettings(name, x, window_seconds=args.window,
+            settings = BenchSettings(served_as, x, window_seconds=args.window,
                                      max_windows=8)
             served_before, cpu_before = served(sock), cpu_seconds(proc.pid)
             levels = trio.run(lambda: sweep(lambda: AsyncClient.connect(f"unix:{sock}"),

@@ -1,5 +1,7 @@
 """Shared by the commands that take model inputs on the command line (run, verify, profile,
-tune, infer, bench): the usage error and `--input NAME=file.npy` loading."""
+tune, infer, bench, import) and by the benchmarks: the usage error, `--input NAME=file.npy`
+loading and `--shape NAME=d0,d1,...` parsing (a light module: it loads neither numba nor
+Vulkan)."""
 
 from __future__ import annotations
 
@@ -27,3 +29,21 @@ def load_inputs(items: list[str]) -> dict[str, np.ndarray]:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--input {item!r}: {exc}") from None
     return arrays
+
+
+def _name_value(text: str, what: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise UsageError(f"{what} {text!r}: expected NAME=VALUE")
+    return name, value
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, value = _name_value(item, "--shape")
+        try:
+            shapes[name] = tuple(int(v) for v in value.split(","))
+        except ValueError:
+            raise UsageError(f"--shape {item!r}: dims must be integers like 3,224,224") from None
+    return shapes

@@ -21,8 +21,7 @@ from pathlib import Path
 
 from vkserve.cli.commands import verify
 from vkserve.cli.commands._device import device_arg
-from vkserve.cli.commands._inputs import UsageError
-from vkserve.cli.commands.run import parse_shapes
+from vkserve.cli.commands._inputs import UsageError, parse_shapes
 from vkserve.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, print_json
 from vkserve.cli.progress import Progress
 from vkserve.devices.names import DeviceName, parse_device

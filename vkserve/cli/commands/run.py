@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vkserve.cli.commands._device import device_arg, vulkan_device_arg
-from vkserve.cli.commands._inputs import RANDOM_INPUT_HELP, UsageError, load_inputs
+from vkserve.cli.commands._inputs import RANDOM_INPUT_HELP, UsageError, load_inputs, parse_shapes
 from vkserve.cli.output import CommandFailed, print_json
 from vkserve.cli.progress import Progress
 from vkserve.devices.cpu.executor import Plan, PlanError
@@ -74,24 +74,6 @@ def check_device(args: argparse.Namespace) -> None:
     """--precision applies to Vulkan devices only."""
     if args.device.is_cpu and args.precision is not None:
         raise UsageError("--precision applies to Vulkan devices; the CPU engine runs bf16")
-
-
-def _name_value(text: str, what: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name or not value:
-        raise UsageError(f"{what} {text!r}: expected NAME=VALUE")
-    return name, value
-
-
-def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for item in items:
-        name, value = _name_value(item, "--shape")
-        try:
-            shapes[name] = tuple(int(v) for v in value.split(","))
-        except ValueError:
-            raise UsageError(f"--shape {item!r}: dims must be integers like 3,224,224") from None
-    return shapes
 
 
 def prepare(args: argparse.Namespace) -> tuple[ModelFiles, Graph, dict[str, np.ndarray]]:
