@@ -1,7 +1,7 @@
 """Plan-time rewrites and shortcuts of the CPU executor (issue 4, second speed-up round).
 
-- activation layers fused into the producing Convolution / InnerProduct / Eltwise / BinaryOp
-  (one bf16 store instead of two): still within the verify tolerance against ncnn, equal to
+- activation layers fused into the producing Convolution / InnerProduct / Eltwise / BinaryOp /
+  Linear Gemm, also through a Reshape between them (one bf16 store instead of two): still within the verify tolerance against ncnn, equal to
   the unfused plan up to the one bf16 rounding removed, and not done when the blob between is
   read elsewhere or requested as an output;
 - data-movement layers run on the bf16 bits (no widen / narrow): bit-exact;
@@ -30,7 +30,12 @@ ACTIVATIONS = [
     "Swish act 1 1 mid out",
     "HardSigmoid act 1 1 mid out 0=0.2 1=0.5",
     "HardSwish act 1 1 mid out 0=0.2 1=0.5",
+    "GELU act 1 1 mid out",
+    "GELU act 1 1 mid out 0=1",
 ]
+#: x (4, 9, 11) as 36 rows of 11 into pnnx's Linear form (N = 7)
+ROWS = "Reshape rows 1 1 data d2 0=11 1=36"
+LINEAR = "Gemm fc 1 1 d2 mid 10=4 2=0 3=1 4=0 5=1 6=1 7=36 8=7 9=11"
 
 
 def plans(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray], **kw: object) -> tuple[Plan, Plan]:
@@ -41,7 +46,7 @@ def plans(tmp_path: Path, lines: list[str], inputs: dict[str, np.ndarray], **kw:
 
 
 @pytest.mark.parametrize("act", ACTIVATIONS)
-@pytest.mark.parametrize("producer", ["conv", "dw", "fc", "eltwise", "binary"])
+@pytest.mark.parametrize("producer", ["conv", "dw", "fc", "eltwise", "binary", "linear", "linear-reshape"])
 def test_fused_activation_matches_ncnn_and_unfused(tmp_path: Path, producer: str, act: str) -> None:
     x = rand(4, 9, 11)
     if producer == "conv":
@@ -52,6 +57,10 @@ def test_fused_activation_matches_ncnn_and_unfused(tmp_path: Path, producer: str
         first = [f"InnerProduct fc 1 1 data mid 0=7 1=1 2={7 * 4 * 9 * 11}"]
     elif producer == "eltwise":
         first = ["Split sp 1 2 data a b", "Eltwise el 2 1 a b mid 0=1"]
+    elif producer == "linear":
+        first = [ROWS, LINEAR]
+    elif producer == "linear-reshape":  # as pnnx writes an MLP: the Gemm's rows shaped back first
+        first = [ROWS, LINEAR.replace(" mid ", " g "), "Reshape back 1 1 g mid 0=7 1=9 2=4"]
     else:
         first = ["Split sp 1 2 data a b", "BinaryOp bo 2 1 a b mid 0=2"]
     lines = first + [act]
@@ -74,6 +83,22 @@ def test_no_fusion_when_blob_is_shared_or_requested(tmp_path: Path) -> None:
     assert requested.fused == []
     out = requested.run({"data": x})
     assert np.array_equal(out["out"], np.maximum(out["mid"], 0))
+
+
+def test_no_fusion_through_a_reshape_whose_blobs_are_read_elsewhere(tmp_path: Path) -> None:
+    x = rand(4, 9, 11)
+    linear = [ROWS, LINEAR.replace(" mid ", " g ")]
+    shaped = linear + ["Reshape back 1 1 g r 0=7 1=9 2=4", "Split sp 1 2 r r1 r2", "ReLU act 1 1 r1 a",
+                       "Eltwise el 2 1 a r2 out 0=1"]
+    assert plans(tmp_path, shaped, {"data": x})[0].fused == []
+    read_before = linear + ["Split sp 1 2 g g1 g2", "Reshape back 1 1 g1 r 0=7 1=9 2=4", "ReLU act 1 1 r a",
+                            "Reshape flat 1 1 g2 f 0=252", "Reshape back2 1 1 a a2 0=252", "Eltwise el 2 1 a2 f out 0=1"]
+    assert plans(tmp_path, read_before, {"data": x})[0].fused == []
+    fused, plain = plans(tmp_path, linear + ["Reshape back 1 1 g r 0=7 1=9 2=4", "ReLU act 1 1 r out"], {"data": x},
+                         outputs=["r", "out"])
+    assert fused.fused == []  # the Reshape's blob is requested
+    out = fused.run({"data": x})
+    assert np.array_equal(out["out"], np.maximum(out["r"], 0))
 
 
 def test_bf16_native_data_movement_is_bit_exact(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Gemm and MatMul on the CPU engine against the ncnn package. Gemm: A / B / C as inputs or weights,
 transA / transB, alpha / beta, every C broadcast, output_N1M / output_transpose, 1-D and
-(c, 1, w) operands, and the exact lines pnnx writes for Linear layers (vit_tiny, convnext_tiny).
+(c, 1, w) operands, and the exact lines pnnx writes for Linear layers (vit_tiny, convnext_tiny);
+the Linear form's compiled kernel (``jit.linear``) on its own and in a Plan.
 
 Each case is a one-layer .param with the models package's seeded random weights, written to a
 .bin for ncnn; the bf16 engine must meet the verify tolerance.
@@ -13,8 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cpu_engine import check_against_ncnn
+from tests.devices.cpu.test_cpu_jit_elementwise import kinds, plan_for
+from tests.support.cpu_engine import check_against_ncnn, outputs_on_splits
 from tests.support.params import param_text
+from vkserve.devices.cpu import jit
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.executor import StepKind
+from vkserve.devices.cpu.jit import linear as jit_linear
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
 from vkserve.models.layers import ShapeError
@@ -73,6 +79,67 @@ PNNX_GEMM = [(197, 768, 192), (197, 192, 768), (3136, 384, 96), (3136, 96, 384)]
 def test_gemm_pnnx_linear(tmp_path: Path, m: int, n: int, k: int) -> None:
     check(tmp_path, f"Gemm gemm_0 1 1 a out 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}",
           {"a": (m, k)})
+
+
+def _linear(m: int, n: int, k: int) -> str:
+    """pnnx's line for nn.Linear(k, n) on m rows (B stored (N, K), a bias per column)."""
+    return f"Gemm fc 1 1 data h 10=4 2=0 3=1 4=0 5=1 6=1 7={m} 8={n} 9={k}"
+
+
+def test_linear_form_runs_compiled_with_the_gelu_after_it(tmp_path: Path) -> None:
+    """The Linear form runs as ``jit.linear`` on the bf16 arena, the GELU after it fused into
+    its store (convnext's and vit's MLPs): against numpy's fp32 path, and the Gemm against
+    ncnn with two K blocks and an odd depth, rows and columns not whole tiles."""
+    x = RNG.uniform(-2.0, 2.0, (37, 301)).astype(np.float32)
+    plan = plan_for(tmp_path, [_linear(37, 150, 301), "GELU g 1 1 h out"], {"data": x})
+    assert [step.fused for step in plan._steps if step.name == "fc"] == [["g"]]
+    assert kinds(plan)["fc"] is StepKind.STORE
+    got = plan.run({"data": x})["out"]
+    step = next(s for s in plan._program if s.name == "fc")
+    want = step.post[0].forward(step.kernel.forward([from_bf16(to_bf16(x))]))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3 * float(np.abs(want).max()))
+    check(tmp_path, _linear(37, 150, 301).replace("data h", "a out"), {"a": (37, 301)})
+
+
+@pytest.mark.parametrize(("change", "shape"), [("0=0.5 2=0", (37, 301)), ("2=1", (301, 37)),
+                                               ("14=1 2=0", (37, 301))])
+def test_other_gemm_forms_stay_on_numpy(tmp_path: Path, change: str, shape: tuple[int, int]) -> None:
+    """alpha, a transposed A, a transposed output: numpy's matmul (against ncnn above)."""
+    line = _linear(37, 150, 301).replace("data h", "data out").replace("2=0", change)
+    plan = plan_for(tmp_path, [line], {"data": RNG.uniform(-2.0, 2.0, shape).astype(np.float32)})
+    assert kinds(plan)["fc"] is StepKind.WIDENED
+
+
+def test_linear_form_same_bits_on_any_split(tmp_path: Path) -> None:
+    x = RNG.uniform(-2.0, 2.0, (67, 301)).astype(np.float32)
+    plan = plan_for(tmp_path, [_linear(67, 150, 301).replace("data h", "data out")], {"data": x})
+    outs = outputs_on_splits(plan, {"data": x}, "out")
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (5, 7, 6), (9, 17, 3), (40, 130, 513), (197, 192, 64)], ids=str)
+def test_linear_kernel_against_numpy_on_every_split(m: int, n: int, k: int) -> None:
+    """``jit.linear`` itself: bias + A B (then ReLU) for A and B bf16, stored in fp32 and in
+    bf16, the same bits for any rows and columns a task."""
+    rng = np.random.default_rng(m * n + k)
+    a = to_bf16(rng.uniform(-2.0, 2.0, (m, k)).astype(np.float32))
+    b = to_bf16(rng.uniform(-2.0, 2.0, (k, n)).astype(np.float32))
+    bias = rng.uniform(-1.0, 1.0, n).astype(np.float32)
+    want = np.maximum(from_bf16(a).astype(np.float64) @ from_bf16(b) + bias, 0)
+    bp = jit_linear.pack_b(b)
+    ops = jit.epilogue_ops(1, ())
+    ap = np.empty(jit_linear.packed_a_shape(m, k), np.uint16)
+    results = []
+    for rb, cols in [(1, jit.conv.NR), (2, 4 * jit.conv.NR), (8, jit.conv.NB), jit_linear.split(m, n, 2)]:
+        out32 = np.full((m, n), np.nan, np.float32)
+        out16 = np.zeros((m, n), np.uint16)
+        with jit.launch(m * n * k):
+            jit_linear.linear(a, bp, bias, ops, ap, rb, cols, out32)
+            jit_linear.linear(a, bp, bias, ops, ap, rb, cols, out16)
+        np.testing.assert_allclose(out32, want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(out16, to_bf16(out32))
+        results.append(out32)
+    assert all(np.array_equal(results[0], r) for r in results[1:])
 
 
 @pytest.mark.parametrize("line, shapes", [

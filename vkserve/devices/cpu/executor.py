@@ -68,11 +68,11 @@ class PlanError(ValueError):
 
 
 #: activation layers that can run on their producer's fp32 result before its single store
-FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoid", "HardSwish"})
+FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoid", "HardSwish", "GELU"})
 #: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
 #: slot or a new array, never a slot those activations use, never a view of an input)
 FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp",
-                               "BatchNorm"})
+                               "BatchNorm", "Gemm"})
 
 
 def _stores_itself(kernel: Kernel) -> bool:
@@ -265,7 +265,10 @@ class Plan:
         nothing else and is not a requested output: the activation then runs on the producer's
         fp32 result before the one bf16 store (one store, one widen and one pass fewer; the
         result differs from running them apart only by the bf16 rounding of the blob between).
-        Returns (producer, activation) layer names."""
+        Also through one Reshape-like step between them (pnnx puts a Reshape between each
+        Linear layer's Gemm and its GELU): an element-wise activation commutes with it, so the
+        producer applies it and the Reshape then aliases the activation's output. Returns
+        (producer, activation) layer names."""
         readers = self._readers()
         producer: dict[str, _Step] = {}
         for step in self._steps:
@@ -274,21 +277,33 @@ class Plan:
         keep: list[_Step] = []
         fused: list[tuple[str, str]] = []
         protected = set(self.output_names) | self._dynamic
+
+        def fusable(src: _Step | None, blob: str) -> bool:
+            return (src is not None and not src.post and len(src.outputs) == 1
+                    and src.kernel.layer.type in FUSABLE_PRODUCERS and not src.kernel.alias
+                    and readers.get(blob) == 1 and blob not in protected)
+
         for step in self._steps:
             k = step.kernel
-            if k.layer.type in FUSABLE_ACTIVATIONS and len(step.inputs) == 1 and len(step.outputs) == 1:
+            if (k.layer.type in FUSABLE_ACTIVATIONS and len(step.inputs) == 1 and len(step.outputs) == 1
+                    and step.outputs[0] not in self._dynamic):
                 blob = step.inputs[0]
                 src = producer.get(blob)
-                if (
-                    src is not None and not src.post and len(src.outputs) == 1
-                    and src.kernel.layer.type in FUSABLE_PRODUCERS and not src.kernel.alias
-                    and readers.get(blob) == 1 and blob not in protected
-                    and step.outputs[0] not in self._dynamic
-                ):
+                between = None
+                if (src is not None and src.kernel.alias and src.kernel.layer.type != "Input"
+                        and len(src.outputs) == 1 and src.inputs and src.kernel.source(0) == 0
+                        and readers.get(blob) == 1 and blob not in protected):
+                    between, blob = src, src.inputs[0]
+                    src = producer.get(blob)
+                if fusable(src, blob):
                     src.post.append(k)
                     src.fused.append(step.name)
-                    src.outputs = list(step.outputs)
-                    producer[step.outputs[0]] = src
+                    if between is None:
+                        src.outputs = list(step.outputs)
+                        producer[step.outputs[0]] = src
+                    else:
+                        between.outputs = list(step.outputs)
+                        producer[step.outputs[0]] = between
                     fused.append((src.name, step.name))
                     continue
             keep.append(step)

@@ -1,39 +1,85 @@
 """Gemm: top = alpha * (A @ B + beta * C), ncnn's order of scaling (``GemmParams``);
 MatMul: numpy's batched matmul (``MatMulParams``).
 
-Constant A / B (weights) are narrowed to bf16 once and widened once per plan (a weight
-matrix is used whole by every call, so it is kept widened); a constant C is kept in fp32 as
-biases are. The product is one np.matmul in fp32.
+A Gemm in the Linear form (B a weight, A an input, neither transposed on A's side, C none, a
+scalar or a weight per column, alpha 1, no output transpose: what pnnx writes for nn.Linear)
+runs as ``jit.linear`` on the bf16 arena, B packed once at load, the activations after it fused
+into its store. Every other form is one np.matmul in fp32: constant A / B narrowed to bf16 once
+and widened once per plan (a weight matrix is used whole by every call, so it is kept widened);
+a constant C kept in fp32 as biases are.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
+from vkserve.devices.cpu.jit import linear as jit_linear
 from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, gemm_matrix
+
+#: broadcast types of a constant C that the Linear form takes: none, a scalar, per column
+_LINEAR_C = (-1, 0, 4)
 
 
 @register("Gemm")
-class Gemm(Kernel):
+class Gemm(JitKernel):
+    @property
+    def raw_inputs(self) -> bool:  # type: ignore[override]
+        return self.linear_b is not None
+
+    def _linear_form(self) -> bool:
+        p = self.p
+        return (bool(p.constantB) and not p.constantA and not p.transA and p.alpha == 1.0
+                and not p.output_transpose and len(self.in_shapes) == 1 and self.c_kind in _LINEAR_C)
+
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
         p = self.p
         self.m, self.n, self.k, self.c_kind = p.dims(in_shapes)
+        self.a_const = self.c_const = None
+        self.linear_b: np.ndarray | None = None
+        #: the weight index of B (A's comes first when constant)
+        self._b_index = int(bool(p.constantA))
         index = 0
-        self.a_const = self.b_const = self.c_const = None
         if p.constantA:
             a = from_bf16(self.bf16_weight(index))
             index += 1
             self.a_const = a.reshape(self.k, self.m).T if p.transA else a.reshape(self.m, self.k)
-        if p.constantB:
-            b = from_bf16(self.bf16_weight(index))
-            index += 1
-            self.b_const = b.reshape(self.n, self.k).T if p.transB else b.reshape(self.k, self.n)
+        index += int(bool(p.constantB))
         if p.has_constant_c():
             self.c_const = self.fp32_bias(index)
+        if self._linear_form():
+            b16 = self.bf16_weight(self._b_index)
+            self.linear_b = jit_linear.pack_b(b16.reshape(self.n, self.k).T if p.transB else b16.reshape(self.k, self.n))
+            bias = np.zeros(self.n, dtype=np.float32)
+            if self.c_const is not None:
+                bias += self._c_term(self.c_const).ravel() * np.float32(p.beta)
+            self.linear_bias = bias
+            self.work = self.m * self.n * self.k
         return out
+
+    @functools.cached_property
+    def b_const(self) -> np.ndarray | None:
+        """B widened to fp32 for numpy's matmul (never made for the Linear form's own path)."""
+        p = self.p
+        if not p.constantB:
+            return None
+        b = from_bf16(self.bf16_weight(self._b_index))
+        return b.reshape(self.n, self.k).T if p.transB else b.reshape(self.k, self.n)
+
+    def _activation(self) -> tuple[int, tuple[float, ...]]:
+        return 0, ()
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        m, n, k = self.m, self.n, self.k
+        rb, cols = jit_linear.split(m, n, jit.kernel_threads())
+        ap = self.buf("linear_a", jit_linear.packed_a_shape(m, k), np.uint16)
+        jit_linear.linear(xs[0].reshape(m, k), self.linear_b, self.linear_bias, ops, ap, rb, cols, out.reshape(m, n))
 
     def _operand(self, x: np.ndarray, trans: int) -> np.ndarray:
         rows, cols = gemm_matrix("Gemm", x.shape)
