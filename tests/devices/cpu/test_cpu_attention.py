@@ -11,8 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.cpu_engine import check_against_ncnn
+from tests.devices.cpu.test_cpu_jit_elementwise import kinds, plan_for
+from tests.support.cpu_engine import check_against_ncnn, outputs_on_splits
 from tests.support.params import param_text
+from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.executor import StepKind
 from vkserve.devices.cpu.verify import verify_cpu
 from vkserve.models.errors import ModelFormatError
 from vkserve.models.graph import load_model
@@ -88,3 +91,18 @@ def test_refused(tmp_path: Path, params: str, shapes: dict[str, tuple[int, ...]]
                      + f"MultiHeadAttention attn {len(shapes)} 1 {names} out {params}\n")
     with pytest.raises(ModelFormatError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_model(param, None, shapes)
+
+
+def test_projections_run_compiled_on_the_arena_same_bits_on_any_split(tmp_path: Path) -> None:
+    """On the Plan's path the projections are ``jit.linear`` products over the bf16 arena (self-
+    attention and q + kv inputs): close to the numpy forward, the same bits on any split."""
+    rng = np.random.default_rng(6)
+    for params, shapes in (("0=48 1=3 2=2304", {"q": (37, 48)}), ("0=16 1=4 2=96 3=10 4=10", {"q": (9, 6), "k": (13, 10)})):
+        inputs = {n: rng.uniform(-2.0, 2.0, s).astype(np.float32) for n, s in shapes.items()}
+        plan = plan_for(tmp_path, [line_for(params, shapes)], inputs)
+        assert kinds(plan)["attn"] is StepKind.RAW_INPUTS
+        step = next(s for s in plan._program if s.name == "attn")
+        want = step.kernel.forward([from_bf16(to_bf16(x)) for x in inputs.values()])[0]
+        outs = outputs_on_splits(plan, inputs, "out")
+        np.testing.assert_allclose(outs[0], want, rtol=0.02, atol=0.02 * float(np.abs(want).max()))
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
