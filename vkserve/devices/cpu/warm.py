@@ -27,6 +27,7 @@ from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.jit import (
     VECTORS,
     Dispatcher,
+    attention,
     bf16dot,
     conv,
     direct,
@@ -50,15 +51,15 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms, norm,
-                  pooling, winograd)
+KERNEL_MODULES = (attention, bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms,
+                  norm, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
-#: LayerNorm, InnerProduct, a Linear Gemm, element-wise (Eltwise, BinaryOp, an activation on its own),
+#: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, element-wise (Eltwise, BinaryOp, an activation on its own),
 #: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-23 25
+27 30
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -80,8 +81,12 @@ GELU gelu 1 1 f5 f6
 LayerNorm ln 1 1 f6 f7 0=12 1=1e-05
 Pooling gap 1 1 f7 g 0=1 4=1
 InnerProduct fc 1 1 g fc 0=4 1=1 2=32 9=4
-Gemm lin 1 1 fc lin 10=4 2=0 3=1 4=0 5=1 6=1 7=1 8=4 9=4
-Softmax prob 1 1 lin out 0=1 1=1
+Reshape pair 1 1 fc fc2 0=2 1=2
+Gemm lin 1 1 fc2 lin 10=4 2=0 3=1 4=0 5=1 6=1 7=2 8=4 9=2
+MultiHeadAttention self 1 1 lin s1 0=4 1=2 2=16
+Split sp2 1 2 s1 s2 s3
+MultiHeadAttention cross 2 1 s2 s3 att 0=4 1=2 2=16
+Softmax prob 1 1 att out 0=1 1=1
 """
 
 

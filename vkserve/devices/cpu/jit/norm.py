@@ -26,7 +26,7 @@ def _term(v, squares):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _lane_sum(t, n, squares):  # noqa: ANN001, ANN202
+def lane_sum(t, n, squares):  # noqa: ANN001, ANN202
     """sum of t[:n] (of their squares with ``squares``) in ``LANES`` interleaved partial sums,
     added pairwise at the end."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
@@ -58,10 +58,10 @@ def last_dims(a, gamma, beta, eps, centered, ops, parts, out):  # noqa: ANN001
             for j in range(n):
                 t[j] = widen(a[r, j])
             if centered:
-                mean = _lane_sum(t, n, False) * inv_n
+                mean = lane_sum(t, n, False) * inv_n
                 for j in range(n):
                     t[j] -= mean
-            scale = np.float32(1.0) / np.sqrt(_lane_sum(t, n, True) * inv_n + eps)
+            scale = np.float32(1.0) / np.sqrt(lane_sum(t, n, True) * inv_n + eps)
             for j in range(n):
                 t[j] *= scale
             if gamma.size:

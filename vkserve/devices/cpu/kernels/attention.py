@@ -4,10 +4,10 @@ projection.
 
 On the Plan's path the four projections run as ``jit.linear`` on the bf16 arena (weights packed
 once at load; in self-attention q, k and v are one product over the three weights side by side,
-the input packed once), and the weighted values are rounded to bf16 before the out projection,
-as storage between two layers would round them. Scores, softmax and weighted values are numpy in
-fp32. ``forward`` (fp32 in) is numpy throughout, over the weights widened on first use; biases
-stay fp32."""
+the input packed once), and the attention between them as ``jit.attention.attend`` (fp32),
+which stores the weighted values in bf16 for the out projection, as storage between two layers
+would round them. ``forward`` (fp32 in) is numpy throughout, over the weights widened on first
+use; biases stay fp32."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ import functools
 import numpy as np
 
 from vkserve.devices.cpu import jit
-from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu.bf16 import from_bf16
+from vkserve.devices.cpu.jit import attention as jit_attention
 from vkserve.devices.cpu.jit import linear as jit_linear
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.models.layers import Shape
 
 #: no epilogue after a projection
 _NO_OPS = np.zeros((0, 3), dtype=np.float32)
+#: no attention mask
+_NO_MASK = np.zeros((0, 0, 0), dtype=np.float32)
 
 
 @register("MultiHeadAttention")
@@ -95,15 +98,20 @@ class MultiHeadAttention(Kernel):
         if self.self_attention:
             qkv = self.buf("qkv", (self.src, 3 * e))
             self._linear(us[qi].reshape(self.src, -1), self.in_products[0], "in_rows", qkv)
-            qa, ka, va = qkv[:, :e], qkv[:, e : 2 * e], qkv[:, 2 * e :]
+            (qa, q0), (ka, k0), (va, v0) = (qkv, 0), (qkv, e), (qkv, 2 * e)
         else:
-            qa, ka, va = (self.buf(name, (rows, e)) for name, rows in (("q", self.src), ("k", self.dst),
-                                                                        ("v", self.dst)))
+            (qa, q0), (ka, k0), (va, v0) = ((self.buf(name, (rows, e)), 0) for name, rows in (
+                ("q", self.src), ("k", self.dst), ("v", self.dst)))
             for i, x, dst, rows in ((qi, 0, qa, self.src), (ki, 1, ka, self.dst), (vi, 2, va, self.dst)):
                 self._linear(us[i].reshape(rows, -1), self.in_products[x], f"in_rows{x}", dst)
-        qa *= np.float32(p.qk_scale())
-        mixed = self._attend(qa, ka, va, None if mi is None else from_bf16(us[mi]))
-        mixed16 = to_bf16(mixed, out=self.buf("mixed", mixed.shape, np.uint16))
+        qa[:, q0 : q0 + e] *= np.float32(p.qk_scale())
+        mask = (_NO_MASK if mi is None
+                else from_bf16(us[mi]).reshape(self.mask_heads, self.src, self.dst))
+        mixed16 = self.buf("mixed", (self.src, e), np.uint16)
+        keys, values = jit_attention.panel_shapes(p.num_heads, self.dst, e)
+        with jit.launch(2 * self.src * self.dst * e):
+            jit_attention.attend(qa, q0, ka, k0, va, v0, mask, self.buf("keys", keys), self.buf("values", values),
+                                 mixed16)
         out = self.buf("out", (self.src, p.qdim()))
         self._linear(mixed16, self.out_product, "out_rows", out)
         return [out.reshape(self.out_shapes[0])]
