@@ -128,14 +128,13 @@ def test_linear_kernel_against_numpy_on_every_split(m: int, n: int, k: int) -> N
     want = np.maximum(from_bf16(a).astype(np.float64) @ from_bf16(b) + bias, 0)
     bp = jit_linear.pack_b(b)
     ops = jit.epilogue_ops(1, ())
-    ap = np.empty(jit_linear.packed_a_shape(m, k), np.uint16)
     results = []
-    for rb, cols in [(1, jit.conv.NR), (2, 4 * jit.conv.NR), (8, jit.conv.NB), jit_linear.split(m, n, 2)]:
+    for rb, cols in [(1, jit.conv.NR), (2, 4 * jit.conv.NR), (8, jit_linear.MAX_COLS), jit_linear.split(m, n, 2)]:
         out32 = np.full((m, n), np.nan, np.float32)
         out16 = np.zeros((m, n), np.uint16)
         with jit.launch(m * n * k):
-            jit_linear.linear(a, bp, bias, ops, ap, rb, cols, out32)
-            jit_linear.linear(a, bp, bias, ops, ap, rb, cols, out16)
+            jit_linear.linear(a, bp, bias, ops, rb, cols, out32)
+            jit_linear.linear(a, bp, bias, ops, rb, cols, out16)
         np.testing.assert_allclose(out32, want, rtol=1e-5, atol=1e-4)
         np.testing.assert_array_equal(out16, to_bf16(out32))
         results.append(out32)

@@ -5,9 +5,10 @@ It runs on the convolutions' register-tile kernels (``jit.conv``) with the roles
 rows (the tokens) are the tile's rows and B's columns its "pixels", so the tile is a block of Y
 as Y is stored (each row a run of outputs) and no transpose is needed on either side. B is
 packed once at load into NR-column strips, k-major (with ``DOT``: each column's k pairs
-adjacent, the layout of the pair-product kernel's B); A is packed per run, in a first parallel
-pass, into MR-row blocks (the weights' layout of ``conv.pack_gemm_weights``). Tasks are (row
-chunk, column chunk) pairs on the engine's threads; each sums its tile over K blocks of KC
+adjacent, the layout of the pair-product kernel's B); A is packed by the tasks, each the rows
+it computes, a block of MR rows and KC depths at a time (with ``DOT`` as bf16 pairs, else
+widened). Tasks are (row chunk, column chunk) pairs on the engine's threads; each sums its tile
+over K blocks of KC
 (k ascending, every output by one task in the same order whatever the split: the same bits on
 any thread count), then applies the fused activations and narrows it into Y.
 
@@ -26,7 +27,6 @@ from vkserve.devices.cpu.jit.conv import (
     DOT,
     KC,
     MR,
-    NB,
     NR,
     PAIR,
     _dot1,
@@ -40,8 +40,10 @@ from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile, tile_pass, w
 TASK_ROWS = 64
 #: output rows a task computes at least, before a layer with few tasks splits its columns
 MIN_TASK_ROWS = 16
-#: columns a task computes at least (two strips)
-MIN_COLS = 2 * NR
+#: columns a task computes at least (two strips), and at most: a block of A's rows, packed once
+#: per task and K block, serves all of them (its (MR x KC) block and the task's fp32 tile,
+#: 64 x 512, stay in L1 and L2)
+MIN_COLS, MAX_COLS = 2 * NR, 512
 
 
 def pack_b(b16: np.ndarray) -> np.ndarray:
@@ -56,17 +58,14 @@ def pack_b(b16: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w).reshape(strips, kp // PAIR, NR * PAIR)
 
 
-def packed_a_shape(m: int, k: int) -> tuple[int, int, int]:
-    """The work space ``linear`` packs A into: (ceil(M / MR), K / PAIR rounded up, MR x PAIR)."""
-    return -(-m // MR), -(-k // PAIR), MR * PAIR
-
-
 def split(m: int, n: int, threads: int) -> tuple[int, int]:
-    """(row blocks a task, columns a task): TASK_ROWS rows and NB columns, the rows halved (down
-    to MIN_TASK_ROWS), then the columns (down to MIN_COLS), while the layer has fewer than about
-    three tasks a thread. Which task computes an output does not change its sum."""
-    nrb = -(-m // MR)
-    rb, cols = max(1, min(nrb, TASK_ROWS // MR)), NB
+    """(row blocks a task, columns a task): TASK_ROWS rows and N in as few column chunks of at
+    most MAX_COLS as it takes (equal, whole strips), the rows halved (down to MIN_TASK_ROWS),
+    then the columns (down to MIN_COLS), while the layer has fewer than about three tasks a
+    thread. Which task computes an output does not change its sum."""
+    nrb, strips = -(-m // MR), -(-n // NR)
+    rb = max(1, min(nrb, TASK_ROWS // MR))
+    cols = NR * -(-strips // -(-n // MAX_COLS))
 
     def tasks() -> int:
         return -(-nrb // rb) * -(-n // cols)
@@ -75,29 +74,52 @@ def split(m: int, n: int, threads: int) -> tuple[int, int]:
         if rb * MR > MIN_TASK_ROWS:
             rb = max(1, rb // 2)
         elif cols > MIN_COLS:
-            cols //= 2
+            cols = NR * max(2, cols // NR // 2)
         else:
             break
     return rb, cols
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _pack_a_block(a, b, ap):  # noqa: ANN001, ANN202
-    """ap[b] (``packed_a_shape``) <- row block b of A (M, K) bf16: depth k (pair p with ``DOT``:
-    row r's two values adjacent at 2 r), rows and depths past A's zero."""
+def _pack_a(a, row0, k0, kcb, ap, wide):  # noqa: ANN001, ANN202
+    """A's rows row0 .. row0 + MR - 1, depths k0 .. k0 + kcb - 1 (zeros past A) as the register
+    tile's weights: with ``DOT`` bf16 pairs into ``ap`` (pair p, row r at 2 (p MR + r)), else
+    widened into ``wide`` (depth, row)."""
     m, k = a.shape
-    for p in range(ap.shape[1]):
-        for r in range(MR):
-            row = b * MR + r
-            for e in range(PAIR):
-                kk = p * PAIR + e
-                ap[b, p, r * PAIR + e] = a[row, kk] if row < m and kk < k else np.uint16(0)
+    rows = min(MR, m - row0)
+    if DOT:
+        kc2 = (kcb + 1) // 2
+        ap32 = ap.view(np.uint32)
+        if k % 2 == 0:  # each k pair of a row is one 32-bit load
+            a32 = a.reshape(a.size).view(np.uint32)
+            for r in range(rows):
+                src, rc = _U((row0 + r) * (k // 2) + k0 // 2), _U(r)
+                for p in range(_U(kc2)):
+                    ap32[p * _U(MR) + rc] = a32[src + p]
+        else:
+            half = np.uint32(16)
+            for r in range(rows):
+                for p in range(kc2):
+                    kk = k0 + 2 * p
+                    hi = np.uint32(a[row0 + r, kk + 1]) << half if kk + 1 < k else np.uint32(0)
+                    ap32[p * MR + r] = np.uint32(a[row0 + r, kk]) | hi
+        for r in range(rows, MR):
+            for p in range(kc2):
+                ap32[p * MR + r] = np.uint32(0)
+    else:
+        for r in range(rows):
+            src, k0u, rc = _U(row0 + r), _U(k0), _U(r)
+            for kk in range(_U(kcb)):
+                wide[kk, rc] = widen(a[src, k0u + kk])
+        for r in range(rows, MR):
+            for kk in range(kcb):
+                wide[kk, r] = np.float32(0.0)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _strip_product(af, a0, bp, bf, s0, k0, kcb, own, wide, tile, r0, n):  # noqa: ANN001, ANN202
-    """tile[r0:r0 + MR, :n] += A's row block (packed, at a0 in ``af``, its K block k0 .. k0 +
-    kcb) times B's strips s0 .. (n columns) over that K block: bf16 pairs straight from both
+def _strip_product(ap, bp, bf, s0, k0, kcb, own, wide, tile, r0, n):  # noqa: ANN001, ANN202
+    """tile[r0:r0 + MR, :n] += A's row block over the K block k0 .. k0 + kcb (``_pack_a``)
+    times B's strips s0 .. (n columns) over that K block: bf16 pairs straight from both
     packings (``DOT``), or both widened, B's block into ``own`` by the caller (``_widen_b``)."""
     ns = (n + NR - 1) // NR
     if DOT:
@@ -109,15 +131,11 @@ def _strip_product(af, a0, bp, bf, s0, k0, kcb, own, wide, tile, r0, n):  # noqa
         c0 = r0 * ldc
         si = 0
         while si + 1 < ns:
-            _dot2(af, a0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
+            _dot2(ap, 0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
             si += 2
         if si < ns:
-            _dot1(af, a0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
+            _dot1(ap, 0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
     else:
-        wf = wide.reshape(wide.size)
-        base = _U(a0)
-        for q in range(_U(kcb * MR)):
-            wf[q] = widen(af[base + q])
         for si in range(ns):
             if n - si * NR <= NR // 2:
                 _micro_half(wide, own, tile, kcb, r0, si)
@@ -136,19 +154,16 @@ def _widen_b(bp, s0, ns, k0, kcb, own):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def linear(a, bp, bias, ops, ap, rb_per_task, cols, out):  # noqa: ANN001
+def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     """``a`` (M, K) bf16 -> ``out`` (M, N) (bf16 storage, or fp32); ``bp`` from ``pack_b``;
-    ``bias`` fp32 per column (N); ``ops`` the epilogue; ``ap`` the work space of
-    ``packed_a_shape``; ``rb_per_task`` row blocks and ``cols`` columns (a multiple of NR, at
-    most NB) a task, from ``split``."""
+    ``bias`` fp32 per column (N); ``ops`` the epilogue; ``rb_per_task`` row blocks and ``cols``
+    columns (a multiple of NR) a task, from ``split``. One parallel region: each
+    task packs the blocks of A it reads (a pass of its own cost a second wake of the threads,
+    ~80 us on the 2-core VM, where packing a block is ~1/128 of its products)."""
     m, k = a.shape
     n_out = out.shape[1]
-    for b in prange(ap.shape[0]):
-        _pack_a_block(a, b, ap)
-    af = ap.reshape(ap.size)
     bf = bp.reshape(bp.size)
-    astride = ap.shape[1] * ap.shape[2]  # a row block's packed values
-    nrb = ap.shape[0]
+    nrb = (m + MR - 1) // MR
     row_chunks = (nrb + rb_per_task - 1) // rb_per_task
     col_chunks = (n_out + cols - 1) // cols
     for task in prange(row_chunks * col_chunks):
@@ -157,21 +172,22 @@ def linear(a, bp, bias, ops, ap, rb_per_task, cols, out):  # noqa: ANN001
         n = min(cols, n_out - c0)
         rb0 = rc * rb_per_task
         nb = min(nrb, rb0 + rb_per_task) - rb0
-        tile = np.empty((nb * MR, NB), dtype=np.float32)
+        tile = np.empty((nb * MR, cols), dtype=np.float32)
         for r in range(nb * MR):
-            for j in range(NB):
+            for j in range(cols):
                 tile[r, j] = bias[c0 + j] if j < n else np.float32(0.0)
-        own = np.empty((0 if DOT else NB // NR, KC, NR), dtype=np.float32)
+        ap = np.empty(KC * MR if DOT else 0, dtype=np.uint16)
+        own = np.empty((0 if DOT else cols // NR, KC, NR), dtype=np.float32)
         wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)
         for k0 in range(0, k, KC):
             kcb = min(KC, k - k0)
             if not DOT:
                 _widen_b(bp, c0 // NR, (n + NR - 1) // NR, k0, kcb, own)
             for i in range(nb):
-                _strip_product(af, (rb0 + i) * astride + k0 * MR, bp, bf, c0 // NR, k0, kcb, own, wide, tile,
-                               i * MR, n)
+                _pack_a(a, (rb0 + i) * MR, k0, kcb, ap, wide)
+                _strip_product(ap, bp, bf, c0 // NR, k0, kcb, own, wide, tile, i * MR, n)
         rows = min(nb * MR, m - rb0 * MR)
         finish_tile(tile, 0, rows, n, out, rb0 * MR, c0, tile_pass(tile, rows, ops))
 
 
-__all__ = ["linear", "pack_b", "packed_a_shape", "split"]
+__all__ = ["linear", "pack_b", "split"]

@@ -66,13 +66,12 @@ class MultiHeadAttention(Kernel):
         w_t, b = self.proj[which]
         return np.matmul(x, w_t, dtype=np.float32) + b
 
-    def _linear(self, a16: np.ndarray, product: tuple[np.ndarray, np.ndarray], slot: str, out: np.ndarray) -> None:
+    def _linear(self, a16: np.ndarray, product: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> None:
         """out (fp32) = a16 (bf16) times a packed projection, plus its bias."""
         (m, k), n = a16.shape, out.shape[1]
         rb, cols = jit_linear.split(m, n, jit.kernel_threads())
-        ap = self.buf(slot, jit_linear.packed_a_shape(m, k), np.uint16)
         with jit.launch(m * n * k):
-            jit_linear.linear(a16, product[0], product[1], _NO_OPS, ap, rb, cols, out)
+            jit_linear.linear(a16, product[0], product[1], _NO_OPS, rb, cols, out)
 
     def _attend(self, qa: np.ndarray, ka: np.ndarray, va: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """The weighted values (src, e) of scaled projections: scores, the mask, softmax."""
@@ -97,23 +96,22 @@ class MultiHeadAttention(Kernel):
         qi, ki, vi, mi = self.roles
         if self.self_attention:
             qkv = self.buf("qkv", (self.src, 3 * e))
-            self._linear(us[qi].reshape(self.src, -1), self.in_products[0], "in_rows", qkv)
+            self._linear(us[qi].reshape(self.src, -1), self.in_products[0], qkv)
             (qa, q0), (ka, k0), (va, v0) = (qkv, 0), (qkv, e), (qkv, 2 * e)
         else:
             (qa, q0), (ka, k0), (va, v0) = ((self.buf(name, (rows, e)), 0) for name, rows in (
                 ("q", self.src), ("k", self.dst), ("v", self.dst)))
             for i, x, dst, rows in ((qi, 0, qa, self.src), (ki, 1, ka, self.dst), (vi, 2, va, self.dst)):
-                self._linear(us[i].reshape(rows, -1), self.in_products[x], f"in_rows{x}", dst)
+                self._linear(us[i].reshape(rows, -1), self.in_products[x], dst)
         qa[:, q0 : q0 + e] *= np.float32(p.qk_scale())
         mask = (_NO_MASK if mi is None
                 else from_bf16(us[mi]).reshape(self.mask_heads, self.src, self.dst))
         mixed16 = self.buf("mixed", (self.src, e), np.uint16)
-        keys, values = jit_attention.panel_shapes(p.num_heads, self.dst, e)
+        rows = jit_attention.split(p.num_heads, self.src, jit.kernel_threads())
         with jit.launch(2 * self.src * self.dst * e):
-            jit_attention.attend(qa, q0, ka, k0, va, v0, mask, self.buf("keys", keys), self.buf("values", values),
-                                 mixed16)
+            jit_attention.attend(qa, q0, ka, k0, va, v0, mask, p.num_heads, rows, mixed16)
         out = self.buf("out", (self.src, p.qdim()))
-        self._linear(mixed16, self.out_product, "out_rows", out)
+        self._linear(mixed16, self.out_product, out)
         return [out.reshape(self.out_shapes[0])]
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:

@@ -78,8 +78,7 @@ class Gemm(JitKernel):
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
         m, n, k = self.m, self.n, self.k
         rb, cols = jit_linear.split(m, n, jit.kernel_threads())
-        ap = self.buf("linear_a", jit_linear.packed_a_shape(m, k), np.uint16)
-        jit_linear.linear(xs[0].reshape(m, k), self.linear_b, self.linear_bias, ops, ap, rb, cols, out.reshape(m, n))
+        jit_linear.linear(xs[0].reshape(m, k), self.linear_b, self.linear_bias, ops, rb, cols, out.reshape(m, n))
 
     def _operand(self, x: np.ndarray, trans: int) -> np.ndarray:
         rows, cols = gemm_matrix("Gemm", x.shape)
