@@ -159,7 +159,7 @@ def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     ``bias`` fp32 per column (N); ``ops`` the epilogue; ``rb_per_task`` row blocks and ``cols``
     columns (a multiple of NR) a task, from ``split``. One parallel region: each
     task packs the blocks of A it reads (a pass of its own cost a second wake of the threads,
-    ~80 us on the 2-core VM, where packing a block is ~1/128 of its products)."""
+    ~80 us on the 2-core VM, where packing a block costs about 1 / ``cols`` of its products)."""
     m, k = a.shape
     n_out = out.shape[1]
     bf = bp.reshape(bp.size)
