@@ -106,7 +106,8 @@ def reaches_tile(d, seen):
 kernels = {d for m in (conv, direct, elementwise, epilogue, innerproduct, linear, lrn, nms, pooling, winograd)
            for d in vars(m).values() if isinstance(d, Dispatcher) and d._cache.__class__.__name__ != "NullCache"}
 tiled = {d for d in kernels if reaches_tile(d, set())}
-assert {conv.conv_gemm, direct.conv_direct, winograd.winograd43, winograd._multiply_and_store, linear.linear} <= tiled, tiled
+assert {conv.conv_gemm, direct.conv_direct, winograd.winograd43, winograd._multiply_and_store, linear.linear,
+        linear.matmul} <= tiled, tiled
 shared = numba.config.CACHE_DIR
 numba.config.CACHE_DIR = sys.argv[2]
 for d in tiled:
@@ -123,8 +124,8 @@ sys.exit(code)
 def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: int, path: str) -> None:
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
-    (where the CPU has them): every dense and Winograd convolution case and the Linear layers
-    against ncnn, and the same bits on any thread count, so each path is tested on any machine that can run it. The
+    (where the CPU has them): every dense and Winograd convolution case, the Linear layers and
+    MatMul against ncnn, and the same bits on any thread count, so each path is tested on any machine that can run it. The
     kernels the path reaches compile afresh in the child (their own numba cache folder)."""
     if (rows, path == "dot") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot):
         pytest.skip("the path this host uses: the rest of the suite runs it")
@@ -141,7 +142,9 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
          "tests/devices/cpu/test_cpu_matmul.py::test_gemm_pnnx_linear",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_runs_compiled_with_the_gelu_after_it",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_same_bits_on_any_split",
-         "tests/devices/cpu/test_cpu_matmul.py::test_linear_kernel_against_numpy_on_every_split"],
+         "tests/devices/cpu/test_cpu_matmul.py::test_linear_kernel_against_numpy_on_every_split",
+         "tests/devices/cpu/test_cpu_matmul.py::test_matmul",
+         "tests/devices/cpu/test_cpu_matmul.py::test_matmul_runs_compiled_same_bits_on_any_split"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout

@@ -42,7 +42,7 @@ before = signatures()
 folder = Path("vkserve/examples/digits")
 Plan(load_model(folder / "model.param", folder / "model.bin")).run({"data": read_only((1, 8, 8))})
 layers = parse_param_text('''7767517
-13 13
+15 16
 Input data 0 1 data 0=10 1=10 2=6
 BatchNorm bn 1 1 data a 0=6
 ReLU relu 1 1 a b
@@ -55,7 +55,9 @@ RMSNorm rms 1 1 g h 0=12 1=1e-05
 Reshape rows 1 1 h i 0=12 1=72
 Gemm linear 1 1 i j 10=4 2=0 3=1 4=0 5=1 6=1 7=72 8=16 9=12
 GELU mlp 1 1 j k
-MultiHeadAttention attn 1 1 k out 0=16 1=2 2=256
+MultiHeadAttention attn 1 1 k l 0=16 1=2 2=256
+Split pair 1 2 l l1 l2
+MatMul scores 2 1 l1 l2 out 0=1
 ''', "later layers")
 for layer, weights in zip(layers, random_weights(layers, 0)):
     layer.weights = weights
@@ -72,7 +74,7 @@ print(json.dumps({
 
 def test_models_run_on_kernels_compiled_at_start() -> None:
     """The example model and a net of the layers compiled after the first kernels (BatchNorm,
-    bilinear and bicubic Interp, GELU, LayerNorm, RMSNorm, a Linear Gemm with a GELU fused, self-attention), inputs read-only as the daemon's
+    bilinear and bicubic Interp, GELU, LayerNorm, RMSNorm, a Linear Gemm with a GELU fused, self-attention, MatMul), inputs read-only as the daemon's
     are, add no specialization after ``compile_kernels``; every module of the package with
     compiled kernels is among the warm-up's (``KERNEL_MODULES``)."""
     done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, capture_output=True, text=True,

@@ -72,7 +72,7 @@ FUSABLE_ACTIVATIONS = frozenset({"ReLU", "Clip", "Sigmoid", "Swish", "HardSigmoi
 #: producers whose ``forward`` returns a fresh or step-owned fp32 buffer (an "out" scratch
 #: slot or a new array, never a slot those activations use, never a view of an input)
 FUSABLE_PRODUCERS = frozenset({"Convolution", "ConvolutionDepthWise", "InnerProduct", "Eltwise", "BinaryOp",
-                               "BatchNorm", "Gemm"})
+                               "BatchNorm", "Gemm", "MatMul"})
 
 
 def _stores_itself(kernel: Kernel) -> bool:

@@ -56,10 +56,10 @@ KERNEL_MODULES = (attention, bf16dot, conv, direct, elementwise, epilogue, inner
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
-#: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, element-wise (Eltwise, BinaryOp, an activation on its own),
+#: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, MatMul, element-wise (Eltwise, BinaryOp, an activation on its own),
 #: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-27 30
+29 33
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=8 1=3 4=1 5=1 6=288 9=1
 Convolution wino 1 1 a a2 0=16 1=3 4=1 5=1 6=1152 9=1
@@ -86,7 +86,9 @@ Gemm lin 1 1 fc2 lin 10=4 2=0 3=1 4=0 5=1 6=1 7=2 8=4 9=2
 MultiHeadAttention self 1 1 lin s1 0=4 1=2 2=16
 Split sp2 1 2 s1 s2 s3
 MultiHeadAttention cross 2 1 s2 s3 att 0=4 1=2 2=16
-Softmax prob 1 1 att out 0=1 1=1
+Split sp3 1 2 att t1 t2
+MatMul mm 2 1 t1 t2 scores 0=1
+Softmax prob 1 1 scores out 0=1 1=1
 """
 
 

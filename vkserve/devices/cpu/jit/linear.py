@@ -46,16 +46,14 @@ MIN_TASK_ROWS = 16
 MIN_COLS, MAX_COLS = 2 * NR, 512
 
 
-def pack_b(b16: np.ndarray) -> np.ndarray:
-    """bf16 B (K, N) -> strips (ceil(N / NR), K / PAIR rounded up, NR x PAIR): strip s holds
-    columns s NR .. s NR + NR - 1, depth k (with ``DOT``, the pair k, k + 1 adjacent) a run;
-    columns and depths past B's zero."""
-    k, n = b16.shape
-    strips, kp = -(-n // NR), -(-k // PAIR) * PAIR
-    w = np.zeros((kp, strips * NR), dtype=np.uint16)
-    w[:k, :n] = b16
-    w = w.reshape(kp // PAIR, PAIR, strips, NR).transpose(2, 0, 3, 1)
-    return np.ascontiguousarray(w).reshape(strips, kp // PAIR, NR * PAIR)
+def pack_b(b16: np.ndarray, trans: bool = False) -> np.ndarray:
+    """bf16 B (K, N), or B stored transposed (N, K) with ``trans`` (a Linear layer's weight) ->
+    strips (``packed_b_shape``): strip s holds columns s NR .. s NR + NR - 1, depth k (with
+    ``DOT``, the pair k, k + 1 adjacent) a run; columns and depths past B's zero."""
+    k, n = (b16.shape[1], b16.shape[0]) if trans else b16.shape
+    bp = np.empty(packed_b_shape(k, n), dtype=np.uint16)
+    _pack_b(np.ascontiguousarray(b16), trans, bp)
+    return bp
 
 
 def split(m: int, n: int, threads: int) -> tuple[int, int]:
@@ -153,6 +151,37 @@ def _widen_b(bp, s0, ns, k0, kcb, own):  # noqa: ANN001, ANN202
                 own[s, kk, j] = widen(bp[su, ku, j])
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _task(a, bp, bias, ops, task, rb_per_task, cols, out):  # noqa: ANN001, ANN202
+    """Task ``task`` of ``linear`` (its rows and columns of ``out``; numbered as there)."""
+    m, k = a.shape
+    n_out = out.shape[1]
+    bf = bp.reshape(bp.size)
+    nrb = (m + MR - 1) // MR
+    col_chunks = (n_out + cols - 1) // cols
+    rc = task // col_chunks
+    c0 = (task - rc * col_chunks) * cols
+    n = min(cols, n_out - c0)
+    rb0 = rc * rb_per_task
+    nb = min(nrb, rb0 + rb_per_task) - rb0
+    tile = np.empty((nb * MR, cols), dtype=np.float32)
+    for r in range(nb * MR):
+        for j in range(cols):
+            tile[r, j] = bias[c0 + j] if j < n else np.float32(0.0)
+    ap = np.empty(KC * MR if DOT else 0, dtype=np.uint16)
+    own = np.empty((0 if DOT else cols // NR, KC, NR), dtype=np.float32)
+    wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)
+    for k0 in range(0, k, KC):
+        kcb = min(KC, k - k0)
+        if not DOT:
+            _widen_b(bp, c0 // NR, (n + NR - 1) // NR, k0, kcb, own)
+        for i in range(nb):
+            _pack_a(a, (rb0 + i) * MR, k0, kcb, ap, wide)
+            _strip_product(ap, bp, bf, c0 // NR, k0, kcb, own, wide, tile, i * MR, n)
+    rows = min(nb * MR, m - rb0 * MR)
+    finish_tile(tile, 0, rows, n, out, rb0 * MR, c0, tile_pass(tile, rows, ops))
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     """``a`` (M, K) bf16 -> ``out`` (M, N) (bf16 storage, or fp32); ``bp`` from ``pack_b``;
@@ -160,34 +189,58 @@ def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     columns (a multiple of NR) a task, from ``split``. One parallel region: each
     task packs the blocks of A it reads (a pass of its own cost a second wake of the threads,
     ~80 us on the 2-core VM, where packing a block costs about 1 / ``cols`` of its products)."""
-    m, k = a.shape
-    n_out = out.shape[1]
-    bf = bp.reshape(bp.size)
-    nrb = (m + MR - 1) // MR
-    row_chunks = (nrb + rb_per_task - 1) // rb_per_task
-    col_chunks = (n_out + cols - 1) // cols
-    for task in prange(row_chunks * col_chunks):
-        rc = task // col_chunks
-        c0 = (task - rc * col_chunks) * cols
-        n = min(cols, n_out - c0)
-        rb0 = rc * rb_per_task
-        nb = min(nrb, rb0 + rb_per_task) - rb0
-        tile = np.empty((nb * MR, cols), dtype=np.float32)
-        for r in range(nb * MR):
-            for j in range(cols):
-                tile[r, j] = bias[c0 + j] if j < n else np.float32(0.0)
-        ap = np.empty(KC * MR if DOT else 0, dtype=np.uint16)
-        own = np.empty((0 if DOT else cols // NR, KC, NR), dtype=np.float32)
-        wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)
-        for k0 in range(0, k, KC):
-            kcb = min(KC, k - k0)
-            if not DOT:
-                _widen_b(bp, c0 // NR, (n + NR - 1) // NR, k0, kcb, own)
-            for i in range(nb):
-                _pack_a(a, (rb0 + i) * MR, k0, kcb, ap, wide)
-                _strip_product(ap, bp, bf, c0 // NR, k0, kcb, own, wide, tile, i * MR, n)
-        rows = min(nb * MR, m - rb0 * MR)
-        finish_tile(tile, 0, rows, n, out, rb0 * MR, c0, tile_pass(tile, rows, ops))
+    m, n_out = out.shape
+    tasks = ((m + MR - 1) // MR + rb_per_task - 1) // rb_per_task * ((n_out + cols - 1) // cols)
+    for task in prange(tasks):
+        _task(a, bp, bias, ops, task, rb_per_task, cols, out)
 
 
-__all__ = ["linear", "pack_b", "split"]
+def packed_b_shape(k: int, n: int) -> tuple[int, int, int]:
+    """One B's strips (``pack_b``'s shape) for a K x N product."""
+    return -(-n // NR), -(-k // PAIR), NR * PAIR
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _pack_b_strip(b, trans, s, dst):  # noqa: ANN001, ANN202
+    """Strip s of B (K, N) bf16, or of B stored transposed (N, K) with ``trans``, in
+    ``pack_b``'s layout: dst[p, j PAIR + e] = B[p PAIR + e, s NR + j], zeros past B."""
+    k, n = (b.shape[1], b.shape[0]) if trans else (b.shape[0], b.shape[1])
+    zero = np.uint16(0)
+    for p in range(dst.shape[0]):
+        for j in range(NR):
+            col = s * NR + j
+            for e in range(PAIR):
+                kk = p * PAIR + e
+                if col < n and kk < k:
+                    dst[p, j * PAIR + e] = b[col, kk] if trans else b[kk, col]
+                else:
+                    dst[p, j * PAIR + e] = zero
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _pack_b(b, trans, bp):  # noqa: ANN001
+    """Every strip of one B into ``bp`` (``pack_b``)."""
+    for s in range(bp.shape[0]):
+        _pack_b_strip(b, trans, s, bp[s])
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def matmul(a, b, trans, a_of, b_of, bp, ops, rb_per_task, cols, out):  # noqa: ANN001
+    """Batched ``out[i]`` (M, N) = A[a_of[i]] (M, K) times B[b_of[i]] (K, N; stored (N, K) with
+    ``trans``), all bf16 from the arena (``out`` bf16 storage or fp32): MatMul with both
+    operands computed by the model. Each B is packed into ``bp`` (``packed_b_shape`` per B)
+    in a first parallel pass, then the products run as ``linear``'s tasks over every item."""
+    strips = bp.shape[1]
+    for item in prange(bp.shape[0] * strips):
+        i = item // strips
+        s = item - i * strips
+        _pack_b_strip(b[i], trans, s, bp[i, s])
+    m, n_out = out.shape[1], out.shape[2]
+    per = ((m + MR - 1) // MR + rb_per_task - 1) // rb_per_task * ((n_out + cols - 1) // cols)
+    bias = np.zeros(n_out, dtype=np.float32)
+    for task in prange(out.shape[0] * per):
+        i = task // per
+        _task(a[a_of[i]], bp[b_of[i]], bias, ops, task - i * per, rb_per_task, cols, out[i])
+
+
+__all__ = ["linear", "matmul", "pack_b", "packed_b_shape", "split"]

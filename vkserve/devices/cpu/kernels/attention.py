@@ -38,17 +38,16 @@ class MultiHeadAttention(Kernel):
         self.src, self.dst, self.mask_heads = p.dims(in_shapes)
         self.roles = p.roles(len(in_shapes))
         qi, ki, vi, _ = self.roles
-        #: (weight as B (in, out) bf16, bias) of the q, k, v and out projections, in load order
-        weights = [(self._b16(i).T, self.fp32_bias(2 * i + 1)) for i in range(4)]
+        #: (weight (out, in) bf16, bias) of the q, k, v and out projections, in load order
+        weights = [(self._b16(i), self.fp32_bias(2 * i + 1)) for i in range(4)]
         self.self_attention = qi == ki == vi
         if self.self_attention:
-            products = [(np.concatenate([w for w, _ in weights[:3]], axis=1),
-                         np.concatenate([b for _, b in weights[:3]]))]
+            products = [(np.concatenate([w for w, _ in weights[:3]]), np.concatenate([b for _, b in weights[:3]]))]
         else:
             products = weights[:3]
         #: the input projections' packed weights and biases: one product (self-attention) or three
-        self.in_products = [(jit_linear.pack_b(w), b) for w, b in products]
-        self.out_product = (jit_linear.pack_b(weights[3][0]), weights[3][1])
+        self.in_products = [(jit_linear.pack_b(w, trans=True), b) for w, b in products]
+        self.out_product = (jit_linear.pack_b(weights[3][0], trans=True), weights[3][1])
         return out
 
     def _b16(self, i: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Gemm: top = alpha * (A @ B + beta * C), ncnn's order of scaling (``GemmParams``);
-MatMul: numpy's batched matmul (``MatMulParams``).
+MatMul: numpy's batched matmul (``MatMulParams``), compiled (``jit.linear.matmul``).
 
 A Gemm in the Linear form (B a weight, A an input, neither transposed on A's side, C none, a
 scalar or a weight per column, alpha 1, no output transpose: what pnnx writes for nn.Linear)
@@ -12,13 +12,14 @@ a constant C kept in fp32 as biases are.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import linear as jit_linear
-from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.base import register
 from vkserve.devices.cpu.kernels.jitted import JitKernel
 from vkserve.models.layers import Shape, gemm_matrix
 
@@ -55,7 +56,8 @@ class Gemm(JitKernel):
             self.c_const = self.fp32_bias(index)
         if self._linear_form():
             b16 = self.bf16_weight(self._b_index)
-            self.linear_b = jit_linear.pack_b(b16.reshape(self.n, self.k).T if p.transB else b16.reshape(self.k, self.n))
+            shape = (self.n, self.k) if p.transB else (self.k, self.n)
+            self.linear_b = jit_linear.pack_b(b16.reshape(shape), bool(p.transB))
             bias = np.zeros(self.n, dtype=np.float32)
             if self.c_const is not None:
                 bias += self._c_term(self.c_const).ravel() * np.float32(p.beta)
@@ -116,8 +118,37 @@ class Gemm(JitKernel):
 
 
 @register("MatMul")
-class MatMul(Kernel):
-    """numpy's matmul in fp32 (``MatMulParams``): B's last two axes swapped with transB."""
+class MatMul(JitKernel):
+    """numpy's matmul (``MatMulParams``; B's last two axes swapped with transB) as
+    ``jit.linear.matmul`` on the bf16 arena: every B packed per run, the batch's products as
+    one set of tasks on the engine's threads, activations after it fused into its store.
+    ``forward`` (fp32) is numpy's matmul."""
+
+    def infer(self, in_shapes: list[Shape]) -> list[Shape]:
+        out = super().infer(in_shapes)
+        out_batch, self.m, self.n, self.k, a_batch, b_batch = self.p.dims(in_shapes)
+        self.a_items, self.b_items = math.prod(a_batch), math.prod(b_batch)
+        self.items_out = math.prod(out_batch)
+        # the A and B of each output item (batch axes broadcast where one of them is 1)
+        index = np.indices(out_batch).reshape(2, -1)
+        self.a_of, self.b_of = ((np.where(np.array(batch)[:, None] > 1, index, 0) * [[batch[1]], [1]]).sum(axis=0)
+                                for batch in (a_batch, b_batch))
+        #: B as stored: (N, K) per item with transB (a 1-D B is one column either way)
+        self.b_transposed = bool(self.p.transB) and len(in_shapes[1]) > 1
+        self.work = self.items_out * self.m * self.n * self.k
+        return out
+
+    def _activation(self) -> tuple[int, tuple[float, ...]]:
+        return 0, ()
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        m, n, k = self.m, self.n, self.k
+        b_shape = (n, k) if self.b_transposed else (k, n)
+        bp = self.buf("matmul_b", (self.b_items, *jit_linear.packed_b_shape(k, n)), np.uint16)
+        rb, cols = jit_linear.split(m, n, -(-jit.kernel_threads() // self.items_out))
+        jit_linear.matmul(xs[0].reshape(self.a_items, m, k), xs[1].reshape(self.b_items, *b_shape),
+                          self.b_transposed, self.a_of, self.b_of, bp, ops, rb, cols,
+                          out.reshape(self.items_out, m, n))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         a = np.asarray(xs[0], np.float32)
