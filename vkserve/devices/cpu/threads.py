@@ -5,8 +5,8 @@
 capped by a cgroup v2 ``cpu.max`` quota): ``resolve``. The numba kernels
 (``vkserve.devices.cpu.jit``) run on that many threads, and numpy passes (the RNE narrowing,
 large widenings) are split over the pool below. Convolution, InnerProduct, the Linear form of
-Gemm and MultiHeadAttention do not call BLAS; the layers that still do (Gemm's other forms,
-MatMul, Deconvolution) use numpy's BLAS pool, sized by ``OPENBLAS_NUM_THREADS`` /
+Gemm, MatMul and MultiHeadAttention do not call BLAS; the layers that still do (Gemm's other
+forms, Deconvolution) use numpy's BLAS pool, sized by ``OPENBLAS_NUM_THREADS`` /
 ``OMP_NUM_THREADS`` before numpy loads.
 
 numpy releases the GIL inside its ufunc loops and copies, so one large pass split into row
