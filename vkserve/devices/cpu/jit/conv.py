@@ -101,40 +101,50 @@ class BRead(enum.Enum):
     OFFSETS = "offsets"  # b[offs[k] + p0 + p]: row k of B at offs[k] in the flat array b
 
 
-def _micro_source(nr: int, b_read: BRead) -> str:
+def _micro_source(nr: int, b_read: BRead, strips: int = 1) -> str:
     """The MR x nr register-tile kernel as straight-line code (nr <= NR: the first nr pixels of
-    strip s): c[r0 + r, s NR + j] += sum over k < kc of a[k, r] b(k, s NR + j) (k ascending),
-    b read as ``b_read`` says (``BRead.OFFSETS``: the input planes of ``jit.direct``).
+    strip s), over ``strips`` adjacent strips (s, s + 1, ...; nr = NR then): c[r0 + r, (s + t) NR
+    + j] += sum over k < kc of a[k, r] b(k, (s + t) NR + j) (k ascending), b read as ``b_read``
+    says (``BRead.OFFSETS``: the input planes of ``jit.direct``).
 
     Written out per accumulator so that LLVM's SLP vectorizer turns each row of NR scalars into
     vector registers that stay live across the k loop (numba cannot express SIMD types); the
     offsets are unsigned, since numba's wrap-around of negative signed indices would break the
-    runs of consecutive addresses the vectorizer looks for."""
-    acc = [[f"c{r}_{j}" for j in range(nr)] for r in range(MR)]
+    runs of consecutive addresses the vectorizer looks for. Two strips give each weight loaded
+    twice the products: with one, an 8-row tile of 512-bit vectors loads a weight per FMA."""
+    cols = [(t, j) for t in range(strips) for j in range(nr)]
+    acc = [[f"c{r}_{t}_{j}" for t, j in cols] for r in range(MR)]
     header = "def micro(a, b, offs, p0, c, kc, r0, s):" if b_read is BRead.OFFSETS else "def micro(a, b, c, kc, r0, s):"
     lines = [header, "    r0 = U(r0)", "    s = U(s)", f"    j0 = s * U({NR})"]
-    lines += [f"    {acc[r][j]} = c[r0 + U({r}), j0 + U({j})]" for r in range(MR) for j in range(nr)]
+    lines += [f"    {acc[r][i]} = c[r0 + U({r}), j0 + U({t * NR + j})]" for r in range(MR) for i, (t, j) in enumerate(cols)]
     lines += ["    for k in range(U(kc)):"]
     if b_read is BRead.OFFSETS:
         lines += ["        o = U(offs[k]) + U(p0) + j0"]
-    load = {BRead.STRIPS: "b[s, k, U({j})]", BRead.ROWS: "b[k, j0 + U({j})]", BRead.OFFSETS: "b[o + U({j})]"}[b_read]
-    lines += [f"        b{j} = " + load.format(j=j) for j in range(nr)]
+    load = {BRead.STRIPS: "b[s + U({t}), k, U({j})]", BRead.ROWS: "b[k, j0 + U({tj})]",
+            BRead.OFFSETS: "b[o + U({tj})]"}[b_read]
+    lines += [f"        b{t}_{j} = " + load.format(t=t, j=j, tj=t * NR + j) for t, j in cols]
     for r in range(MR):
         lines.append(f"        a{r} = a[k, U({r})]")
-        lines += [f"        {acc[r][j]} += a{r} * b{j}" for j in range(nr)]
-    lines += [f"    c[r0 + U({r}), j0 + U({j})] = {acc[r][j]}" for r in range(MR) for j in range(nr)]
+        lines += [f"        {acc[r][i]} += a{r} * b{t}_{j}" for i, (t, j) in enumerate(cols)]
+    lines += [f"    c[r0 + U({r}), j0 + U({t * NR + j})] = {acc[r][i]}" for r in range(MR) for i, (t, j) in enumerate(cols)]
     return "\n".join(lines) + "\n"
 
 
-def compile_micro(nr: int, b_read: BRead = BRead.STRIPS):  # noqa: ANN201
+def compile_micro(nr: int, b_read: BRead = BRead.STRIPS, strips: int = 1):  # noqa: ANN201
     """The register-tile kernel of ``_micro_source`` compiled (numba does not cache exec'd code)."""
     ns: dict[str, object] = {"U": _U}
-    name = f"<{__name__} micro kernel {MR}x{nr} {b_read.value}>"
-    exec(compile(_micro_source(nr, b_read), name, "exec"), ns)  # noqa: S102
+    name = f"<{__name__} micro kernel {MR}x{nr * strips} {b_read.value}>"
+    exec(compile(_micro_source(nr, b_read, strips), name, "exec"), ns)  # noqa: S102
     return njit(fastmath=FASTMATH, error_model="numpy")(ns["micro"])
 
 
 _micro = compile_micro(NR)
+#: two strips at once (``_micro_source``)
+_micro2 = compile_micro(NR, BRead.STRIPS, 2)
+#: the same over one (k, pixels) matrix (``jit.winograd``'s products)
+_micro_rows = compile_micro(NR, BRead.ROWS)
+_micro2_rows = compile_micro(NR, BRead.ROWS, 2)
+_micro_half_rows = compile_micro(NR // 2, BRead.ROWS)
 #: for a block's last strip when it holds at most NR / 2 pixels (7 x 7 outputs: 49 = 3 x 16 + 1)
 _micro_half = compile_micro(NR // 2)
 #: with ``DOT``: MR x 2 strips (16 accumulators: enough to hide the product's latency), and a
@@ -569,12 +579,35 @@ def _block_product_impl(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, 
 
     def fp32(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
         _widen_run(w, w0, wide.reshape(wide.size), kcb * MR)
-        for si in range((n + NR - 1) // NR):
-            if n - si * NR <= NR // 2:
-                _micro_half(wide, panel, tile, kcb, r0, si)
-            else:
-                _micro(wide, panel, tile, kcb, r0, si)
+        strips_fp32(wide, panel, tile, kcb, r0, n)
     return fp32
+
+
+def strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
+    """tile[r0:r0 + MR, :n] += a (kc, MR) times ``b``'s first n pixels: NR-pixel strips
+    (``BRead.STRIPS``, b 3-D) or one (k, pixels) matrix (``BRead.ROWS``, b 2-D); two strips at a
+    time while the second holds more than NR / 2 pixels, then one (a last strip of at most
+    NR / 2 by the half-width kernel). Measured on the GPU machine's Xeon (one core, 256-deep
+    sums): one strip at a time 97-99 GFLOP/s, two 130-142; on the Zen 4 VM both ~115."""
+    raise NotImplementedError
+
+
+@overload(strips_fp32, inline="always")
+def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
+    two, one, half = (_micro2, _micro, _micro_half) if b.ndim == 3 else (_micro2_rows, _micro_rows, _micro_half_rows)
+
+    def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
+        ns = (n + NR - 1) // NR
+        si = 0
+        while si + 1 < ns and n - (si + 1) * NR > NR // 2:
+            two(a, b, tile, kc, r0, si)
+            si += 2
+        for s in range(si, ns):
+            if n - s * NR <= NR // 2:
+                half(a, b, tile, kc, r0, s)
+            else:
+                one(a, b, tile, kc, r0, s)
+    return impl
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")

@@ -31,8 +31,7 @@ from vkserve.devices.cpu.jit.conv import (
     PAIR,
     _dot1,
     _dot2,
-    _micro,
-    _micro_half,
+    strips_fp32,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile, tile_pass, widen
 
@@ -134,11 +133,7 @@ def _strip_product(ap, bp, bf, s0, k0, kcb, own, wide, tile, r0, n):  # noqa: AN
         if si < ns:
             _dot1(ap, 0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
     else:
-        for si in range(ns):
-            if n - si * NR <= NR // 2:
-                _micro_half(wide, own, tile, kcb, r0, si)
-            else:
-                _micro(wide, own, tile, kcb, r0, si)
+        strips_fp32(wide, own, tile, kcb, r0, n)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")

@@ -34,10 +34,8 @@ from vkserve.devices.cpu.jit.conv import (
     G_PL,
     G_PT,
     MR,
-    NR,
-    BRead,
     _fill_plane,
-    compile_micro,
+    strips_fp32,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row
 
@@ -75,10 +73,6 @@ def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT) -> b
     if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
         return False
     return cin >= MIN_IN and og >= MIN_OUT and -(-oh // 4) * -(-ow // 4) >= MIN_TILES
-
-
-_micro = compile_micro(NR, BRead.ROWS)
-_micro_half = compile_micro(NR // 2, BRead.ROWS)
 
 
 def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:
@@ -226,17 +220,12 @@ def _multiply_and_store(v, u, bias, ops, geo, t0, n, rb0, nb, out):  # noqa: ANN
     rows = nb * MR
     m = np.zeros((36, rows, TB), dtype=np.float32)
     mflat = m.reshape(m.size)
-    ns = (n + NR - 1) // NR
     for e in range(36):
         ve = v[e]
         me = m[e]
         for i in range(nb):
             ue = u[e, rb0 + i]
-            for si in range(ns):
-                if n - si * NR <= NR // 2:
-                    _micro_half(ue, ve, me, cin, i * MR, si)
-                else:
-                    _micro(ue, ve, me, cin, i * MR, si)
+            strips_fp32(ue, ve, me, cin, i * MR, n)
     z = np.empty(4 * 6 * TB, dtype=np.float32)
     obuf = np.empty((4, ntx * 4), dtype=np.float32)
     oflat = obuf.reshape(obuf.size)
