@@ -2,10 +2,10 @@
 
 Per task (a head and a run of query rows), in one parallel region: the head's keys packed as
 NR-key strips and its values as strips of NR columns, then per MR query rows the scores by the
-convolutions' fp32 register-tile kernel (``conv._micro``; the queries' values transposed as its
-weights), the mask added, each row's softmax (its
-maximum and sum in ``LANES`` interleaved partial results, ``exp_f32`` that vectorizes) written
-transposed as the weights of the second product, the weighted values by the same kernel over
+convolutions' fp32 register tiles (``conv.strips_fp32``; the queries' values transposed as its
+weights), the mask added, each row's softmax (its maximum and sum in ``LANES`` interleaved
+partial results, ``exp_f32`` that vectorizes) written transposed as the weights of the second
+product, the weighted values by the same kernel over
 the head's values packed likewise, and the result narrowed into the head's columns of the
 output. Every output's sums run in a fixed order (head dimension, then keys ascending): the
 same bits whatever the thread count. (numpy took three passes and two batched matmuls per
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.conv import _U, MR, NR, _micro
+from vkserve.devices.cpu.jit.conv import _U, MR, NR, strips_fp32
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, exp_f32, store_row
 from vkserve.devices.cpu.jit.norm import LANES, lane_sum
 
@@ -105,8 +105,7 @@ def attend(q, q0, k, k0, v, v0, mask, heads, rows_per_task, out):  # noqa: ANN00
                 for d in range(_U(hd)):
                     queries[d, r] = q[qrow, first + d]
             scores[:] = np.float32(0.0)
-            for s in range(ks):
-                _micro(queries, kp, scores, hd, 0, s)
+            strips_fp32(queries, kp, scores, hd, 0, dst)
             if rows < MR:
                 probs[:] = np.float32(0.0)
             for r in range(rows):
@@ -125,7 +124,6 @@ def attend(q, q0, k, k0, v, v0, mask, heads, rows_per_task, out):  # noqa: ANN00
                 for j in range(_U(dst)):
                     probs[j, ru] = row[j]
             mixed[:] = np.float32(0.0)
-            for s in range(vs):
-                _micro(probs, vp, mixed, dst, 0, s)
+            strips_fp32(probs, vp, mixed, dst, 0, hd)
             for r in range(rows):
                 store_row(mixed[r], 0, out, i0 + r, h * hd, hd)

@@ -598,11 +598,10 @@ def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
 
     def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
         ns = (n + NR - 1) // NR
-        si = 0
-        while si + 1 < ns and n - (si + 1) * NR > NR // 2:
-            two(a, b, tile, kc, r0, si)
-            si += 2
-        for s in range(si, ns):
+        wide = ns if n - (ns - 1) * NR > NR // 2 else ns - 1  # strips of more than NR / 2 pixels
+        for q in range(wide // 2):
+            two(a, b, tile, kc, r0, 2 * q)
+        for s in range(wide // 2 * 2, ns):
             if n - s * NR <= NR // 2:
                 half(a, b, tile, kc, r0, s)
             else:

@@ -1,5 +1,6 @@
 """Linear layers: Y (M, N) = bias + A (M, K) B (K, N) with B a weight (pnnx writes nn.Linear as
-such a Gemm; A is M tokens of K features, read from the bf16 arena).
+such a Gemm; A is M tokens of K features, read from the bf16 arena); and MatMul, whose B is
+computed too (``matmul``: each B packed per run, then the same tasks).
 
 It runs on the convolutions' register-tile kernels (``jit.conv``) with the roles swapped: A's
 rows (the tokens) are the tile's rows and B's columns its "pixels", so the tile is a block of Y
@@ -8,9 +9,9 @@ packed once at load into NR-column strips, k-major (with ``DOT``: each column's 
 adjacent, the layout of the pair-product kernel's B); A is packed by the tasks, each the rows
 it computes, a block of MR rows and KC depths at a time (with ``DOT`` as bf16 pairs, else
 widened). Tasks are (row chunk, column chunk) pairs on the engine's threads; each sums its tile
-over K blocks of KC
-(k ascending, every output by one task in the same order whatever the split: the same bits on
-any thread count), then applies the fused activations and narrows it into Y.
+over K blocks of KC (k ascending, every output by one task in the same order whatever the
+split: the same bits on any thread count), then applies the fused activations and narrows it
+into Y.
 
 Replaces numpy's fp32 matmul on widened operands, which ran on OpenBLAS's own thread pool (beside
 the engine's threads, and on one thread where numpy's was sized so) and left the activation after
