@@ -125,8 +125,8 @@ sys.exit(code)
 def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: int, path: str) -> None:
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
-    (where the CPU has them): every dense and Winograd convolution case, the Linear layers and
-    MatMul against ncnn, and the same bits on any thread count, so each path is tested on any machine that can run it. The
+    (where the CPU has them): every dense and Winograd convolution case and a Linear layer
+    against ncnn, the Linear and MatMul kernels against numpy, and the same bits on any thread count, so each path is tested on any machine that can run it. The
     kernels the path reaches compile afresh in the child (their own numba cache folder)."""
     if (rows, path == "dot") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot):
         pytest.skip("the path this host uses: the rest of the suite runs it")
@@ -140,11 +140,9 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
          "tests/devices/cpu/test_cpu_jit_conv.py::test_shared_input_panels_give_the_same_bits",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_matches_ncnn",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_same_bits_with_one_and_more_threads_and_run_to_run",
-         "tests/devices/cpu/test_cpu_matmul.py::test_gemm_pnnx_linear",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_runs_compiled_with_the_gelu_after_it",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_same_bits_on_any_split",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_kernel_against_numpy_on_every_split",
-         "tests/devices/cpu/test_cpu_matmul.py::test_matmul",
          "tests/devices/cpu/test_cpu_matmul.py::test_matmul_runs_compiled_same_bits_on_any_split"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
