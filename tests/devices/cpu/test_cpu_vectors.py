@@ -126,8 +126,9 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
     (where the CPU has them): every dense and Winograd convolution case and a Linear layer
-    against ncnn, the Linear and MatMul kernels against numpy, and the same bits on any thread count, so each path is tested on any machine that can run it. The
-    kernels the path reaches compile afresh in the child (their own numba cache folder)."""
+    against ncnn, the Linear and MatMul kernels against numpy, and the same bits on any thread
+    count, so each path is tested on any machine that can run it. The kernels the path reaches
+    compile afresh in the child (their own numba cache folder)."""
     if (rows, path == "dot") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot):
         pytest.skip("the path this host uses: the rest of the suite runs it")
     if path == "dot" and vectors.BF16 not in get_host_cpu_features().split(","):
