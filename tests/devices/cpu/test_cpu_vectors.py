@@ -85,7 +85,7 @@ from numba.core.dispatcher import Dispatcher
 from vkserve.devices.cpu.jit import conv, direct, elementwise, epilogue, innerproduct, linear, lrn, nms, pooling, winograd
 assert (conv.MR, conv.DOT) == (int(sys.argv[3]), sys.argv[4] == "dot"), (conv.MR, conv.DOT)
 TILE = {"MR", "DOT", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro2", "_micro_half", "_micro_rows",
-        "_micro2_rows", "_micro_half_rows", "strips_fp32", "_dot1", "_dot2",
+        "_micro2_rows", "_micro_half_rows", "strips_fp32", "strips_dot", "_dot1", "_dot2",
         "_block_product", "_pack_flat", "_put", "compile_micro"}
 
 def names(code):

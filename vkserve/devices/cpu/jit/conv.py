@@ -563,24 +563,28 @@ def _block_product(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN20
 def _block_product_impl(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
     if panel.dtype == types.uint16:
         def pairs(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
-            ns = (n + NR - 1) // NR
             sb = panel.shape[1] * panel.shape[2]  # a strip
-            pf = panel.reshape(panel.size)
-            tf = tile.reshape(tile.size)
-            kc2 = (kcb + 1) // 2
-            c0 = r0 * tile.shape[1]
-            si = 0
-            while si + 1 < ns:
-                _dot2(w, w0, pf, si * sb, sb, tf, c0 + si * NR, tile.shape[1], kc2)
-                si += 2
-            if si < ns:
-                _dot1(w, w0, pf, si * sb, sb, tf, c0 + si * NR, tile.shape[1], kc2)
+            strips_dot(w, w0, panel.reshape(panel.size), 0, sb, tile, r0, (n + NR - 1) // NR, (kcb + 1) // 2)
         return pairs
 
     def fp32(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
         _widen_run(w, w0, wide.reshape(wide.size), kcb * MR)
         strips_fp32(wide, panel, tile, kcb, r0, n)
     return fp32
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def strips_dot(a, a0, b, b0, sb, tile, r0, ns, kc2):  # noqa: ANN001, ANN202
+    """tile[r0:r0 + MR, :ns NR] += the packed bf16 pairs of a row block (from a0 in ``a``) times
+    ``ns`` strips of bf16 pairs (the first from b0 in ``b``, one every ``sb`` values), kc2 pairs
+    deep: two strips at a time (16 accumulators), an odd last one alone."""
+    tf = tile.reshape(tile.size)
+    ldc = tile.shape[1]
+    c0 = r0 * ldc
+    for q in range(ns // 2):
+        _dot2(a, a0, b, b0 + 2 * q * sb, sb, tf, c0 + 2 * q * NR, ldc, kc2)
+    if ns % 2:
+        _dot1(a, a0, b, b0 + (ns - 1) * sb, sb, tf, c0 + (ns - 1) * NR, ldc, kc2)
 
 
 def strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
@@ -598,10 +602,10 @@ def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
 
     def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
         ns = (n + NR - 1) // NR
-        wide = ns if n - (ns - 1) * NR > NR // 2 else ns - 1  # strips of more than NR / 2 pixels
-        for q in range(wide // 2):
+        full = ns if n - (ns - 1) * NR > NR // 2 else ns - 1  # strips of more than NR / 2 pixels
+        for q in range(full // 2):
             two(a, b, tile, kc, r0, 2 * q)
-        for s in range(wide // 2 * 2, ns):
+        for s in range(full // 2 * 2, ns):
             if n - s * NR <= NR // 2:
                 half(a, b, tile, kc, r0, s)
             else:

@@ -30,8 +30,7 @@ from vkserve.devices.cpu.jit.conv import (
     MR,
     NR,
     PAIR,
-    _dot1,
-    _dot2,
+    strips_dot,
     strips_fp32,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile, tile_pass, widen
@@ -119,20 +118,9 @@ def _strip_product(ap, bp, bf, s0, k0, kcb, own, wide, tile, r0, n):  # noqa: AN
     """tile[r0:r0 + MR, :n] += A's row block over the K block k0 .. k0 + kcb (``_pack_a``)
     times B's strips s0 .. (n columns) over that K block: bf16 pairs straight from both
     packings (``DOT``), or both widened, B's block into ``own`` by the caller (``_widen_b``)."""
-    ns = (n + NR - 1) // NR
     if DOT:
         sb = bp.shape[1] * bp.shape[2]
-        tf = tile.reshape(tile.size)
-        ldc = tile.shape[1]
-        kc2 = (kcb + 1) // 2
-        b0 = s0 * sb + (k0 // 2) * bp.shape[2]
-        c0 = r0 * ldc
-        si = 0
-        while si + 1 < ns:
-            _dot2(ap, 0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
-            si += 2
-        if si < ns:
-            _dot1(ap, 0, bf, b0 + si * sb, sb, tf, c0 + si * NR, ldc, kc2)
+        strips_dot(ap, 0, bf, s0 * sb + (k0 // 2) * bp.shape[2], sb, tile, r0, (n + NR - 1) // NR, (kcb + 1) // 2)
     else:
         strips_fp32(wide, own, tile, kcb, r0, n)
 
@@ -178,6 +166,13 @@ def _task(a, bp, bias, ops, task, rb_per_task, cols, out):  # noqa: ANN001, ANN2
     finish_tile(tile, 0, rows, n, out, rb0 * MR, c0, tile_pass(tile, rows, ops))
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _task_count(out, rb_per_task, cols):  # noqa: ANN001, ANN202
+    """How many tasks ``_task`` numbers over one (M, N) ``out``."""
+    m, n_out = out.shape
+    return ((m + MR - 1) // MR + rb_per_task - 1) // rb_per_task * ((n_out + cols - 1) // cols)
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     """``a`` (M, K) bf16 -> ``out`` (M, N) (bf16 storage, or fp32); ``bp`` from ``pack_b``;
@@ -185,9 +180,7 @@ def linear(a, bp, bias, ops, rb_per_task, cols, out):  # noqa: ANN001
     columns (a multiple of NR) a task, from ``split``. One parallel region: each
     task packs the blocks of A it reads (a pass of its own cost a second wake of the threads,
     ~80 us on the 2-core VM, where packing a block costs about 1 / ``cols`` of its products)."""
-    m, n_out = out.shape
-    tasks = ((m + MR - 1) // MR + rb_per_task - 1) // rb_per_task * ((n_out + cols - 1) // cols)
-    for task in prange(tasks):
+    for task in prange(_task_count(out, rb_per_task, cols)):
         _task(a, bp, bias, ops, task, rb_per_task, cols, out)
 
 
@@ -231,9 +224,8 @@ def matmul(a, b, trans, a_of, b_of, bp, ops, rb_per_task, cols, out):  # noqa: A
         i = item // strips
         s = item - i * strips
         _pack_b_strip(b[i], trans, s, bp[i, s])
-    m, n_out = out.shape[1], out.shape[2]
-    per = ((m + MR - 1) // MR + rb_per_task - 1) // rb_per_task * ((n_out + cols - 1) // cols)
-    bias = np.zeros(n_out, dtype=np.float32)
+    per = _task_count(out[0], rb_per_task, cols)
+    bias = np.zeros(out.shape[2], dtype=np.float32)
     for task in prange(out.shape[0] * per):
         i = task // per
         _task(a[a_of[i]], bp[b_of[i]], bias, ops, task - i * per, rb_per_task, cols, out[i])
