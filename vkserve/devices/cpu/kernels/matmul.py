@@ -1,7 +1,7 @@
 """Gemm: top = alpha * (A @ B + beta * C), ncnn's order of scaling (``GemmParams``);
 MatMul: numpy's batched matmul (``MatMulParams``), compiled (``jit.linear.matmul``).
 
-A Gemm in the Linear form (B a weight, A an input, neither transposed on A's side, C none, a
+A Gemm in the Linear form (B a weight, A an input not transposed, C none, a
 scalar or a weight per column, alpha 1, no output transpose: what pnnx writes for nn.Linear)
 runs as ``jit.linear`` on the bf16 arena, B packed once at load, the activations after it fused
 into its store. Every other form is one np.matmul in fp32: constant A / B narrowed to bf16 once
