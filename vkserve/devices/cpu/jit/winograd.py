@@ -111,72 +111,65 @@ def _at(m0, m1, m2, m3, m4, m5):  # noqa: ANN001, ANN202
             d12 + np.float32(8.0) * d34 + m5)
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _bt_rows(src, s0, stride, dst, d0, dstride, n):  # noqa: ANN001
-    """dst[d0 + i dstride + t] = (B^T applied down src[s0 + r stride + t], r < 6)[i] for t < n
-    (flat arrays, unsigned offsets: one run per stream, so the loop vectorizes)."""
-    b0, st = _U(s0), _U(stride)
-    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
-    e0, ds = _U(d0), _U(dstride)
-    e1, e2, e3, e4, e5 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds, e0 + _U(4) * ds, e0 + _U(5) * ds
-    for t in range(_U(n)):
-        k0, k1, k2, k3, k4, k5 = _bt(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
-        dst[e0 + t] = k0
-        dst[e1 + t] = k1
-        dst[e2 + t] = k2
-        dst[e3 + t] = k3
-        dst[e4 + t] = k4
-        dst[e5 + t] = k5
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _untransform_row(m, r, bias, half, y):  # noqa: ANN001
+    """y[p 4 + s, q] = bias + (A^T M A)[p, s] of output row r's sums ``m[e, r, q]`` for the
+    block's TB tiles at once (A^T down the columns into ``half``, then along the rows), each
+    step a loop of constant length over the tiles, so it vectorizes."""
+    for k in range(6):
+        for q in range(TB):
+            y0, y1, y2, y3 = _at(m[k, r, q], m[6 + k, r, q], m[12 + k, r, q], m[18 + k, r, q], m[24 + k, r, q],
+                                 m[30 + k, r, q])
+            half[k, q] = y0
+            half[6 + k, q] = y1
+            half[12 + k, q] = y2
+            half[18 + k, q] = y3
+    for p in range(4):
+        for q in range(TB):
+            y0, y1, y2, y3 = _at(half[p * 6, q], half[p * 6 + 1, q], half[p * 6 + 2, q], half[p * 6 + 3, q],
+                                 half[p * 6 + 4, q], half[p * 6 + 5, q])
+            y[p * 4, q] = bias + y0
+            y[p * 4 + 1, q] = bias + y1
+            y[p * 4 + 2, q] = bias + y2
+            y[p * 4 + 3, q] = bias + y3
 
 
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _bt_cols(src, s0, dst, d0, dstride, n):  # noqa: ANN001
-    """dst[d0 + k dstride + t] = (B^T applied to src[s0 + 4 t + s], s < 6)[k] for t < n: the
-    transform along a row, one tile (4 columns apart) per t."""
-    b = _U(s0)
-    e0, ds = _U(d0), _U(dstride)
-    e1, e2, e3, e4, e5 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds, e0 + _U(4) * ds, e0 + _U(5) * ds
-    for t in range(_U(n)):
-        i = b + _U(4) * t
-        k0, k1, k2, k3, k4, k5 = _bt(src[i], src[i + _U(1)], src[i + _U(2)], src[i + _U(3)], src[i + _U(4)],
-                                     src[i + _U(5)])
-        dst[e0 + t] = k0
-        dst[e1 + t] = k1
-        dst[e2 + t] = k2
-        dst[e3 + t] = k3
-        dst[e4 + t] = k4
-        dst[e5 + t] = k5
-
-
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _at_rows(src, s0, stride, dst, d0, dstride, n):  # noqa: ANN001
-    """dst[d0 + p dstride + t] = (A^T applied down src[s0 + i stride + t], i < 6)[p] for t < n."""
-    b0, st = _U(s0), _U(stride)
-    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
-    e0, ds = _U(d0), _U(dstride)
-    e1, e2, e3 = e0 + ds, e0 + _U(2) * ds, e0 + _U(3) * ds
-    for t in range(_U(n)):
-        y0, y1, y2, y3 = _at(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
-        dst[e0 + t] = y0
-        dst[e1 + t] = y1
-        dst[e2 + t] = y2
-        dst[e3 + t] = y3
-
-
-@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _at_cols(src, s0, stride, bias, dst, d0, n):  # noqa: ANN001
-    """dst[d0 + 4 t + j] = bias + (A^T applied to src[s0 + k stride + t], k < 6)[j] for t < n:
-    the transform along an output row, four columns per tile."""
-    b0, st = _U(s0), _U(stride)
-    b1, b2, b3, b4, b5 = b0 + st, b0 + _U(2) * st, b0 + _U(3) * st, b0 + _U(4) * st, b0 + _U(5) * st
-    e = _U(d0)
-    for t in range(_U(n)):
-        y0, y1, y2, y3 = _at(src[b0 + t], src[b1 + t], src[b2 + t], src[b3 + t], src[b4 + t], src[b5 + t])
-        i = e + _U(4) * t
-        dst[i] = bias + y0
-        dst[i + _U(1)] = bias + y1
-        dst[i + _U(2)] = bias + y2
-        dst[i + _U(3)] = bias + y3
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _transform_channel(pflat, offs, n, wpad, patch, half, vflat, c, cin):  # noqa: ANN001
+    """Channel ``c``'s transformed patches into ``vflat`` (``v``'s bytes): the 6x6 patch of
+    tile q at ``offs[q]`` of the widened plane gathered into ``patch`` (position r 6 + j, q),
+    then B^T down its columns into ``half`` and along its rows into v, each step over the
+    block's TB tiles at once (a loop of constant length, so it vectorizes; along an output
+    row a map has only a few tiles). Tiles n .. TB - 1 of ``patch`` stay zero."""
+    w = _U(wpad)
+    for q in range(_U(n)):
+        base = _U(offs[q])
+        for r in range(6):
+            for j in range(6):
+                patch[r * 6 + j, q] = pflat[base + _U(r) * w + _U(j)]
+    for j in range(6):
+        for q in range(TB):
+            k0, k1, k2, k3, k4, k5 = _bt(patch[j, q], patch[6 + j, q], patch[12 + j, q], patch[18 + j, q],
+                                         patch[24 + j, q], patch[30 + j, q])
+            half[j, q] = k0
+            half[6 + j, q] = k1
+            half[12 + j, q] = k2
+            half[18 + j, q] = k3
+            half[24 + j, q] = k4
+            half[30 + j, q] = k5
+    step = _U(cin * TB)
+    for i in range(6):
+        e = _U((i * 6 * cin + c) * TB)
+        for q in range(TB):
+            k0, k1, k2, k3, k4, k5 = _bt(half[i * 6, q], half[i * 6 + 1, q], half[i * 6 + 2, q],
+                                         half[i * 6 + 3, q], half[i * 6 + 4, q], half[i * 6 + 5, q])
+            at = e + _U(q)
+            vflat[at] = k0
+            vflat[at + step] = k1
+            vflat[at + _U(2) * step] = k2
+            vflat[at + _U(3) * step] = k3
+            vflat[at + _U(4) * step] = k4
+            vflat[at + _U(5) * step] = k5
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -191,21 +184,16 @@ def _transform_inputs(x, padv, geo, t0, n, c_lo, c_hi, v):  # noqa: ANN001
     wpad = ntx * 4 + 2
     plane = np.empty(((ty1 - ty0) * 4 + 6, wpad), dtype=np.float32)
     pflat = plane.reshape(plane.size)
-    rows6 = np.empty(6 * wpad, dtype=np.float32)
+    offs = np.empty(TB, dtype=np.int64)
+    for q in range(n):
+        ty = (t0 + q) // ntx
+        offs[q] = (ty - ty0) * 4 * wpad + 4 * (t0 + q - ty * ntx)
+    patch = np.zeros((36, TB), dtype=np.float32)
+    half = np.empty((36, TB), dtype=np.float32)
     vflat = v.reshape(v.size)
-    for e in range(36):  # the last block's unused tiles: zeros (garbage may be denormal)
-        for c in range(c_lo, c_hi):
-            for q in range(n, TB):
-                v[e, c, q] = np.float32(0.0)
     for c in range(c_lo, c_hi):
         _fill_plane(x, c, ty0 * 4 - pt, -pl, 1, 1, padv, plane)
-        for ty in range(ty0, ty1 + 1):
-            a = max(0, t0 - ty * ntx)
-            b = min(ntx, t0 + n - ty * ntx)
-            q0 = ty * ntx + a - t0
-            _bt_rows(pflat, (ty - ty0) * 4 * wpad + 4 * a, wpad, rows6, 0, wpad, 4 * (b - a) + 2)
-            for i in range(6):
-                _bt_cols(rows6, i * wpad, vflat, (i * 6 * cin + c) * TB + q0, cin * TB, b - a)
+        _transform_channel(pflat, offs, n, wpad, patch, half, vflat, c, cin)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -219,26 +207,26 @@ def _multiply_and_store(v, u, bias, ops, geo, t0, n, rb0, nb, out):  # noqa: ANN
     ty1 = (t0 + n - 1) // ntx
     rows = nb * MR
     m = np.zeros((36, rows, TB), dtype=np.float32)
-    mflat = m.reshape(m.size)
     for e in range(36):
         ve = v[e]
         me = m[e]
         for i in range(nb):
             ue = u[e, rb0 + i]
             strips_fp32(ue, ve, me, cin, i * MR, n)
-    z = np.empty(4 * 6 * TB, dtype=np.float32)
+    half = np.empty((24, TB), dtype=np.float32)
+    y = np.empty((16, TB), dtype=np.float32)
     obuf = np.empty((4, ntx * 4), dtype=np.float32)
-    oflat = obuf.reshape(obuf.size)
     for r in range(min(rows, og - rb0 * MR)):
         o = rb0 * MR + r
+        _untransform_row(m, r, bias[o], half, y)
         for ty in range(ty0, ty1 + 1):
             a = max(0, t0 - ty * ntx)
             b = min(ntx, t0 + n - ty * ntx)
             q0 = ty * ntx + a - t0
-            for k in range(6):
-                _at_rows(mflat, (k * rows + r) * TB + q0, 6 * rows * TB, z, k * TB, 6 * TB, b - a)
-            for p in range(4):
-                _at_cols(z, p * 6 * TB, TB, bias[o], oflat, p * ntx * 4, b - a)
+            for p in range(4):  # the segment's tiles, four columns each, into the rows' buffer
+                for t in range(b - a):
+                    for s in range(4):
+                        obuf[p, 4 * t + s] = y[p * 4 + s, q0 + t]
             cnt = min(4 * b, ow) - 4 * a
             for p in range(min(4, oh - 4 * ty)):
                 row = obuf[p]
