@@ -12,10 +12,9 @@ bf16 weights, a memory trade-off that ``worthwhile`` confines to layers with man
 
 ``winograd43`` splits the tiles into blocks of ``TB`` (row-major over the output) and the output
 rows into chunks; a block's patches are transformed for every channel (widened, padding filled
-in, vectorized over whole rows) once, then each of its chunks runs the 36 GEMMs for its rows and
-transforms back, adding the bias and applying the epilogue to each fp32 row before the one
-narrowing store. Every
-output's arithmetic depends on the shape alone (channels ascending in each of the 36 sums, then
+in, each pass vectorized over the block's tiles) once, then each of its chunks runs the 36 GEMMs
+for its rows and transforms back (over the block's tiles too), adding the bias and applying the
+epilogue to each fp32 row before the one narrowing store. Every output's arithmetic depends on the shape alone (channels ascending in each of the 36 sums, then
 the fixed output transform), so the bits are the same whatever the thread count.
 """
 
