@@ -15,7 +15,7 @@ from tests.support.params import param_text
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.kernels import conv as conv_kernels
-from vkserve.devices.cpu.thread_choice import MARGIN, ROUNDS, WARMUP, ThreadChoice
+from vkserve.devices.cpu.thread_choice import MARGIN, RECHECK_RUNS, RECHECK_S, ROUNDS, WARMUP, ThreadChoice
 from vkserve.models.graph import load_model
 
 
@@ -56,10 +56,47 @@ def test_the_median_decides_not_one_slow_run() -> None:
     assert choice.chosen == 2 and choice.median(2) == 0.006
 
 
+def test_the_choice_is_measured_again_after_enough_runs_and_time() -> None:
+    """A daemon's box changes: another process takes a core. After RECHECK_RUNS runs and
+    RECHECK_S seconds (both) the runs alternate again, without a warm-up, and a new choice
+    holds."""
+    now = [100.0]
+    choice = ThreadChoice(2, clock=lambda: now[0])
+    while choice.chosen is None:
+        n = choice.next()
+        choice.record(n, 0.010 if n == 1 else 0.004)
+    assert choice.chosen == 2 and choice.previous is None
+    for _ in range(RECHECK_RUNS):  # enough runs, not yet the time
+        assert not choice.record(choice.next(), 0.004)
+    now[0] += RECHECK_S / 2
+    choice.record(choice.next(), 0.004)
+    assert choice.chosen == 2
+    now[0] += RECHECK_S / 2
+    choice.record(choice.next(), 0.004)
+    assert choice.chosen is None and choice.previous == 2
+    order = []
+    while choice.chosen is None:  # the box is busy now: the second thread costs
+        n = choice.next()
+        order.append(n)
+        choice.record(n, 0.010 if n == 1 else 0.030)
+    assert order == [1, 2] * ROUNDS and choice.chosen == 1 and choice.previous == 2
+    assert choice.since_choice == 0 and choice.chosen_at == now[0]
+    for _ in range(RECHECK_RUNS - 1):  # and the new choice holds as long
+        choice.record(choice.next(), 0.010)
+    now[0] += 2 * RECHECK_S
+    assert choice.chosen == 1
+    choice.record(choice.next(), 0.010)
+    assert choice.chosen is None and choice.previous == 1
+
+
 def test_one_thread_engines_and_fixed_counts_never_measure() -> None:
     assert ThreadChoice(1).chosen == 1 and ThreadChoice(1).next() == 1
     fixed = ThreadChoice.fixed(8)
     assert fixed.next() == 8 and not fixed.record(8, 1.0) and fixed.runs == 0
+    one = ThreadChoice(1)
+    for _ in range(RECHECK_RUNS + 1):  # nor measure again, however long they run
+        assert not fixed.record(8, 1.0) and not one.record(1, 1.0)
+    assert fixed.chosen == 8 and one.chosen == 1
 
 
 #: one 3x3 convolution large enough (~7 M multiply-adds) for the engine's threads by default

@@ -482,19 +482,17 @@ class Plan:
             if self.thread_choice.threads != threads.THREADS:  # the engine's count changed
                 self.thread_choice = ThreadChoice(threads.THREADS)
             n = self.thread_choice.next()
-            jit.cap_threads(n)
-            try:
+            with jit.run_threads(n):
                 for step in self._program_for(count):
                     self._run_step(step, dynamic)
-            finally:
-                jit.cap_threads(0)
             t2 = time.perf_counter()
-            if self.thread_choice.record(n, (t2 - t1) / count):
-                choice = self.thread_choice
-                log.info("CPU Plan of %s (%s; batch %d): %d thread%s, measured over its first runs "
+            choice = self.thread_choice
+            if choice.record(n, (t2 - t1) / count) and choice.chosen != choice.previous:
+                log.info("CPU Plan of %s (%s; batch %d): %d thread%s, measured over its %s runs "
                          "(median %.2f ms on 1 thread, %.2f ms on %d)", self.name, ", ".join(
                              f"{name} {list(self.blob_shapes[name])}" for name in self.input_names),
                          self.batch, choice.chosen, "s" if choice.chosen != 1 else "",
+                         "first" if choice.previous is None else "latest",
                          1e3 * choice.median(1), 1e3 * choice.median(choice.threads), choice.threads)
             if any(rooms):
                 outputs = [self._outputs(i, dynamic, rooms[i] if i < len(rooms) else None) for i in range(count)]
@@ -536,7 +534,7 @@ class Plan:
         which run nothing, left out)."""
         order = [s.name for s in self._steps]
         samples: dict[str, list[float]] = {name: [] for name in order}
-        with self._lock, np.errstate(over="ignore", under="ignore"):
+        with self._lock, np.errstate(over="ignore", under="ignore"), jit.run_threads(threads.THREADS):
             for r in range(runs + 1):
                 self._load_inputs([inputs] * self.batch)
                 dynamic: dict[str, np.ndarray] = {}

@@ -9,12 +9,20 @@ run, whose first calls load the kernels), ``ROUNDS`` of each, and the Plan then 
 whose median was faster, preferring one thread unless the others save ``MARGIN`` of its time
 (a thread left idle serves another job). Outputs do not depend on the thread count (each output
 value is computed by one task in a fixed order), so the runs that measure serve as any other.
+
+The machine changes under a long-running daemon (another process takes a core, or leaves one),
+so the choice is measured again after ``RECHECK_RUNS`` runs and ``RECHECK_S`` seconds, both: a
+few runs at the other count each time. Measured on the 2-core VM (RESULTS.md, twenty-third
+session): resnet18 on 2 threads, its workers pinned (``jit.pinning``), 32-47 ms a run beside a
+busy process against 25.5 on one thread, and 17-20 ms idle.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
+from collections.abc import Callable
 
 #: measured runs on each thread count before choosing
 ROUNDS = 3
@@ -22,6 +30,9 @@ ROUNDS = 3
 WARMUP = 1
 #: several threads are kept only where their median run takes at most this share of one thread's
 MARGIN = 0.9
+#: a choice is measured again once this many runs and this many seconds have passed since it
+RECHECK_RUNS = 500
+RECHECK_S = 60.0
 
 
 @dataclasses.dataclass
@@ -32,15 +43,23 @@ class ThreadChoice:
     runs: int = 0
     samples: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     chosen: int | None = None
+    #: the choice before the one being measured now (None: none yet)
+    previous: int | None = None
+    #: never measured (``fixed``, or an engine of one thread)
+    fixed_count: bool = False
+    #: runs since the choice, and when it was made (``clock``)
+    since_choice: int = 0
+    chosen_at: float = 0.0
+    clock: Callable[[], float] = dataclasses.field(default=time.monotonic, repr=False)
 
     def __post_init__(self) -> None:
         if self.threads <= 1:
-            self.chosen = 1
+            self.chosen, self.fixed_count = 1, True
 
     @classmethod
     def fixed(cls, threads: int) -> ThreadChoice:
         """Always ``threads``, never measured (a benchmark of a given thread count)."""
-        return cls(threads, chosen=threads)
+        return cls(threads, chosen=threads, fixed_count=True)
 
     def next(self) -> int:
         """Threads for the next run: the chosen count, else the turn of the measurement."""
@@ -52,7 +71,13 @@ class ThreadChoice:
 
     def record(self, threads: int, seconds: float) -> bool:
         """A run on ``threads`` took ``seconds``; True when this run made the choice."""
+        if self.fixed_count:
+            return False
         if self.chosen is not None:
+            self.since_choice += 1
+            if self.since_choice >= RECHECK_RUNS and self.clock() - self.chosen_at >= RECHECK_S:
+                # measure again (the kernels are loaded: no warm-up)
+                self.previous, self.chosen, self.samples, self.runs = self.chosen, None, {}, WARMUP
             return False
         self.runs += 1
         if self.runs <= WARMUP:
@@ -62,6 +87,7 @@ class ThreadChoice:
             return False
         one, many = self.median(1), self.median(self.threads)
         self.chosen = self.threads if many <= MARGIN * one else 1
+        self.since_choice, self.chosen_at = 0, self.clock()
         return True
 
     def median(self, threads: int) -> float:

@@ -39,6 +39,7 @@ from vkserve.devices.cpu.jit import (
     lrn,
     nms,
     norm,
+    pinning,
     pooling,
     winograd,
 )
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
 KERNEL_MODULES = (attention, bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms,
-                  norm, pooling, winograd)
+                  norm, pinning, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,

@@ -14,8 +14,8 @@ pipeline caches, because an installed package's own folder is read-only under th
 
 import os
 import threading
-from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from vkserve.devices.cpu.kernel_cache import default_numba_dir
 from vkserve.devices.errors import JitUnavailable
@@ -54,13 +54,13 @@ if VECTORS.features is not None:
 # loaded from there).
 numba.core.config.reload_config()
 
-from vkserve.devices.cpu.jit import direct, pooling, winograd  # noqa: E402 (jit.direct.*, jit.pooling.*, jit.winograd.*)
+from vkserve.devices.cpu.jit import direct, pinning, pooling, winograd  # noqa: E402 (jit.direct.*, jit.pooling.*, jit.winograd.*)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
 __all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "inner_product", "kernel_threads", "launch", "task_count",
-           "pack_gemm_weights", "pack_rows", "pooling", "small_work", "use_threads", "winograd"]
+           "pack_gemm_weights", "pack_rows", "pinning", "pooling", "run_threads", "small_work", "use_threads", "winograd"]
 
 
 _pool_started = False
@@ -138,6 +138,8 @@ class _ThreadSettings(threading.local):
     chunked = False
     #: at most this many threads for the calling thread's kernels (0: ``threads.THREADS``)
     cap = 0
+    #: the largest team of the calling thread whose workers are pinned (``jit.pinning``)
+    pinned = 0
 
 
 _settings = _ThreadSettings()
@@ -147,6 +149,19 @@ def cap_threads(n: int) -> None:
     """Run the calling thread's next kernels on at most ``n`` threads (0: no cap): a Plan's
     thread choice (``vkserve.devices.cpu.thread_choice``)."""
     _settings.cap = n
+
+
+@contextmanager
+def run_threads(n: int) -> Iterator[None]:
+    """A job's kernels on the calling thread: on at most ``n`` threads (``cap_threads``), the
+    calling thread kept meanwhile on the core its team's pinned workers leave it
+    (``jit.pinning``)."""
+    cap_threads(n)
+    try:
+        with pinning.launcher_on_first_core(min(n, threads.THREADS)):
+            yield
+    finally:
+        cap_threads(0)
 
 
 def kernel_threads() -> int:
@@ -165,7 +180,9 @@ def task_count(units: int) -> int:
 def use_threads(work: int = SMALL_WORK) -> None:
     """Run the next kernels on ``threads.THREADS`` threads (one if ``work`` is below
     ``small_work()``), one task at a time (numba's settings are per calling thread; the count is
-    capped by the pool numba started: ``NUMBA_NUM_THREADS``, all CPUs by default)."""
+    capped by the pool numba started: ``NUMBA_NUM_THREADS``, all CPUs by default). The first time
+    the calling thread runs more threads than before, its team's workers are pinned to cores of
+    their own (``jit.pinning``)."""
     if not _pool_started:
         _start_pool()
     wanted = 1 if work < _small_work else kernel_threads()
@@ -173,6 +190,10 @@ def use_threads(work: int = SMALL_WORK) -> None:
     if _settings.threads != n:
         numba.set_num_threads(n)
         _settings.threads = n
+    if n > _settings.pinned and pinning.enabled():
+        with _launch_lock:  # a parallel region: one at a time where the layer requires it
+            pinning.pin_workers(n)
+        _settings.pinned = n
     if not _settings.chunked:
         # tasks are handed out one at a time (dynamic scheduling): tasks differ in size, and a
         # core shared with another process must not hold up the whole kernel

@@ -54,6 +54,14 @@ def _lane_max(t, n):  # noqa: ANN001, ANN202
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True)
+def _product(a, b, tile, kc, n):  # noqa: ANN001
+    """``strips_fp32`` from the tile's row 0, not inlined: ``attend`` makes two products, and
+    two inlined copies of it in one function tripped numba's SSA check
+    (NumbaIRAssumptionWarning, compiling afresh)."""
+    strips_fp32(a, b, tile, kc, 0, n)
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def attend(q, q0, k, k0, v, v0, mask, heads, rows_per_task, out):  # noqa: ANN001
     """``out`` (src, e: bf16 storage or fp32) = per head h (columns h hd .. h hd + hd - 1,
@@ -105,7 +113,7 @@ def attend(q, q0, k, k0, v, v0, mask, heads, rows_per_task, out):  # noqa: ANN00
                 for d in range(_U(hd)):
                     queries[d, r] = q[qrow, first + d]
             scores[:] = np.float32(0.0)
-            strips_fp32(queries, kp, scores, hd, 0, dst)
+            _product(queries, kp, scores, hd, dst)
             if rows < MR:
                 probs[:] = np.float32(0.0)
             for r in range(rows):
@@ -124,6 +132,6 @@ def attend(q, q0, k, k0, v, v0, mask, heads, rows_per_task, out):  # noqa: ANN00
                 for j in range(_U(dst)):
                     probs[j, ru] = row[j]
             mixed[:] = np.float32(0.0)
-            strips_fp32(probs, vp, mixed, dst, 0, hd)
+            _product(probs, vp, mixed, dst, hd)
             for r in range(rows):
                 store_row(mixed[r], 0, out, i0 + r, h * hd, hd)
