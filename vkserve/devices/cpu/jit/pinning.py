@@ -7,9 +7,10 @@ of the kernel, and moved it away only tens of milliseconds later. Measured on th
 (RESULTS.md, "the second thread after an idle pause"): a 3x3 layer on 2 threads 3.0 ms back to
 back, 5.5 ms (one thread's time) for the ~11 runs after a 0.5 s pause. So each worker is pinned
 once, from inside a parallel region of the team it belongs to, to one of the cores the process
-may use; the launching thread (a scheduler thread, Python's) is left free. (libgomp's own
-``OMP_PROC_BIND`` pins the launching thread as well, and every thread started after it inherits
-that mask: the whole daemon would share one core.)
+may use from the second on, and the launching thread (a scheduler thread, Python's) is kept on
+the first only while it runs a job's kernels (``launcher_on_first_core``), free otherwise.
+(libgomp's own ``OMP_PROC_BIND`` pins the launching thread for good, and every thread started
+after it inherits that mask: the whole daemon would share one core.)
 
 ``VKSERVE_CPU_PIN=0`` leaves the workers free (a box whose cores other processes keep busy:
 a pinned worker cannot move off a busy core).
@@ -18,6 +19,7 @@ a pinned worker cannot move off a busy core).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -27,6 +29,8 @@ from numba import get_thread_id, njit, prange, types
 __all__ = ["ENV_VAR", "enabled", "launcher_on_first_core", "pin_workers", "worker_cores"]
 
 ENV_VAR = "VKSERVE_CPU_PIN"
+
+log = logging.getLogger(__name__)
 
 # libc's, resolved by name when the kernel loads (so numba can cache it; a ctypes pointer would
 # be baked into the code). The mask pointer is passed as an address-sized integer.
@@ -72,7 +76,12 @@ def pin_workers(threads: int) -> None:
     masks = np.zeros((threads - 1, MASK_WORDS), dtype=np.uint64)
     for w, core in enumerate(worker_cores(cores, threads - 1)):
         masks[w, core // 64] |= np.uint64(1) << np.uint64(core % 64)
-    _pin(masks, 4 * threads, np.zeros(threads, dtype=np.int64))
+    done = np.zeros(threads, dtype=np.int64)
+    _pin(masks, 4 * threads, done)
+    missed = int(np.count_nonzero(done[1:] != 1))
+    if missed:  # refused (a cgroup's cpuset), or a worker took no task: it stays free
+        log.warning("CPU threads: %d of %d workers not pinned to a core (%d refused by the system); "
+                    "they run unpinned", missed, threads - 1, int(np.count_nonzero(done[1:] == -1)))
 
 
 @contextlib.contextmanager
