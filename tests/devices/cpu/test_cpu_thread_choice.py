@@ -15,7 +15,16 @@ from tests.support.params import param_text
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.kernels import conv as conv_kernels
-from vkserve.devices.cpu.thread_choice import MARGIN, RECHECK_RUNS, RECHECK_S, ROUNDS, WARMUP, ThreadChoice
+from vkserve.devices.cpu.thread_choice import (
+    DRIFT,
+    DRIFT_RUNS,
+    MARGIN,
+    RECHECK_RUNS,
+    RECHECK_S,
+    ROUNDS,
+    WARMUP,
+    ThreadChoice,
+)
 from vkserve.models.graph import load_model
 
 
@@ -87,6 +96,38 @@ def test_the_choice_is_measured_again_after_enough_runs_and_time() -> None:
     assert choice.chosen == 1
     choice.record(choice.next(), 0.010)
     assert choice.chosen is None and choice.previous == 1
+
+
+def test_a_choice_whose_runs_slow_down_is_measured_again_at_once() -> None:
+    """Another process takes the core a spinning worker waits on: every parallel region waits
+    for it. Once the median of the chosen count's last DRIFT_RUNS runs exceeds DRIFT times the
+    median it was chosen on, the runs alternate again, long before RECHECK_RUNS and RECHECK_S;
+    single slow runs, or a slowdown under DRIFT, do not."""
+    choice = ThreadChoice(2, clock=lambda: 0.0)
+    while choice.chosen is None:
+        n = choice.next()
+        choice.record(n, 0.010 if n == 1 else 0.004)
+    assert choice.chosen == 2 and choice.reference == 0.004
+    for i in range(3 * DRIFT_RUNS):  # a stall now and then, and a slowdown just under DRIFT
+        choice.record(choice.next(), 0.040 if i % 4 == 0 else 0.004 * DRIFT * 0.99)
+    for _ in range(DRIFT_RUNS):
+        choice.record(choice.next(), 0.004)
+    assert choice.chosen == 2
+    slow = 0
+    while choice.chosen == 2:  # until half the last DRIFT_RUNS runs are slow: their median is
+        choice.record(choice.next(), 0.030)
+        slow += 1
+    assert slow == DRIFT_RUNS // 2 and choice.chosen is None and choice.previous == 2
+    order = []
+    while choice.chosen is None:
+        n = choice.next()
+        order.append(n)
+        choice.record(n, 0.010 if n == 1 else 0.030)
+    assert order == [1, 2] * ROUNDS and choice.chosen == 1
+    assert choice.reference == 0.010 and choice.recent == []
+    for _ in range(4 * DRIFT_RUNS):  # one thread at the speed it was chosen on: it holds
+        choice.record(choice.next(), 0.011)
+    assert choice.chosen == 1
 
 
 def test_one_thread_engines_and_fixed_counts_never_measure() -> None:

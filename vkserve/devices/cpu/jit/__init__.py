@@ -70,7 +70,7 @@ _pool_started = False
 #: at once), and for how long: libgomp's GOMP_SPINCOUNT, about 100,000 spins a millisecond by its
 #: own estimate, so ~0.3 ms: enough to bridge the gaps between one job's kernels, not to keep
 #: cores busy between jobs
-SPIN_MIN_THREADS = 4
+SPIN_MIN_THREADS = 2
 SPIN_COUNT = "30000"
 
 
@@ -78,17 +78,16 @@ def wait_settings(engine_threads: int, env: Mapping[str, str]) -> dict[str, str]
     """The OpenMP wait settings the pool starts with, unless ``env`` chooses its own
     (OMP_WAIT_POLICY or GOMP_SPINCOUNT): none then.
 
-    Few threads: idle workers sleep (passive). Measured on the 2-core VM, mobilenet on 2 threads
-    (median of 10 runs): idle machine 11.1 ms passive, 10.0-10.6 ms spinning; the other core busy
-    with another process 17.8-18.4 ms passive (18.3 on 1 thread), 28-217 ms with libgomp's default
-    spinning and 26-46 ms with GOMP_SPINCOUNT=20000: a spinning worker that the kernel deschedules
-    holds up every parallel region. Many threads: waking every sleeping worker is what each kernel
-    launch pays. Measured on a 16-core Xeon (benchmarks/cpu_scaling.py): an empty parallel region
-    costs 42 us on 16 threads passive, 7.5 us spinning, and whole models ran 20-35 % faster
-    spinning (efficientnet_b0 17.8 -> 11.6 ms, mobilenet_v3 14.4 -> 11.5 ms). Measured again on
-    the 2-core VM once it was a Zen 4 (faster kernels, so wakes weigh more): a wake 68-91 us,
-    spinning 1.4-2x faster idle and 1.5-8x slower beside a busy process (RESULTS.md): still
-    passive below 4 threads, an explicit setting (the README says which) for dedicated boxes."""
+    One thread: nothing to wait for (passive). Two or more: idle workers spin ~0.3 ms, then
+    sleep. Waking a sleeping worker is what each kernel launch pays otherwise: an empty parallel
+    region costs 42 us on 16 threads passive, 7.5 us spinning (16-core Xeon,
+    benchmarks/cpu_scaling.py), a wake 68-91 us on the 2-core VM; on that VM (an Intel one with
+    AMX, twenty-fourth session) the mobile models on 2 passive threads ran no faster than on one
+    (squeezenet 9.9 ms, 1.73x ncnn's bf16 time) and spinning 1.5x faster (6.3-6.6 ms, 1.18x).
+    A spinning worker whose core another process takes holds up every parallel region (1.5-8x
+    slower runs measured beside a busy process), which the Plan's thread choice answers: it
+    measures again at once when its runs slow down (``thread_choice.DRIFT``) and keeps one
+    thread while the other core is busy."""
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}
     if engine_threads >= SPIN_MIN_THREADS:
