@@ -38,7 +38,10 @@ def spying(*args):
     during.append(sorted(os.sched_getaffinity(0)))
     launch(*args)
 kernel._launch = spying
-plan.run({"data": np.ones((64, 32, 32), np.float32)})
+if os.environ["FIRST"] == "profile":  # the job's first parallel region inside run_threads
+    plan.profile({"data": np.ones((64, 32, 32), np.float32)}, runs=1)
+else:
+    plan.run({"data": np.ones((64, 32, 32), np.float32)})
 def lists():  # every thread of the process: its CPU mask (a thread id names the thread)
     return {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
 later = []
@@ -49,8 +52,8 @@ print(json.dumps({"main_tid": str(threading.get_native_id()), "lists": lists(), 
 """
 
 
-def run_child(pin: str) -> dict:
-    env = dict(os.environ, VKSERVE_CPU_THREADS="2", VKSERVE_CPU_PIN=pin)
+def run_child(pin: str, first: str = "run") -> dict:
+    env = dict(os.environ, VKSERVE_CPU_THREADS="2", VKSERVE_CPU_PIN=pin, FIRST=first)
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -60,14 +63,19 @@ needs_two = pytest.mark.skipif(threads.available_cores() < 2, reason="pinning ne
 
 
 @needs_two
-def test_a_two_thread_job_pins_its_worker_and_keeps_the_launching_thread_off_its_core() -> None:
+@pytest.mark.parametrize("first", ["run", "profile"])
+def test_a_two_thread_job_pins_its_worker_and_keeps_the_launching_thread_off_its_core(first: str) -> None:
+    """Also where the process's first parallel region runs inside the job (``Plan.profile``
+    loads its inputs there): the team's worker, started then, must not inherit the launching
+    thread's one-core mask."""
     cores = sorted(os.sched_getaffinity(0))
-    got = run_child("1")
+    got = run_child("1", first)
     assert got["during"] and all(d == cores[:1] for d in got["during"])  # on the first core while it runs kernels
     assert got["after"] == cores and got["later"] == cores  # its own mask back; new threads not pinned
     assert got["lists"][got["main_tid"]] == cores
     others = [v for tid, v in got["lists"].items() if tid != got["main_tid"]]
     assert [cores[1]] in others, got["lists"]  # the team's worker, on the second core
+    assert cores[:1] not in others, got["lists"]  # and none on the launching thread's
 
 
 @needs_two

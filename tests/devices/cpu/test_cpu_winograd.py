@@ -116,7 +116,7 @@ def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
 @pytest.mark.parametrize("shape,out,params", [
     ((7, 24, 24), 16, "4=1"),  # one input channel short
     ((8, 24, 24), 15, "4=1"),  # one output channel short
-    ((8, 22, 22), 16, "4=0"),  # 20x20 outputs: 25 tiles
+    ((8, 10, 10), 16, "4=0"),  # 8x8 outputs: 4 tiles
     ((8, 24, 24), 16, "4=1 3=2"),  # stride 2
     ((8, 24, 24), 16, "4=2 2=2"),  # dilation 2
 ])
@@ -136,6 +136,17 @@ def test_winograd_leaves_widening_layers_to_a_gemm_of_bf16_pairs() -> None:
     assert winograd.worthwhile(64, 64, 56, 56, gemm_pairs=True)
     # a layer takes the rule of the GEMM this process runs
     assert winograd.worthwhile(16, 64, 55, 55) == (not jit.conv.DOT)
+
+
+def test_winograd_takes_fewer_tiles_beside_an_fp32_gemm() -> None:
+    """Beside the fp32 GEMM (Intel's AVX-512, AVX2, NEON) from 9 tiles (resnet's 14x14 layers,
+    alexnet's 13x13, a 10x10 map); beside the pairs' GEMM from 36; at 4 tiles on neither."""
+    for hw in (14, 13, 10, 9):
+        assert winograd.worthwhile(256, 256, hw, hw, gemm_pairs=False)
+        assert not winograd.worthwhile(256, 256, hw, hw, gemm_pairs=True)
+    assert winograd.worthwhile(256, 256, 24, 24, gemm_pairs=True)
+    for hw in (7, 8):
+        assert not winograd.worthwhile(256, 256, hw, hw, gemm_pairs=False)
 
 
 def test_warm_up_net_reaches_the_winograd_and_pooling_kernels() -> None:

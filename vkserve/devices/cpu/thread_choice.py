@@ -12,12 +12,13 @@ value is computed by one task in a fixed order), so the runs that measure serve 
 
 The machine changes under a long-running daemon (another process takes a core, or leaves one),
 so the choice is measured again after ``RECHECK_RUNS`` runs and ``RECHECK_S`` seconds, both: a
-few runs at the other count each time; and at once when the median of the chosen count's last
-``DRIFT_RUNS`` runs exceeds ``DRIFT`` times its measured median: the workers wait for work
+few runs at the other count each time; and a choice of several threads at once when the median
+of its last ``DRIFT_RUNS`` runs exceeds one thread's measured median: the workers wait for work
 spinning (``jit.wait_settings``), and a worker whose core another process takes holds up every
 parallel region (measured on the 2-core VM, RESULTS.md, twenty-third and twenty-fourth sessions:
 resnet18 on 2 pinned threads 32-47 ms a run beside a busy process against 25.5 on one thread and
-17-20 idle).
+17-20 idle). Only then: a first rule on the chosen count's own slowdown (1.5x its median) left
+Plans on the 16-core Xeon measuring again and again (RESULTS.md, twenty-fourth session).
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ MARGIN = 0.9
 #: a choice is measured again once this many runs and this many seconds have passed since it
 RECHECK_RUNS = 500
 RECHECK_S = 60.0
-#: a choice is measured again at once where the median of its last DRIFT_RUNS runs took more
-#: than DRIFT times the median it was chosen on
+#: a choice of several threads is measured again at once where the median of its last
+#: DRIFT_RUNS runs took longer than one thread's measured median
 DRIFT_RUNS = 8
-DRIFT = 1.5
 
 
 @dataclasses.dataclass
@@ -57,8 +57,9 @@ class ThreadChoice:
     #: runs since the choice, and when it was made (``clock``)
     since_choice: int = 0
     chosen_at: float = 0.0
-    #: the chosen count's median when chosen, and its latest runs since (at most DRIFT_RUNS)
-    reference: float = 0.0
+    #: one thread's median when several were chosen (else none), and the chosen count's latest
+    #: runs since (at most DRIFT_RUNS)
+    reference: float | None = None
     recent: list[float] = dataclasses.field(default_factory=list)
     clock: Callable[[], float] = dataclasses.field(default=time.monotonic, repr=False)
 
@@ -99,13 +100,14 @@ class ThreadChoice:
         one, many = self.median(1), self.median(self.threads)
         self.chosen = self.threads if many <= MARGIN * one else 1
         self.since_choice, self.chosen_at = 0, self.clock()
-        self.reference, self.recent = self.median(self.chosen), []
+        self.reference, self.recent = (one if self.chosen > 1 else None), []
         return True
 
     def slowed(self) -> bool:
-        """Whether the chosen count's latest DRIFT_RUNS runs took, by their median, more than
-        DRIFT times the median it was chosen on."""
-        return len(self.recent) == DRIFT_RUNS and statistics.median(self.recent) > DRIFT * self.reference
+        """Whether several threads were chosen and their latest DRIFT_RUNS runs took, by their
+        median, longer than one thread's runs did when they were chosen."""
+        return (self.reference is not None and len(self.recent) == DRIFT_RUNS
+                and statistics.median(self.recent) > self.reference)
 
     def median(self, threads: int) -> float:
         """Median seconds of the measured runs on ``threads``."""

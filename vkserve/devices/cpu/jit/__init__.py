@@ -154,9 +154,12 @@ def cap_threads(n: int) -> None:
 def run_threads(n: int) -> Iterator[None]:
     """A job's kernels on the calling thread: on at most ``n`` threads (``cap_threads``), the
     calling thread kept meanwhile on the core its team's pinned workers leave it
-    (``jit.pinning``)."""
+    (``jit.pinning``). The team is made and pinned first (``use_threads``), while the calling
+    thread may still use every core: a thread started inside would inherit the one-core mask
+    (measured: a Plan profiled before its first run ran its 2 threads on one core for good)."""
     cap_threads(n)
     try:
+        use_threads()
         with pinning.launcher_on_first_core(min(n, threads.THREADS)):
             yield
     finally:

@@ -53,7 +53,8 @@ MIN_TASK_ROWS = 16
 G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], dtype=np.float64)
 
-#: where F(4, 3) beats the direct GEMM (measured on the 2-core EPYC box, 1 and 2 threads): the
+#: where F(4, 3) beats the direct GEMM (measured on the first sessions' 2-core EPYC box, 1 and
+#: 2 threads; kept where that GEMM multiplies bf16 pairs, ``conv.DOT``, at twice the rate): the
 #: transformed weights (4x the multiply-adds' worth of fp32 per tile) must be reused over enough
 #: tiles, and the transforms' cost paid by enough channels. 56x56, 64 -> 64: 2.5x faster;
 #: 28x28, 128 -> 128: 2.0x; 14x14, 256 -> 256 (16 tiles): 1.0-1.2x at 1 thread, 0.5x at 2;
@@ -61,6 +62,14 @@ G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
 MIN_TILES = 36
 MIN_IN = 8
 MIN_OUT = 16
+#: where the GEMM multiplies in fp32 too (no ``conv.DOT``: Intel's AVX-512 cores, AVX2, NEON)
+#: the products alone run at the same rate in both, and F(4, 3) wins from 9 tiles. Measured on
+#: the 2-core Intel VM (AVX-512, AMX; one layer, both kernels alternating, median of 20-30;
+#: 1 / 2 threads), Winograd's time over the GEMM's: 256 -> 256 at 14x14 (16 tiles) 0.53 / 0.52,
+#: 384 -> 384 at 13x13 0.77 / 0.54, 256 -> 256 at 10x10 (9 tiles) 0.82 / 0.87; at 4 tiles even
+#: or worse: 128 -> 128 at 7x7 1.02 / 1.01, 256 -> 256 at 8x8 1.00 / 1.05, 512 -> 512 at 7x7
+#: 1.78 / 1.70 (its 38 MB of fp32 U read for 4 tiles)
+MIN_TILES_FP32 = 9
 #: where the direct GEMM multiplies bf16 pairs (``conv.DOT``, twice the fp32 kernel's rate; the
 #: Winograd products stay fp32) it also wins on layers widening the channels 4x or more, whose
 #: Winograd time goes mostly to the output transforms. Measured on the Zen 4 box (one layer,
@@ -76,7 +85,8 @@ def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT) -> b
     the direct GEMM (``gemm_pairs``: that GEMM multiplies bf16 pairs)."""
     if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
         return False
-    return cin >= MIN_IN and og >= MIN_OUT and -(-oh // 4) * -(-ow // 4) >= MIN_TILES
+    tiles = -(-oh // 4) * -(-ow // 4)
+    return cin >= MIN_IN and og >= MIN_OUT and tiles >= (MIN_TILES if gemm_pairs else MIN_TILES_FP32)
 
 
 def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:
