@@ -21,6 +21,7 @@ from vkserve.devices.cpu.thread_choice import (
     RECHECK_RUNS,
     RECHECK_S,
     ROUNDS,
+    SOON,
     WARMUP,
     ThreadChoice,
 )
@@ -128,6 +129,48 @@ def test_several_threads_slower_than_one_was_are_measured_again_at_once() -> Non
     for _ in range(4 * DRIFT_RUNS):  # one thread, slower now too: it holds until the recheck
         choice.record(choice.next(), 0.050)
     assert choice.chosen == 1
+
+
+def measure(choice: ThreadChoice, one: float, many: float) -> int:
+    while choice.chosen is None:
+        n = choice.next()
+        choice.record(n, one if n == 1 else many)
+    return choice.chosen
+
+
+def runs_until_measuring(choice: ThreadChoice, now: list[float], seconds_a_run: float, one: float) -> int:
+    runs = 0
+    while choice.chosen is not None:
+        now[0] += seconds_a_run
+        choice.record(choice.next(), one)
+        runs += 1
+    return runs
+
+
+def test_one_thread_chosen_after_a_slowdown_is_measured_again_soon_then_less_often() -> None:
+    """The busy process may leave: one thread, chosen after several slowed down, is measured
+    again after SOON of RECHECK_RUNS and RECHECK_S, each recheck that keeps it doubling that
+    share, and a recheck that goes back to several threads restores the whole."""
+    now = [0.0]
+    choice = ThreadChoice(2, clock=lambda: now[0])
+    assert measure(choice, 0.010, 0.004) == 2
+    for _ in range(DRIFT_RUNS):
+        choice.record(choice.next(), 0.030)
+    assert measure(choice, 0.010, 0.030) == 1 and choice.interval == SOON
+    waits = []
+    for _ in range(5):  # the process stays: rechecks keep one thread, less and less often
+        waits.append(runs_until_measuring(choice, now, 0.001, 0.010))
+        assert measure(choice, 0.010, 0.030) == 1
+    # by the time bound: SOON x 60 s at 1 ms a run, doubling, up to the whole RECHECK_S
+    want = [RECHECK_S * SOON / 0.001 * f for f in (1, 2, 4, 8, 10)]
+    assert all(abs(w - x) <= 1 for w, x in zip(waits, want, strict=True)), waits  # (a float clock)
+    assert choice.interval == 1.0
+    waits_runs = runs_until_measuring(choice, now, 1.0, 0.010)  # slow runs: the run bound holds
+    assert waits_runs == RECHECK_RUNS
+    assert measure(choice, 0.010, 0.004) == 2 and choice.interval == 1.0  # the process left
+    # a recheck on schedule that drops to one thread (no slowdown seen) keeps the whole share
+    assert runs_until_measuring(choice, now, 1.0, 0.004) == RECHECK_RUNS
+    assert measure(choice, 0.010, 0.030) == 1 and choice.interval == 1.0
 
 
 def test_one_thread_engines_and_fixed_counts_never_measure() -> None:

@@ -17,7 +17,8 @@ of its last ``DRIFT_RUNS`` runs exceeds one thread's measured median: the worker
 spinning (``jit.wait_settings``), and a worker whose core another process takes holds up every
 parallel region (measured on the 2-core VM, RESULTS.md, twenty-third and twenty-fourth sessions:
 resnet18 on 2 pinned threads 32-47 ms a run beside a busy process against 25.5 on one thread and
-17-20 idle). Only then: a first rule on the chosen count's own slowdown (1.5x its median) left
+17-20 idle). One thread chosen so is measured again sooner (``SOON``), later each time it
+holds. Only then: a first rule on the chosen count's own slowdown (1.5x its median) left
 Plans on the 16-core Xeon measuring again and again (RESULTS.md, twenty-fourth session).
 """
 
@@ -40,6 +41,10 @@ RECHECK_S = 60.0
 #: a choice of several threads is measured again at once where the median of its last
 #: DRIFT_RUNS runs took longer than one thread's measured median
 DRIFT_RUNS = 8
+#: after such a drop to one thread the next recheck comes at this share of RECHECK_RUNS and
+#: RECHECK_S (the busy process may be gone soon), the share doubling at each recheck that keeps
+#: one thread, back to the whole once a recheck changes the choice
+SOON = 0.1
 
 
 @dataclasses.dataclass
@@ -61,6 +66,10 @@ class ThreadChoice:
     #: runs since (at most DRIFT_RUNS)
     reference: float | None = None
     recent: list[float] = dataclasses.field(default_factory=list)
+    #: the share of RECHECK_RUNS and RECHECK_S the next recheck waits for, and whether the
+    #: measurement under way was started by the chosen count slowing down (``slowed``)
+    interval: float = 1.0
+    after_slowdown: bool = False
     clock: Callable[[], float] = dataclasses.field(default=time.monotonic, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,9 +96,12 @@ class ThreadChoice:
         if self.chosen is not None:
             self.since_choice += 1
             self.recent = [*self.recent[1 - DRIFT_RUNS :], seconds]
-            if self.slowed() or (self.since_choice >= RECHECK_RUNS and self.clock() - self.chosen_at >= RECHECK_S):
+            slowed = self.slowed()
+            if slowed or (self.since_choice >= RECHECK_RUNS * self.interval
+                          and self.clock() - self.chosen_at >= RECHECK_S * self.interval):
                 # measure again (the kernels are loaded: no warm-up)
                 self.previous, self.chosen, self.samples, self.runs = self.chosen, None, {}, WARMUP
+                self.after_slowdown = slowed
             return False
         self.runs += 1
         if self.runs <= WARMUP:
@@ -100,6 +112,13 @@ class ThreadChoice:
         one, many = self.median(1), self.median(self.threads)
         self.chosen = self.threads if many <= MARGIN * one else 1
         self.since_choice, self.chosen_at = 0, self.clock()
+        if self.after_slowdown and self.chosen == 1:
+            self.interval = SOON
+        elif self.chosen == self.previous:
+            self.interval = min(1.0, 2 * self.interval)
+        else:
+            self.interval = 1.0
+        self.after_slowdown = False
         self.reference, self.recent = (one if self.chosen > 1 else None), []
         return True
 
