@@ -86,7 +86,7 @@ def wait_settings(engine_threads: int, env: Mapping[str, str]) -> dict[str, str]
     (squeezenet 9.9 ms, 1.73x ncnn's bf16 time) and spinning 1.5x faster (6.3-6.6 ms, 1.18x).
     A spinning worker whose core another process takes holds up every parallel region (1.5-8x
     slower runs measured beside a busy process), which the Plan's thread choice answers: it
-    measures again at once when its runs slow down (``thread_choice.DRIFT``) and keeps one
+    measures again at once when its runs take longer than one thread's (``thread_choice.DRIFT_RUNS``), keeping one
     thread while the other core is busy."""
     if "OMP_WAIT_POLICY" in env or "GOMP_SPINCOUNT" in env:
         return {}
