@@ -125,7 +125,7 @@ def test_several_threads_slower_than_one_was_are_measured_again_at_once() -> Non
         order.append(n)
         choice.record(n, 0.010 if n == 1 else 0.030)
     assert order == [1, 2] * ROUNDS and choice.chosen == 1
-    assert choice.reference is None and choice.recent == []
+    assert choice.reference is None and len(choice.recent) == 0
     for _ in range(4 * DRIFT_RUNS):  # one thread, slower now too: it holds until the recheck
         choice.record(choice.next(), 0.050)
     assert choice.chosen == 1

@@ -24,6 +24,7 @@ Plans on the 16-core Xeon measuring again and again (RESULTS.md, twenty-fourth s
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 import time
@@ -65,7 +66,7 @@ class ThreadChoice:
     #: one thread's median when several were chosen (else none), and the chosen count's latest
     #: runs since (at most DRIFT_RUNS)
     reference: float | None = None
-    recent: list[float] = dataclasses.field(default_factory=list)
+    recent: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=DRIFT_RUNS))
     #: the share of RECHECK_RUNS and RECHECK_S the next recheck waits for, and whether the
     #: measurement under way was started by the chosen count slowing down (``slowed``)
     interval: float = 1.0
@@ -95,7 +96,8 @@ class ThreadChoice:
             return False
         if self.chosen is not None:
             self.since_choice += 1
-            self.recent = [*self.recent[1 - DRIFT_RUNS :], seconds]
+            if self.reference is not None:
+                self.recent.append(seconds)
             slowed = self.slowed()
             if slowed or (self.since_choice >= RECHECK_RUNS * self.interval
                           and self.clock() - self.chosen_at >= RECHECK_S * self.interval):
@@ -119,7 +121,8 @@ class ThreadChoice:
         else:
             self.interval = 1.0
         self.after_slowdown = False
-        self.reference, self.recent = (one if self.chosen > 1 else None), []
+        self.reference = one if self.chosen > 1 else None
+        self.recent.clear()
         return True
 
     def slowed(self) -> bool:

@@ -1,7 +1,8 @@
 """Each worker of a launching thread's OpenMP team pinned to a core of its own.
 
-The pool's idle workers sleep (``wait_settings``: passive below 4 threads), so every kernel
-launch wakes them, and Linux places a woken thread by its wake-affine rule: after an idle pause
+The pool's idle workers sleep (``wait_settings``: at once on one thread, after ~0.3 ms of
+spinning on more), so a kernel launched after a pause wakes them, and Linux places a woken
+thread by its wake-affine rule: after an idle pause
 it put the worker on the core of the thread that woke it, which was busy running its own share
 of the kernel, and moved it away only tens of milliseconds later. Measured on the 2-core VM
 (RESULTS.md, "the second thread after an idle pause"): a 3x3 layer on 2 threads 3.0 ms back to
