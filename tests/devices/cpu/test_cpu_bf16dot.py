@@ -13,6 +13,9 @@ from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
 from vkserve.devices.cpu.jit import bf16dot, vectors
 
 HOST_BF16 = vectors.BF16 in get_host_cpu_features().split(",")
+HOST_AMX = vectors.AMX <= set(get_host_cpu_features().split(","))
+#: the GEMM convolution multiplies bf16 values as they are (pairs or AMX tiles), not widened
+BF16_PRODUCTS = jit.conv.DOT or jit.conv.AMX
 #: the kernels are compiled for AVX-512 BF16 (the host's features, or explicit ones)
 COMPILED_BF16 = vectors.BF16 in (numba.config.CPU_FEATURES or get_host_cpu_features()).split(",")
 needs_bf16 = pytest.mark.skipif(not COMPILED_BF16, reason="bf16 pair products need a CPU with AVX-512 BF16")
@@ -74,18 +77,21 @@ def _conv3x3(x: np.ndarray, w16: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def test_the_gemm_convolution_runs_the_path_this_cpu_has() -> None:
-    """On an AVX-512 BF16 host the GEMM convolution multiplies bf16 pairs, which read and write
-    denormals as zero (products of 1e-20 and 1e-20 vanish); elsewhere the fp32 kernel keeps
-    them."""
+    """On an AMD AVX-512 BF16 host the GEMM convolution multiplies bf16 pairs, on an AMX host
+    bf16 tiles; both read and write denormals as zero (products of 1e-20 and 1e-20 vanish);
+    elsewhere the fp32 kernel keeps them."""
     assert jit.conv.DOT == jit.VECTORS.bf16_dot <= HOST_BF16  # never where the CPU lacks them
+    assert jit.conv.AMX == jit.VECTORS.amx <= HOST_AMX
+    assert not (jit.conv.DOT and jit.conv.AMX)
     tiny = to_bf16(np.full((5, 9, 9), 1e-20, np.float32))
     out = _conv3x3(tiny, to_bf16(np.full((16, 45), 1e-20, np.float32)), np.zeros(16, np.float32))
-    assert np.all(out == 0) if jit.conv.DOT else np.all(out != 0)
+    assert np.all(out == 0) if BF16_PRODUCTS else np.all(out != 0)
 
 
 def test_the_gemm_convolutions_sums_are_one_of_the_two_orders() -> None:
     """The sums' order, emulated exactly: k ascending for the fp32 kernel; for the pair products
-    Intel's (each pair's odd k first) or k ascending, which an AMD Zen 4 was measured giving."""
+    Intel's (each pair's odd k first) or k ascending, which an AMD Zen 4 was measured giving
+    (and AMX tiles on a Sapphire Rapids VM)."""
     rng = np.random.default_rng(0)
     x = to_bf16(rng.standard_normal((5, 9, 9)).astype(np.float32))  # K = 45: the last pair padded
     w16 = to_bf16(rng.standard_normal((16, 45)).astype(np.float32))
@@ -95,4 +101,4 @@ def test_the_gemm_convolutions_sums_are_one_of_the_two_orders() -> None:
     cols = np.stack([xp[:, ky:ky + 9, kx:kx + 9] for ky in range(3) for kx in range(3)], axis=1).reshape(45, 81)
     ascending = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, False)))
     odd_first = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, True)))
-    assert ascending or (jit.conv.DOT and odd_first)
+    assert ascending or (BF16_PRODUCTS and odd_first)

@@ -37,6 +37,34 @@ def test_bf16_pair_products_only_on_amd_cores() -> None:
     assert vectors.choose(AVX512, "znver5", {}).bf16_dot
 
 
+AMX = AVX512 + ",+amx-tile,+amx-bf16"
+
+
+def test_amx_tiles_where_the_cpu_has_them_and_the_os_grants_them() -> None:
+    """Intel's AMX (tile and bf16) with the 8-row tile beside it (the fp32 kernels that remain:
+    Winograd, direct); asked of the OS only where it would be used; never with the AMD pair
+    products; off with VKSERVE_CPU_AMX=0, without the OS's grant, or in explicit features
+    lacking it."""
+    asked = []
+
+    def grant() -> bool:
+        asked.append(True)
+        return True
+
+    s = vectors.choose(AMX, "sapphirerapids", {}, permit=grant)
+    assert (s.tile_rows, s.vector_bits, s.bf16_dot, s.amx) == (8, 512, False, True) and asked
+    assert not vectors.choose(AMX, "sapphirerapids", {}, permit=lambda: False).amx
+    assert not vectors.choose(AMX, "sapphirerapids", {"VKSERVE_CPU_AMX": "0"}, permit=grant).amx
+    asked.clear()
+    assert not vectors.choose(AVX512, "sapphirerapids", {}, permit=grant).amx and not asked
+    assert vectors.choose(AMX, "znver4", {}, permit=grant) == vectors.VectorSettings(AMX + ",-prefer-256-bit", 8, 512,
+                                                                                      True, False)
+    wide = AMX + ",-prefer-256-bit"
+    assert vectors.choose(AVX2, "sapphirerapids", {"NUMBA_CPU_FEATURES": wide}, permit=grant).amx
+    assert not vectors.choose(AMX, "sapphirerapids", {"NUMBA_CPU_FEATURES": AVX512 + ",-prefer-256-bit"},
+                              permit=grant).amx
+
+
 def test_other_hosts_keep_numbas_choice_and_the_4_row_tile() -> None:
     assert vectors.choose(AVX2, "znver2", {}) == vectors.VectorSettings(None, 4, 256, False)
     assert vectors.choose(NEON, "cortex-a76", {}) == vectors.VectorSettings(None, 4, 128, False)
@@ -78,15 +106,16 @@ spec = importlib.util.spec_from_file_location(name, sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[name] = module
 spec.loader.exec_module(module)
-module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]), bf16_dot=sys.argv[4] == "dot")
+module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]), bf16_dot=sys.argv[4] == "dot",
+                                     amx=sys.argv[4] == "amx")
 import numba
 import pytest
 from numba.core.dispatcher import Dispatcher
 from vkserve.devices.cpu.jit import conv, direct, elementwise, epilogue, innerproduct, linear, lrn, nms, pooling, winograd
-assert (conv.MR, conv.DOT) == (int(sys.argv[3]), sys.argv[4] == "dot"), (conv.MR, conv.DOT)
-TILE = {"MR", "DOT", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro2", "_micro_half", "_micro_rows",
-        "_micro2_rows", "_micro_half_rows", "strips_fp32", "strips_dot", "_dot1", "_dot2",
-        "_block_product", "_pack_flat", "_put", "compile_micro"}
+assert (conv.MR, conv.DOT, conv.AMX) == (int(sys.argv[3]), sys.argv[4] == "dot", sys.argv[4] == "amx")
+TILE = {"MR", "DOT", "AMX", "BR", "KALIGN", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro2",
+        "_micro_half", "_micro_rows", "_micro2_rows", "_micro_half_rows", "strips_fp32", "strips_dot", "_dot1", "_dot2",
+        "_rows_product", "_tiles_begin", "_tiles_end", "_pack_flat", "_put", "compile_micro"}
 
 def names(code):
     yield from code.co_names
@@ -121,18 +150,20 @@ sys.exit(code)
 """
 
 
-@pytest.mark.parametrize(("rows", "path"), [(4, "fp32"), (8, "fp32"), (8, "dot")])
+@pytest.mark.parametrize(("rows", "path"), [(4, "fp32"), (8, "fp32"), (8, "dot"), (8, "amx")])
 def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: int, path: str) -> None:
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
-    (where the CPU has them): every dense and Winograd convolution case and a Linear layer
+    and the AMX tiles of Intel's (where the CPU has them): every dense and Winograd convolution case and a Linear layer
     against ncnn, the Linear and MatMul kernels against numpy, and the same bits on any thread
     count, so each path is tested on any machine that can run it. The kernels the path reaches
     compile afresh in the child (their own numba cache folder)."""
-    if (rows, path == "dot") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot):
+    if (rows, path == "dot", path == "amx") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot, jit.VECTORS.amx):
         pytest.skip("the path this host uses: the rest of the suite runs it")
     if path == "dot" and vectors.BF16 not in get_host_cpu_features().split(","):
         pytest.skip("bf16 pair products need a CPU with AVX-512 BF16")
+    if path == "amx" and not (vectors.AMX <= set(get_host_cpu_features().split(",")) and vectors.request_tiles()):
+        pytest.skip("AMX tiles need a CPU with AMX and the OS's grant")
     proc = subprocess.run(
         [sys.executable, "-c", _OTHER_TILE, vectors.__file__, str(tmp_path / "numba"), str(rows), path,
          "tests/devices/cpu/test_cpu_jit_conv.py::test_convolution_matches_ncnn",

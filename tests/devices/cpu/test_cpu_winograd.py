@@ -7,6 +7,7 @@ took the Winograd path, and the sizes just below its thresholds that it did not.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,14 @@ from vkserve.devices.cpu.jit import winograd
 from vkserve.devices.cpu.kernels import REGISTRY
 from vkserve.models.graph import build_graph, load_model, parse_param_text
 from vkserve.models.randinit import random_weights
+
+
+@pytest.fixture(autouse=True)
+def _rule_beside_a_gemm_without_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases' sizes sit at the thresholds beside the fp32 or pairs GEMM; on AMX hosts
+    (``conv.AMX``) F(4, 3) takes no layer (``test_winograd_takes_no_layer_beside_amx_tiles``), so
+    there these cases would test the other kernels instead. The Winograd kernel is the same."""
+    monkeypatch.setattr(winograd, "worthwhile", functools.partial(winograd.worthwhile, gemm_tiles=False))
 
 
 def conv_line(c: int, out: int, params: str) -> str:
@@ -149,15 +158,23 @@ def test_winograd_takes_fewer_tiles_beside_an_fp32_gemm() -> None:
         assert not winograd.worthwhile(256, 256, hw, hw, gemm_pairs=False)
 
 
-def test_warm_up_net_reaches_the_winograd_and_pooling_kernels() -> None:
+def test_winograd_takes_no_layer_beside_amx_tiles() -> None:
+    """On AMX hosts the layers it would take run from the input's planes (``jit.implicit``), or
+    below 16 input channels as the AMX GEMM."""
+    for cin, og, hw in ((64, 64, 224), (128, 128, 112), (64, 64, 56), (256, 256, 14), (8, 16, 24)):
+        assert not winograd.worthwhile(cin, og, hw, hw, gemm_tiles=True)
+
+
+def test_warm_up_net_reaches_the_winograd_and_pooling_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """`vkserve cache warm` and the daemon's start compile the kernels through this net: it
-    must take every numba path, these included."""
+    must take every numba path, these included (with the rule of the GEMM this process runs)."""
+    monkeypatch.undo()
     layers = parse_param_text(warm._NET, "warm-up net")
     for layer, weights in zip(layers, random_weights(layers, 0)):
         layer.weights = weights
     plan = Plan(build_graph(layers, "warm-up net"))
     kernels = [step.kernel for step in plan._program]
-    assert any(k.layer.type == "Convolution" and k.winograd for k in kernels)
+    assert any(k.layer.type == "Convolution" and (k.implicit if jit.conv.AMX else k.winograd) for k in kernels)
     pools = [k for k in kernels if k.layer.type == "Pooling"]
     assert any(k.windowed for k in pools) and any(k.global_avg for k in pools)
     # the element-wise kernels: Eltwise and BinaryOp on ``binary``, an activation on its own

@@ -27,6 +27,7 @@ from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.jit import (
     VECTORS,
     Dispatcher,
+    amx,
     attention,
     bf16dot,
     conv,
@@ -52,7 +53,7 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (attention, bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms,
+KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms,
                   norm, pinning, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
@@ -101,9 +102,10 @@ class WarmReport:
     cache_dir: str
     vector_bits: int  # the widest vectors the kernels are compiled to use (``jit.vectors``)
     bf16_dot: bool  # the GEMM convolution multiplies bf16 pairs (AVX-512 BF16; ``jit.bf16dot``)
+    amx: bool = False  # the GEMM convolution multiplies on AMX tiles (``jit.amx``)
 
     def describe(self) -> str:
-        dot = ", bf16 dot products" if self.bf16_dot else ""
+        dot = ", bf16 dot products" if self.bf16_dot else ", AMX tiles" if self.amx else ""
         return (f"CPU kernels ready in {self.seconds:.1f} s: {self.compiled} compiled for this CPU "
                 f"(up to {self.vector_bits}-bit vectors{dot}), {self.cached} loaded from the cache "
                 f"({self.cache_dir})")
@@ -112,14 +114,15 @@ class WarmReport:
         """The fields as `vkserve cache warm --json` prints them."""
         return {"kernels_compiled": self.compiled, "kernels_cached": self.cached,
                 "seconds": self.seconds, "cache_dir": self.cache_dir,
-                "vector_bits": self.vector_bits, "bf16_dot": self.bf16_dot}
+                "vector_bits": self.vector_bits, "bf16_dot": self.bf16_dot, "amx": self.amx}
 
     @classmethod
     def from_json(cls, entry: dict[str, object]) -> WarmReport:
         """Inverse of ``as_json``; KeyError / TypeError / ValueError on anything else."""
         return cls(float(entry["seconds"]), int(entry["kernels_compiled"]),  # type: ignore[arg-type]
                    int(entry["kernels_cached"]), str(entry["cache_dir"]),  # type: ignore[arg-type]
-                   int(entry["vector_bits"]), bool(entry["bf16_dot"]))  # type: ignore[arg-type]
+                   int(entry["vector_bits"]), bool(entry["bf16_dot"]),  # type: ignore[arg-type]
+                   bool(entry.get("amx", False)))
 
 
 def _dispatchers(modules: tuple[ModuleType, ...]) -> list[Dispatcher]:
@@ -147,7 +150,7 @@ def _kernels_key() -> str:
     from vkserve.devices.cpu.jit import numba  # noqa: PLC0415
 
     parts = [numba.__version__, repr(numba.core.registry.cpu_target.target_context.codegen().magic_tuple()),
-             f"tile rows {VECTORS.tile_rows}", f"bf16 dot {VECTORS.bf16_dot}", f"sources {sources_key()}"]
+             f"tile rows {VECTORS.tile_rows}", f"bf16 dot {VECTORS.bf16_dot}", f"amx {VECTORS.amx}", f"sources {sources_key()}"]
     for source in kernel_sources():
         info = source.stat()
         parts.append(f"{source}:{info.st_mtime_ns}:{info.st_size}")
@@ -210,4 +213,4 @@ def compile_kernels() -> WarmReport:
         log.warning("CPU kernels: cannot write %s (%s): the next start compiles them again",
                     _stamp_path(), describe_os_error(exc))
     return WarmReport(time.perf_counter() - start, new_misses - misses, new_hits - hits,
-                      os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits, VECTORS.bf16_dot)
+                      os.environ.get("NUMBA_CACHE_DIR", ""), VECTORS.vector_bits, VECTORS.bf16_dot, VECTORS.amx)

@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "compile_dot_micro", "dot_pairs", "f32x16", "vload", "vstore"]
+__all__ = ["LANES", "compile_dot_micro", "dot_pairs", "element_address", "f32x16", "vload", "vstore"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
 LANES = 16
@@ -76,7 +76,7 @@ def _is_1d(arr: types.Type, dtype: types.Type) -> bool:
     return isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == dtype
 
 
-def _address(context, builder, arr_type, arr, index):  # noqa: ANN001, ANN202
+def element_address(context, builder, arr_type, arr, index):  # noqa: ANN001, ANN202
     """&arr[index] (no bounds check: the callers' indices come from the tile shapes)."""
     data = context.make_array(arr_type)(context, builder, arr).data
     return builder.gep(data, [index])
@@ -89,7 +89,7 @@ def vload(typingctx, arr, index):  # noqa: ARG001, ANN001, ANN201
         return None
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        p = _address(context, builder, signature.args[0], args[0], args[1])
+        p = element_address(context, builder, signature.args[0], args[0], args[1])
         return builder.load(builder.bitcast(p, _VF.as_pointer()), align=4)
 
     return f32x16(arr, index), codegen
@@ -102,7 +102,7 @@ def vstore(typingctx, arr, index, value):  # noqa: ARG001, ANN001, ANN201
         return None
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        p = _address(context, builder, signature.args[0], args[0], args[1])
+        p = element_address(context, builder, signature.args[0], args[0], args[1])
         builder.store(args[2], builder.bitcast(p, _VF.as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -118,8 +118,8 @@ def dot_pairs(typingctx, acc, a, ia, b, ib):  # noqa: ARG001, ANN001, ANN201
         return None
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        pa = _address(context, builder, signature.args[1], args[1], args[2])
-        pb = _address(context, builder, signature.args[3], args[3], args[4])
+        pa = element_address(context, builder, signature.args[1], args[1], args[2])
+        pb = element_address(context, builder, signature.args[3], args[3], args[4])
         pair = builder.load(builder.bitcast(pa, _I32.as_pointer()), align=2)
         row = builder.load(builder.bitcast(pb, _VI.as_pointer()), align=2)
         one = builder.insert_element(ir.Constant(_VI, ir.Undefined), pair, ir.Constant(_I32, 0))

@@ -22,6 +22,11 @@ the panels hold the input's bf16 values (an fp32 input is rounded to bf16 there,
 would have stored it), each k pair of a pixel adjacent, the weights likewise, and the sums run
 over k pairs ascending (within a pair in the order the CPU's instruction adds them; denormals
 flushed to zero). Nothing is widened.
+
+On CPUs with AMX (``AMX``) the same bf16 panels are the B tiles of ``jit.amx``'s product, the
+weights are packed as its A tiles (row blocks of ``BR`` = 16 rows, each 32-deep step a
+16 x 32 run), depths padded to 32 in both (``KALIGN``), and each 32-deep step's sums run in the
+order the CPU fixes.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from vkserve.devices.cpu.jit import amx
 from vkserve.devices.cpu.jit.bf16dot import compile_dot_micro
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
@@ -59,12 +65,18 @@ MIN_TASK_ROWS = 32
 
 #: bf16 pair products in the GEMM (``jit.bf16dot``; AVX-512 BF16 hosts)
 DOT = SETTINGS.bf16_dot
+#: AMX tile products in the GEMM (``jit.amx``; AMX hosts)
+AMX = SETTINGS.amx
 #: depths a weight or panel row pairs up (2: bf16 pairs), and the input panels' element type
 #: and layout: (NB / NR strips, PANEL_ROWS, PANEL_COLS) = (strips, KC, NR) fp32, or with
-#: ``DOT`` (strips, KC / 2, NR pairs) bf16
-PAIR = 2 if DOT else 1
-PANEL = np.uint16 if DOT else np.float32
+#: ``DOT`` or ``AMX`` (strips, KC / 2, NR pairs) bf16
+PAIR = 2 if DOT or AMX else 1
+PANEL = np.uint16 if DOT or AMX else np.float32
 PANEL_ROWS, PANEL_COLS = KC // PAIR, NR * PAIR
+#: rows of a block of packed GEMM weights (an AMX A tile's; else the register tile's), and the
+#: depth that weights and panels are zero-padded to a multiple of (an AMX step's; else a pair)
+BR = 16 if AMX else MR
+KALIGN = amx.DEPTH if AMX else PAIR
 
 #: index type of the hot loops: numba wraps negative signed indices, a select per access that
 #: keeps LLVM from vectorizing; unsigned ones need none
@@ -81,15 +93,19 @@ def geometry(groups: int, cg: int, og: int, kh: int, kw: int, sh: int, sw: int, 
 
 
 def pack_gemm_weights(w16: np.ndarray, groups: int, og: int, k: int) -> np.ndarray:
-    """bf16 weights [groups * og][k] -> panels (groups, row blocks, k / PAIR, MR x PAIR), rows
-    zero-padded to a whole block, k to whole pairs: a row block's weights for depth k (a pair
-    of depths with ``DOT``, each row's two adjacent) are one run."""
-    nrb = -(-og // MR)
-    kp = -(-k // PAIR) * PAIR
-    w = np.zeros((groups, nrb * MR, kp), dtype=np.uint16)
+    """bf16 weights [groups * og][k] -> panels (groups, row blocks, k / PAIR, BR x PAIR), rows
+    zero-padded to a whole block, k to a multiple of KALIGN: a row block's weights for depth k
+    (a pair of depths with ``DOT``, each row's two adjacent) are one run; with ``AMX`` a row
+    block's 32-deep step is one (BR, 32) A tile, row-major."""
+    nrb = -(-og // BR)
+    kp = -(-k // KALIGN) * KALIGN
+    w = np.zeros((groups, nrb * BR, kp), dtype=np.uint16)
     w[:, :og, :k] = w16.reshape(groups, og, k)
-    w = w.reshape(groups, nrb, MR, kp // PAIR, PAIR).transpose(0, 1, 3, 2, 4)
-    return np.ascontiguousarray(w).reshape(groups, nrb, kp // PAIR, MR * PAIR)
+    if AMX:
+        w = w.reshape(groups, nrb, BR, kp // KALIGN, KALIGN).transpose(0, 1, 3, 2, 4)
+    else:
+        w = w.reshape(groups, nrb, BR, kp // PAIR, PAIR).transpose(0, 1, 3, 2, 4)
+    return np.ascontiguousarray(w).reshape(groups, nrb, kp // PAIR, BR * PAIR)
 
 
 class BRead(enum.Enum):
@@ -337,16 +353,16 @@ def _widen_run(src, s0, dst, n):  # noqa: ANN001
 
 
 def gemm_row_chunks(groups: int, og: int, npix: int, threads: int, block: int = NB,
-                    min_rows: int = MIN_TASK_ROWS) -> int:
-    """Row blocks per task: enough tasks to keep ``threads`` busy (about 2 each), but no fewer
-    than ``min_rows`` rows a task, since each task packs its own input panel (of ``block``
-    pixels). Which task computes an output does not change its sum (bias, then k ascending), so
-    this may follow the thread count."""
-    nrb = -(-og // MR)
+                    min_rows: int = MIN_TASK_ROWS, block_rows: int = MR) -> int:
+    """Row blocks (of ``block_rows``) per task: enough tasks to keep ``threads`` busy (about 2
+    each), but no fewer than ``min_rows`` rows a task, since each task packs its own input
+    panel (of ``block`` pixels). Which task computes an output does not change its sum (bias,
+    then k ascending), so this may follow the thread count."""
+    nrb = -(-og // block_rows)
     tasks = groups * -(-npix // block)
-    chunks = max(1, min(-(-nrb * MR // min_rows), -(-2 * threads // tasks)))
+    chunks = max(1, min(-(-nrb * block_rows // min_rows), -(-2 * threads // tasks)))
     # rounded down (at least chunks tasks), but never below min_rows
-    return max(1, min(nrb, -(-min_rows // MR)), nrb // chunks)
+    return max(1, min(nrb, -(-min_rows // block_rows)), nrb // chunks)
 
 
 def gemm_split(groups: int, og: int, npix: int, threads: int) -> tuple[int, int]:
@@ -355,11 +371,11 @@ def gemm_split(groups: int, og: int, npix: int, threads: int) -> tuple[int, int]
     split as finely as ``gemm_row_chunks`` allows. Measured on a 16-core Xeon: the 1x1
     convolutions at 14x14 and 7x7 (efficientnet_b0, mobilenet_v3), 1-2 tasks a layer with 128
     pixels and 128 rows a task, ran no faster on 16 threads than on 4."""
-    rows = -(-og // MR) * MR
+    rows = -(-og // BR) * BR
     pixels = NB
     while pixels > MIN_BLOCK and groups * -(-npix // pixels) * -(-rows // MIN_TASK_ROWS) < 2 * threads:
         pixels //= 2
-    return pixels, gemm_row_chunks(groups, og, npix, threads, pixels)
+    return pixels, gemm_row_chunks(groups, og, npix, threads, pixels, block_rows=BR)
 
 
 #: shared input panels at most (bytes): beyond, each row chunk packs its own
@@ -378,7 +394,7 @@ def shared_panels_shape(groups: int, og: int, npix: int, k_total: int, pixels: i
     chunks on 2 threads) ran 1.4x faster on 2 threads than on 1, where 2x was the bound; with
     it, a 3x3 256 -> 256 layer at 14x14 2.51 -> 1.76 ms on 2 threads (512 -> 512 at 7x7: 2.25 ->
     2.12 ms)."""
-    chunks = -(-(-(-og // MR)) // rb_per_task)  # ceil(row blocks / row blocks a task)
+    chunks = -(-(-(-og // BR)) // rb_per_task)  # ceil(row blocks / row blocks a task)
     blocks = groups * -(-npix // pixels)
     kblocks = -(-k_total // KC)
     if chunks < 2 or blocks * kblocks * NB * KC * np.dtype(PANEL).itemsize > SHARED_PANELS_MAX:
@@ -428,7 +444,7 @@ def _pack_flat_impl(xf, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
 def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel):  # noqa: ANN001
     """Panel element (s, kk, j) (``_put``) = input of receptive-field element k0 + kk for pixel
     p0 + s NR + j (j < n - s NR), zeros in a partial last strip's unused lanes (garbage there
-    could be denormal, and slow) and at the depth rounding kcb up to whole pairs; ``planes`` and
+    could be denormal, and slow) and at the depths rounding kcb up to KALIGN; ``planes`` and
     ``offs``, ``runs`` as ``_block_geometry`` sets them up for the block (channel c's rows in
     planes[c % PAIR]: a k pair may span two channels)."""
     sh = geo[G_SH]
@@ -442,7 +458,7 @@ def _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel
     for kk in range(kcb):
         for j in range(n - (ns - 1) * NR, NR):
             _put(panel, ns - 1, kk, j, zero)
-    for kk in range(kcb, -(-kcb // PAIR) * PAIR):
+    for kk in range(kcb, -(-kcb // KALIGN) * KALIGN):
         for si in range(ns):
             for j in range(NR):
                 _put(panel, si, kk, j, zero)
@@ -552,25 +568,78 @@ def _block_geometry(geo, flat, p0, n, space, offs, runs):  # noqa: ANN001, ANN20
     return planes
 
 
-def _block_product(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
-    """tile[r0:r0 + MR, :n] += the MR weight rows from w[w0:] (packed, K block of depth kcb)
-    times the K block's input panel: widened into ``wide`` and run by the fp32 micro kernel,
-    or with a bf16 panel (``DOT``) by the pair-product kernel straight from the packed weights."""
+def _rows_product(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN201  (numba overload below)
+    """tile[:nb BR, :n] += the nb row blocks of packed weights from w[w0:] (one every
+    ``kstride`` values; K block of depth kcb) times the K block's input panel: per row block
+    widened into ``wide`` and run by the fp32 micro kernel, with a bf16 panel (``DOT``) by the
+    pair-product kernel straight from the packed weights, with ``AMX`` by ``jit.amx`` two row
+    blocks by two strips at a time (the tile configuration loaded: ``_tiles_begin``)."""
     raise NotImplementedError
 
 
-@overload(_block_product, inline="always")
-def _block_product_impl(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
-    if panel.dtype == types.uint16:
-        def pairs(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
+@overload(_rows_product, inline="always")
+def _rows_product_impl(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
+    if AMX:
+        def tiles(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
+            pf = panel.reshape(panel.size)
+            tf = tile.reshape(tile.size)
             sb = panel.shape[1] * panel.shape[2]  # a strip
-            strips_dot(w, w0, panel.reshape(panel.size), 0, sb, tile, r0, (n + NR - 1) // NR, (kcb + 1) // 2)
+            ldc = tile.shape[1]
+            ns = (n + NR - 1) // NR
+            steps = (kcb + amx.DEPTH - 1) // amx.DEPTH
+            for i in range(0, nb, 2):
+                a0 = w0 + i * kstride
+                for s in range(0, ns, 2):
+                    amx.block(w, a0, a0 + kstride, pf, s * sb, (s + 1) * sb, _PANEL_STEPS, 64, tf, i * BR * ldc + s * NR,
+                              ldc, steps, i + 1 < nb, s + 1 < ns)
+        return tiles
+    if panel.dtype == types.uint16:
+        def pairs(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
+            sb = panel.shape[1] * panel.shape[2]  # a strip
+            for i in range(nb):
+                strips_dot(w, w0 + i * kstride, panel.reshape(panel.size), 0, sb, tile, i * MR, (n + NR - 1) // NR,
+                           (kcb + 1) // 2)
         return pairs
 
-    def fp32(w, w0, wide, panel, tile, kcb, r0, n):  # noqa: ANN001, ANN202
-        _widen_run(w, w0, wide.reshape(wide.size), kcb * MR)
-        strips_fp32(wide, panel, tile, kcb, r0, n)
+    def fp32(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
+        for i in range(nb):
+            _widen_run(w, w0 + i * kstride, wide.reshape(wide.size), kcb * MR)
+            strips_fp32(wide, panel, tile, kcb, i * MR, n)
     return fp32
+
+
+#: where a strip's 32-deep steps lie in it (``amx.block``'s B offsets: each a 16 x 32 run)
+_PANEL_STEPS = np.arange(KC // amx.DEPTH, dtype=np.int64) * amx.STEP
+
+
+def _tiles_begin():  # noqa: ANN201  (numba overload below)
+    """Before a thread's first ``_rows_product``: with ``AMX``, load the tile configuration."""
+    raise NotImplementedError
+
+
+@overload(_tiles_begin, inline="always")
+def _tiles_begin_impl():  # noqa: ANN202
+    if AMX:
+        cfg = amx.CONFIG
+
+        def begin():  # noqa: ANN202
+            amx.configure(cfg)
+        return begin
+    return lambda: None
+
+
+def _tiles_end():  # noqa: ANN201  (numba overload below)
+    """After a thread's last ``_rows_product``: with ``AMX``, release the tiles."""
+    raise NotImplementedError
+
+
+@overload(_tiles_end, inline="always")
+def _tiles_end_impl():  # noqa: ANN202
+    if AMX:
+        def end():  # noqa: ANN202
+            amx.release()
+        return end
+    return lambda: None
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -681,13 +750,14 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_part
     for part in prange(parts):
         own = np.empty((0 if is_shared else NB // NR, PANEL_ROWS, PANEL_COLS), dtype=PANEL)
         space, offs, runs = _block_space(geo, flat, pixels)
-        wide = np.empty((0 if DOT else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
-        tiles = np.empty((rb_per_task * MR, NB), dtype=np.float32)
+        wide = np.empty((0 if DOT or AMX else KC, MR), dtype=np.float32)  # the fp32 kernel's weights
+        tiles = np.empty((rb_per_task * BR, NB), dtype=np.float32)
+        _tiles_begin()
         for task in range(part * n_tasks // parts, (part + 1) * n_tasks // parts):
             blk, g, p0, n, rb0, nb = task_of(task, groups * n_blocks, n_blocks, pixels, npix, rb_per_task, nrb)
-            nrows = nb * MR
+            nrows = nb * BR
             planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
-            tile = fill_bias_tile(bias, g * og, rb0 * MR, og, tiles[:nrows])
+            tile = fill_bias_tile(bias, g * og, rb0 * BR, og, tiles[:nrows])
             for k0 in range(0, k_total, KC):
                 kcb = min(KC, k_total - k0)
                 if is_shared:
@@ -695,10 +765,10 @@ def conv_gemm(x, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_part
                 else:
                     panel = own
                     _pack_panel(x, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
-                for i in range(nb):
-                    _block_product(wflat, (g * nrb + rb0 + i) * kstride + k0 * MR, wide, panel, tile, kcb, i * MR, n)
-            rows = min(nrows, og - rb0 * MR)
-            finish_tile(tile, 0, rows, n, out, g * og + rb0 * MR, p0, tile_pass(tile, rows, ops))
+                _rows_product(wflat, (g * nrb + rb0) * kstride + k0 * BR, kstride, wide, panel, tile, kcb, nb, n)
+            rows = min(nrows, og - rb0 * BR)
+            finish_tile(tile, 0, rows, n, out, g * og + rb0 * BR, p0, tile_pass(tile, rows, ops))
+        _tiles_end()
 
 
 # The depthwise helpers index with unsigned integers (``_U``, see there); views are made outside

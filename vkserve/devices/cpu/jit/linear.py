@@ -29,11 +29,14 @@ from vkserve.devices.cpu.jit.conv import (
     KC,
     MR,
     NR,
-    PAIR,
     strips_dot,
     strips_fp32,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, finish_tile, tile_pass, widen
+
+#: depths B's packing pairs up: 2 for the pair-product kernel (``DOT``), else 1 (the AMX tiles
+#: of ``conv.AMX`` are the convolutions' alone: these products widen to fp32 there)
+PAIR = 2 if DOT else 1
 
 #: output rows a task computes at most (its A rows stay in L1 a K block at a time)
 TASK_ROWS = 64

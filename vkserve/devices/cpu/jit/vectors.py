@@ -28,9 +28,11 @@ An explicit ``NUMBA_CPU_FEATURES`` wins: the tile is then 8 rows only if it hold
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
-from collections.abc import Mapping
+import platform
+from collections.abc import Callable, Mapping
 
 from llvmlite.binding import get_host_cpu_name
 from numba.core.codegen import get_host_cpu_features
@@ -41,6 +43,9 @@ WIDE = "-prefer-256-bit"
 BF16 = "+avx512bf16"
 #: LLVM names of the CPUs whose vdpbf16ps beats fp32 FMAs (AMD Zen 4 and later)
 FAST_BF16_CPUS = ("znver",)
+#: LLVM features of AMX with bf16 tiles
+AMX = {"+amx-tile", "+amx-bf16"}
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,7 @@ class VectorSettings:
     tile_rows: int  # the GEMM micro kernel's rows (``jit.conv.MR``)
     vector_bits: int  # the widest vectors the kernels are compiled to use
     bf16_dot: bool  # AVX-512 BF16 pair products in the GEMM convolution (``jit.bf16dot``)
+    amx: bool = False  # AMX tiles for the GEMM convolution's product (``jit.amx``)
 
 
 def _flags(features: str) -> set[str]:
@@ -65,18 +71,35 @@ def _pair_products(flags: set[str], bits: int, cpu_name: str) -> bool:
     return bits == 512 and BF16 in flags and cpu_name.startswith(FAST_BF16_CPUS)
 
 
-def choose(host_features: str, host_name: str, env: Mapping[str, str]) -> VectorSettings:
+def request_tiles() -> bool:
+    """Ask Linux for this process's use of the AMX tile registers (``arch_prctl``
+    ARCH_REQ_XCOMP_PERM, XTILEDATA); whether it was granted."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+
+
+def _tiles(flags: set[str], bits: int, env: Mapping[str, str], permit: Callable[[], bool]) -> bool:
+    return bits == 512 and AMX <= flags and env.get("VKSERVE_CPU_AMX", "1") != "0" and permit()
+
+
+def choose(host_features: str, host_name: str, env: Mapping[str, str],
+           permit: Callable[[], bool] = request_tiles) -> VectorSettings:
     """From the host's LLVM feature string (``+avx2,-avx512f,...``), its LLVM CPU name
-    (``znver4``, ``sapphirerapids``, ...) and the environment."""
+    (``znver4``, ``sapphirerapids``, ...) and the environment; ``permit`` asks the OS for the
+    AMX tiles, where they would be used."""
     cpu_name = env.get("NUMBA_CPU_NAME") or host_name
     explicit = env.get("NUMBA_CPU_FEATURES")
     if explicit is not None:
         flags = _flags(explicit)
         bits = _bits(flags)
-        return VectorSettings(None, 8 if bits == 512 else 4, bits, _pair_products(flags, bits, cpu_name))
+        dot = _pair_products(flags, bits, cpu_name)
+        return VectorSettings(None, 8 if bits == 512 else 4, bits, dot, not dot and _tiles(flags, bits, env, permit))
     flags = _flags(host_features)
     if "+avx512f" in flags:
-        return VectorSettings(f"{host_features},{WIDE}", 8, 512, _pair_products(flags, 512, cpu_name))
+        dot = _pair_products(flags, 512, cpu_name)
+        return VectorSettings(f"{host_features},{WIDE}", 8, 512, dot, not dot and _tiles(flags, 512, env, permit))
     return VectorSettings(None, 4, _bits(flags), False)
 
 

@@ -31,6 +31,7 @@ from numba import njit, prange
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit.conv import (
     _U,
+    AMX,
     DOT,
     G_OG,
     G_OH,
@@ -78,14 +79,21 @@ MIN_TILES_FP32 = 9
 #: and at equal widths Winograd kept its lead (64 -> 64 at 56x56 1.29x / 1.42x, 16 -> 16 at
 #: 112x112 1.58x / 1.41x).
 MAX_WIDENING_WITH_PAIRS = 4
+#: beside AMX tiles (``conv.AMX``) F(4, 3) never wins: ``jit.implicit`` runs these layers
+#: from the input's planes. Measured on the 2-core Intel VM (one thread, ``Plan.profile``, ms,
+#: Winograd / implicit): vgg16's 64 -> 64 at 224x224 17.1 / 12.3, 128 -> 128 at 112x112 11.1 /
+#: 7.5, 512 -> 512 at 28x28 13.9 / 6.5; resnet18's 64 -> 64 at 56x56 1.15-1.2 / 0.52
 
 
-def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT) -> bool:
+def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT, gemm_tiles: bool = AMX) -> bool:
     """Whether a dense 3x3 stride-1 convolution of these sizes runs faster as F(4, 3) than as
-    the direct GEMM (``gemm_pairs``: that GEMM multiplies bf16 pairs)."""
-    if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
+    the direct GEMM (``gemm_pairs``: that GEMM multiplies bf16 pairs; ``gemm_tiles``: on AMX
+    tiles)."""
+    if gemm_tiles:
         return False
     tiles = -(-oh // 4) * -(-ow // 4)
+    if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
+        return False
     return cin >= MIN_IN and og >= MIN_OUT and tiles >= (MIN_TILES if gemm_pairs else MIN_TILES_FP32)
 
 

@@ -53,8 +53,9 @@ class Convolution(JitKernel):
     channels (``jit.direct.worthwhile``: a first layer on an image) by ``jit.direct`` from the
     input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
-    layer's bf16 weight bytes); the rest (dense and grouped) by ``jit.conv_gemm`` over weight
-    panels packed at load."""
+    layer's bf16 weight bytes); on AMX hosts the other dense stride-1 layers of 16 input
+    channels or more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load);
+    the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels packed at load."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -76,20 +77,25 @@ class Convolution(JitKernel):
         self.winograd = (
             not self.direct and g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
             and jit.winograd.worthwhile(cg, og, oh, ow))
+        self.implicit = (not (self.depthwise or self.direct or self.winograd)
+                         and jit.implicit.worthwhile(g, cg, p.stride_h, p.stride_w))
         if self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
         elif self.direct:
             self.weight = jit.direct.pack_weights(from_bf16(w16), oc, cg * p.kernel_h * p.kernel_w)
         elif self.winograd:
             self.weight = jit.winograd.transform_weights(w16, og, cg)
+        elif self.implicit:
+            self.weight = jit.implicit.pack_weights(w16, og, cg, p.kernel_h * p.kernel_w)
         else:
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
 
     def _split(self, n_threads: int) -> tuple[int, int, tuple[int, ...]]:
         """How the work is split on ``n_threads`` threads, worked out once per thread count:
-        Winograd (0, row blocks a task, its work space's shape); GEMM (pixels a task, row
-        blocks a task, the shared input panels' shape)."""
+        Winograd (0, row blocks a task, its work space's shape); from the input's planes (0, row
+        blocks a task, the planes' shape); GEMM (pixels a task, row blocks a task, the shared
+        input panels' shape)."""
         got = self._splits.get(n_threads)
         if got is None:
             oc, oh, ow = self.out_shapes[0]
@@ -98,6 +104,9 @@ class Convolution(JitKernel):
                                            jit.winograd.MIN_TASK_ROWS)
                 got = 0, rows, jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
                                                                self.weight.shape[1])
+            elif self.implicit:
+                got = 0, jit.implicit.split(oc, self.geo, n_threads), jit.implicit.planes_shape(self.geo,
+                                                                                                  self.in_shapes[0][0])
             else:
                 g = self.p.group_count()
                 pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
@@ -121,7 +130,11 @@ class Convolution(JitKernel):
                                    jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
-        if self.winograd:
+        if self.implicit:
+            jit.implicit.conv_planes(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+                                     self.buf("implicit_planes", shape, np.uint16), jit.task_count(oc * oh * ow),
+                                     out.reshape(oc, oh * ow))
+        elif self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:

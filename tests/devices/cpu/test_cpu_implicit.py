@@ -1,0 +1,89 @@
+"""Stride-1 convolutions on AMX tiles from the input's padded planes (``jit.implicit``) against
+the ncnn package: 1x1 and 3x3, 5x5 and rectangular kernels, dilation, asymmetric, negative and
+SAME pads with pad_value, channel counts off the 32-channel steps and the 16-row blocks, output
+widths off the 32-position blocks, every fused activation; and the same bits with 1 and N
+threads and from run to run. Runs where the CPU has AMX and the OS grants it (``conv.AMX``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.cpu_engine import check_against_ncnn
+from tests.support.params import param_text
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import to_bf16
+from vkserve.devices.cpu.kernels import REGISTRY
+from vkserve.models.graph import load_model
+
+pytestmark = pytest.mark.skipif(not jit.conv.AMX, reason="AMX tiles need a CPU with AMX and the OS's grant")
+
+
+def conv_line(c: int, out: int, k: tuple[int, int], params: str) -> str:
+    return f"Convolution op 1 1 data out 0={out} 1={k[1]} 11={k[0]} 6={out * c * k[0] * k[1]} 5=1 {params}"
+
+
+def kernel_for(tmp_path: Path, shape: tuple[int, int, int], line: str):  # noqa: ANN201
+    param = tmp_path / "one.param"
+    param.write_text(param_text({"data": shape}, [line]))
+    graph = load_model(param, None, {"data": shape}, seed=11)
+    layer = next(lay for lay in graph.layers if lay.type.startswith("Convolution"))
+    return REGISTRY[layer.type](layer, [shape])
+
+
+# (input shape, out channels, (kh, kw), params)
+CASES = [
+    ((16, 9, 11), 5, (1, 1), ""),  # 1x1: 16 channels (half a step), one row block short
+    ((64, 14, 14), 64, (1, 1), ""),  # two whole steps, four row blocks
+    ((33, 13, 17), 40, (3, 3), "4=1"),  # a step and one channel; 2.5 row blocks
+    ((32, 7, 7), 512, (3, 3), "4=1"),  # many row blocks on a map smaller than a block
+    ((20, 12, 12), 19, (3, 3), "2=2 4=2"),  # dilation 2
+    ((17, 10, 13), 24, (3, 3), "4=1 15=2 14=0 16=1 18=0.75"),  # asymmetric pads, pad_value
+    ((24, 9, 10), 17, (3, 3), "4=-233"),  # SAME_UPPER
+    ((18, 12, 13), 16, (3, 3), "4=-1 15=-1 14=-1 16=-1"),  # negative pads (crops)
+    ((16, 17, 19), 33, (5, 5), "4=2"),
+    ((21, 12, 11), 18, (3, 5), "12=2 4=1 14=2"),  # rectangular kernel, dilation on one axis
+    ((48, 30, 31), 70, (3, 3), "4=1"),  # 30 blocks of 32 positions, the last partial
+]
+
+
+@pytest.mark.parametrize("shape,out,k,params", CASES, ids=[f"{s}-{o}-{k}-{p}" for s, o, k, p in CASES])
+def test_implicit_matches_ncnn(tmp_path: Path, shape: tuple[int, int, int], out: int, k: tuple[int, int],
+                               params: str) -> None:
+    line = conv_line(shape[0], out, k, params)
+    assert kernel_for(tmp_path, shape, line).implicit
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(21))
+
+
+ACTS = ["9=1", "9=2 -23310=1,0.1", "9=3 -23310=2,-0.5,0.7", "9=4", "9=5", "9=6 -23310=2,0.2,0.5"]
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_implicit_fused_activations_match_ncnn(tmp_path: Path, act: str) -> None:
+    line = conv_line(24, 20, (3, 3), f"4=1 {act}")
+    assert kernel_for(tmp_path, (24, 11, 12), line).implicit
+    check_against_ncnn(tmp_path, line, {"data": (24, 11, 12)}, np.random.default_rng(22))
+
+
+def test_strided_grouped_and_narrow_layers_stay_elsewhere(tmp_path: Path) -> None:
+    for shape, line in (((32, 12, 12), conv_line(32, 16, (3, 3), "3=2 4=1")),
+                        ((15, 12, 12), conv_line(15, 16, (3, 3), "4=1")),
+                        ((32, 12, 12), "ConvolutionDepthWise op 1 1 data out 0=32 1=3 6=4608 5=1 4=1 7=2")):
+        assert not kernel_for(tmp_path, shape, line).implicit
+
+
+def test_implicit_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = kernel_for(tmp_path, (40, 20, 21), conv_line(40, 150, (3, 3), "4=1 9=1"))
+    assert kernel.implicit
+    u = to_bf16(np.random.default_rng(23).uniform(-2, 2, (40, 20, 21)).astype(np.float32))
+    runs = []
+    for n in (1, max(2, threads.available_cores()), 3, 16, 1):
+        monkeypatch.setattr(threads, "THREADS", n)
+        out = np.empty(kernel.out_shapes[0], dtype=np.uint16)
+        kernel.forward_store([u], [out], [])
+        runs.append(out.tobytes())
+    assert len(set(runs)) == 1
+    assert jit.implicit.split(150, kernel.geo, 16) < jit.implicit.split(150, kernel.geo, 1)  # row chunks split

@@ -1,0 +1,180 @@
+"""Stride-1 convolutions on AMX tiles straight from the input (``conv.AMX`` hosts): no panels.
+
+On AMX the GEMM convolution's products run ~20x the fp32 kernel's rate, and its time went to
+gathering the input panels (measured on the 2-core Intel VM, one thread: a 3x3 64 -> 64 layer at
+56x56 1.6 ms, of which the products' share at the tiles' rate is ~0.15 ms). At stride 1 the
+panels need not exist: the input, copied once per layer into padded planes of channel pairs
+(``planes``: pair p holds channels 2p, 2p + 1 of each padded position side by side, the bf16
+pairs of an AMX B tile row), already holds every B tile a tap needs. Output position (y, x) is
+computed at q = y Wp + x of the padded width Wp, tap (ky, kx) reads q + ky dh Wp + kx dw, so 16
+consecutive q of one channel pair are one 64-byte run and 16 pairs (32 channels) one tile,
+loaded with the planes' length as its row stride. The Wp - OW columns between output rows are
+computed and dropped (2 of 58 at 56x56 for 3x3; none for 1x1).
+
+The K steps are (channel step of 32, tap) pairs, channels padded with zeros to a multiple of 32;
+the weights are packed at load as one 16 x 32 A tile per (row block, step). Each output's sum:
+bias, then the steps in that order, within a step the order the CPU fixes (as ``jit.amx``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from vkserve.devices.cpu.jit import amx
+from vkserve.devices.cpu.jit.conv import (
+    _U,
+    AMX,
+    G_DH,
+    G_DW,
+    G_KH,
+    G_KW,
+    G_OG,
+    G_OH,
+    G_OW,
+    G_PL,
+    G_PT,
+    _tiles_begin,
+    _tiles_end,
+    gemm_row_chunks,
+)
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, as_stored, finish_tile, tile_pass
+
+#: rows of an A tile (output channels of a row block) and pixels of a B tile (a strip)
+ROWS = PIXELS = 16
+#: input channels of a step (an A tile's depth)
+CHANNELS = amx.DEPTH
+#: output positions a task computes (two strips: a 2 x 2 block of C tiles with two row blocks)
+BLOCK = 2 * PIXELS
+#: input channels from which a dense stride-1 layer runs here (fewer would be mostly padding;
+#: the first layers of images, 3 channels, run in ``jit.direct``)
+MIN_CHANNELS = 16
+
+
+def worthwhile(groups: int, cg: int, sh: int, sw: int, tiles: bool = AMX) -> bool:
+    """Whether a dense convolution runs here: on AMX hosts (``tiles``), stride 1, one group,
+    at least MIN_CHANNELS input channels."""
+    return tiles and groups == 1 and sh == 1 and sw == 1 and cg >= MIN_CHANNELS
+
+
+def pack_weights(w16: np.ndarray, og: int, cg: int, taps: int) -> np.ndarray:
+    """bf16 weights (og, cg, taps) -> A tiles (row blocks, channel steps x taps, 16, 32): step
+    (s, t) of row block b holds W[16 b + r, 32 s + j, t] at (r, j); rows and channels past the
+    layer's zero."""
+    nrb, ncs = -(-og // ROWS), -(-cg // CHANNELS)
+    w = np.zeros((nrb * ROWS, ncs * CHANNELS, taps), dtype=np.uint16)
+    w[:og, :cg] = w16.reshape(og, cg, taps)
+    w = w.reshape(nrb, ROWS, ncs, CHANNELS, taps).transpose(0, 2, 4, 1, 3)
+    return np.ascontiguousarray(w).reshape(nrb, ncs * taps, ROWS, CHANNELS)
+
+
+def padded_width(geo: np.ndarray) -> int:
+    return int(geo[G_OW] + (geo[G_KW] - 1) * geo[G_DW])
+
+
+def planes_shape(geo: np.ndarray, cg: int) -> tuple[int, int, int]:
+    """``planes``' shape: (channel pairs, positions, 2); a plane holds the padded input and, past
+    it, zeros as far as the last block's taps read."""
+    wp = padded_width(geo)
+    blocks = -(-int(geo[G_OH]) * wp // BLOCK)
+    length = blocks * BLOCK + (int(geo[G_KH]) - 1) * int(geo[G_DH]) * wp + (int(geo[G_KW]) - 1) * int(geo[G_DW])
+    return -(-cg // CHANNELS) * CHANNELS // 2, length, 2
+
+
+def split(og: int, geo: np.ndarray, threads: int) -> int:
+    """Row blocks a task: enough tasks for ``threads`` (about 2 each), two row blocks at least."""
+    return gemm_row_chunks(1, og, int(geo[G_OH]) * padded_width(geo), threads, BLOCK, 2 * ROWS, ROWS)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _fill_pair(x, p, geo, padv, planes):  # noqa: ANN001
+    """Channel pair p of ``planes``: channels 2p, 2p + 1 of ``x`` padded (``padv`` outside the
+    input; zero for channels past it and past the padded image)."""
+    c_in, h, w = x.shape
+    kh, kw, dh, dw = geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
+    wp = geo[G_OW] + (kw - 1) * dw
+    hp = geo[G_OH] + (kh - 1) * dh
+    pt, pl = geo[G_PT], geo[G_PL]
+    length = planes.shape[1]
+    zero = np.uint16(0)
+    for e in range(2):
+        c = 2 * p + e
+        if c >= c_in:
+            for q in range(length):
+                planes[p, q, e] = zero
+            continue
+        pad = as_stored(padv, planes)
+        lo = max(0, pl)
+        hi = min(wp, w + pl)
+        for yy in range(hp):
+            iy = yy - pt
+            base = yy * wp
+            if iy < 0 or iy >= h:
+                for q in range(wp):
+                    planes[p, base + q, e] = pad
+                continue
+            for q in range(lo):
+                planes[p, base + q, e] = pad
+            cu, yu, pu, eu, bu = _U(c), _U(iy), _U(p), _U(e), _U(base + lo)
+            src = _U(lo - pl)
+            for q in range(_U(max(0, hi - lo))):
+                planes[pu, bu + q, eu] = as_stored(x[cu, yu, src + q], planes)
+            for q in range(max(lo, hi), wp):
+                planes[p, base + q, e] = pad
+        for q in range(hp * wp, length):
+            planes[p, q, e] = zero
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def conv_planes(x, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
+    """Dense stride-1 convolution, ``x`` (C, H, W) -> ``out`` (og, OH * OW); ``wt`` from
+    ``pack_weights``; ``bias`` fp32; ``ops`` the epilogue; ``rb_per_task`` from ``split``;
+    ``planes`` of ``planes_shape`` (filled here, a first parallel pass). Tasks: (block of BLOCK
+    padded positions, chunk of ``rb_per_task`` row blocks), in at most ``max_parts`` runs."""
+    og, kh, kw, dh, dw = geo[G_OG], geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
+    oh, ow = geo[G_OH], geo[G_OW]
+    wp = ow + (kw - 1) * dw
+    taps = kh * kw
+    for p in prange(planes.shape[0]):
+        _fill_pair(x, p, geo, padv, planes)
+    length = planes.shape[1]
+    steps = wt.shape[1]
+    boffs = np.empty(steps, dtype=np.int64)  # step (s, t)'s B tile: pair 16 s, tap t's shift
+    for s in range(steps // taps):
+        for t in range(taps):
+            boffs[s * taps + t] = 2 * (s * ROWS * length + (t // kw) * dh * wp + (t % kw) * dw)
+    nrb = wt.shape[0]
+    wstride = steps * ROWS * CHANNELS
+    wflat = wt.reshape(wt.size)
+    bflat = planes.reshape(planes.size)
+    nq = oh * wp
+    n_blocks = (nq + BLOCK - 1) // BLOCK
+    n_chunks = (nrb + rb_per_task - 1) // rb_per_task
+    n_tasks = n_blocks * n_chunks
+    parts = min(n_tasks, max_parts)
+    for part in prange(parts):
+        tiles = np.empty((2 * ROWS, BLOCK), dtype=np.float32)
+        tf = tiles.reshape(tiles.size)
+        _tiles_begin()
+        for task in range(part * n_tasks // parts, (part + 1) * n_tasks // parts):
+            rc = task // n_blocks
+            q0 = (task - rc * n_blocks) * BLOCK
+            n = min(BLOCK, nq - q0)
+            rb1 = min(nrb, (rc + 1) * rb_per_task)
+            for i in range(rc * rb_per_task, rb1, 2):
+                two = i + 1 < rb1
+                for r in range(2 * ROWS):
+                    o = i * ROWS + r
+                    bv = bias[o] if o < og else np.float32(0.0)
+                    for j in range(BLOCK):
+                        tiles[r, j] = bv
+                amx.block(wflat, i * wstride, (i + 1) * wstride, bflat, 2 * q0, 2 * (q0 + PIXELS), boffs, 4 * length,
+                          tf, 0, BLOCK, steps, two, n > PIXELS)
+                rows = min(2 * ROWS if two else ROWS, og - i * ROWS)
+                left = tile_pass(tiles, rows, ops)
+                for y in range(q0 // wp, (q0 + n - 1) // wp + 1):
+                    lo = max(q0, y * wp)
+                    hi = min(q0 + n, y * wp + ow)
+                    if hi > lo:
+                        finish_tile(tiles, lo - q0, rows, hi - lo, out, i * ROWS, y * ow + lo - y * wp, left)
+        _tiles_end()
