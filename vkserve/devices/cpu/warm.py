@@ -34,6 +34,7 @@ from vkserve.devices.cpu.jit import (
     direct,
     elementwise,
     epilogue,
+    implicit,
     innerproduct,
     interp,
     linear,
@@ -53,8 +54,8 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, elementwise, epilogue, innerproduct, interp, linear, lrn, nms,
-                  norm, pinning, pooling, winograd)
+KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, elementwise, epilogue, implicit, innerproduct, interp, linear,
+                  lrn, nms, norm, pinning, pooling, winograd)
 
 #: dense 3x3 (direct and Winograd) and 1x1 convolutions, depthwise at strides 1 and 2, grouped,
 #: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
