@@ -1,6 +1,6 @@
-"""Stride-1 convolutions on AMX tiles from the input's padded planes (``jit.implicit``) against
-the ncnn package: 1x1 and 3x3, 5x5 and rectangular kernels, dilation, asymmetric, negative and
-SAME pads with pad_value, channel counts off the 32-channel steps and the 16-row blocks, output
+"""Dense convolutions on AMX tiles from the input's padded planes (``jit.implicit``) against
+the ncnn package: 1x1 and 3x3, 5x5 and rectangular kernels, strides 2 and 3 (the planes' stride
+phases), dilation, asymmetric, negative and SAME pads with pad_value, channel counts off the 32-channel steps and the 16-row blocks, output
 widths off the 32-position blocks, every fused activation; and the same bits with 1 and N
 threads and from run to run. Runs where the CPU has AMX and the OS grants it (``conv.AMX``)."""
 
@@ -46,6 +46,12 @@ CASES = [
     ((16, 17, 19), 33, (5, 5), "4=2"),
     ((21, 12, 11), 18, (3, 5), "12=2 4=1 14=2"),  # rectangular kernel, dilation on one axis
     ((48, 30, 31), 70, (3, 3), "4=1"),  # 30 blocks of 32 positions, the last partial
+    ((32, 15, 17), 48, (3, 3), "3=2 4=1"),  # stride 2: four phases, odd sizes
+    ((40, 14, 14), 36, (1, 1), "3=2"),  # 1x1 stride 2: one phase read of four
+    ((16, 13, 12), 20, (3, 3), "4=-233 3=2"),  # SAME_UPPER at stride 2
+    ((24, 19, 20), 17, (5, 5), "3=2 4=2 18=0.5"),  # 5x5 stride 2, pad_value
+    ((20, 16, 15), 24, (3, 3), "13=2 3=1 4=1"),  # stride 2 on rows alone
+    ((18, 17, 19), 21, (3, 3), "3=3 2=2 4=2"),  # stride 3 with dilation 2
 ]
 
 
@@ -67,9 +73,8 @@ def test_implicit_fused_activations_match_ncnn(tmp_path: Path, act: str) -> None
     check_against_ncnn(tmp_path, line, {"data": (24, 11, 12)}, np.random.default_rng(22))
 
 
-def test_strided_grouped_and_narrow_layers_stay_elsewhere(tmp_path: Path) -> None:
-    for shape, line in (((32, 12, 12), conv_line(32, 16, (3, 3), "3=2 4=1")),
-                        ((15, 12, 12), conv_line(15, 16, (3, 3), "4=1")),
+def test_grouped_and_narrow_layers_stay_elsewhere(tmp_path: Path) -> None:
+    for shape, line in (((15, 12, 12), conv_line(15, 16, (3, 3), "4=1")),
                         ((32, 12, 12), "ConvolutionDepthWise op 1 1 data out 0=32 1=3 6=4608 5=1 4=1 7=2")):
         assert not kernel_for(tmp_path, shape, line).implicit
 

@@ -1,15 +1,17 @@
-"""Stride-1 convolutions on AMX tiles straight from the input (``conv.AMX`` hosts): no panels.
+"""Convolutions on AMX tiles straight from the input (``conv.AMX`` hosts): no panels.
 
 On AMX the GEMM convolution's products run ~20x the fp32 kernel's rate, and its time went to
 gathering the input panels (measured on the 2-core Intel VM, one thread: a 3x3 64 -> 64 layer at
-56x56 1.6 ms, of which the products' share at the tiles' rate is ~0.15 ms). At stride 1 the
-panels need not exist: the input, copied once per layer into padded planes of channel pairs
-(``planes``: pair p holds channels 2p, 2p + 1 of each padded position side by side, the bf16
-pairs of an AMX B tile row), already holds every B tile a tap needs. Output position (y, x) is
-computed at q = y Wp + x of the padded width Wp, tap (ky, kx) reads q + ky dh Wp + kx dw, so 16
-consecutive q of one channel pair are one 64-byte run and 16 pairs (32 channels) one tile,
-loaded with the planes' length as its row stride. The Wp - OW columns between output rows are
-computed and dropped (2 of 58 at 56x56 for 3x3; none for 1x1).
+56x56 1.6 ms, of which the products' share at the tiles' rate is ~0.15 ms). The panels need not
+exist: the input, copied once per layer into padded planes of channel pairs (``planes``: pair p
+holds channels 2p, 2p + 1 of each padded position side by side, the bf16 pairs of an AMX B tile
+row), already holds every B tile a tap needs. At stride 1, output position (y, x) is computed at
+q = y Wp + x of the padded width Wp, tap (ky, kx) reads q + ky dh Wp + kx dw, so 16 consecutive
+q of one channel pair are one 64-byte run and 16 pairs (32 channels) one tile, loaded with the
+planes' length as its row stride. The Wp - OW columns between output rows are computed and
+dropped (2 of 58 at 56x56 for 3x3; none for 1x1). At stride (sh, sw) the planes are split into
+the sh x sw stride phases (``phase_geometry``), each a padded image of its own width Wq, and tap
+(ky, kx) reads phase (ky dh % sh, kx dw % sw) at shift (ky dh // sh) Wq + kx dw // sw.
 
 The K steps are (channel step of 32, tap) pairs, channels padded with zeros to a multiple of 32;
 the weights are packed at load as one 16 x 32 A tile per (row block, step). Each output's sum:
@@ -34,8 +36,11 @@ from vkserve.devices.cpu.jit.conv import (
     G_OW,
     G_PL,
     G_PT,
+    G_SH,
+    G_SW,
     _tiles_begin,
     _tiles_end,
+    _valid,
     gemm_row_chunks,
 )
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, as_stored, finish_tile, tile_pass
@@ -52,15 +57,15 @@ BLOCK = 2 * PIXELS
 #: VM, in resnet18 at one thread: no faster, 0.65-0.71 ms, against 0.44 ms for the layer alone
 #: with its weights in cache: the weights' one read from memory is what is left)
 TASK_BLOCKS = 4
-#: input channels from which a dense stride-1 layer runs here (fewer would be mostly padding;
-#: the first layers of images, 3 channels, run in ``jit.direct``)
+#: input channels from which a dense layer runs here (fewer would be mostly padding; the first
+#: layers of images, 3 channels, run in ``jit.direct``)
 MIN_CHANNELS = 16
 
 
-def worthwhile(groups: int, cg: int, sh: int, sw: int, tiles: bool = AMX) -> bool:
-    """Whether a dense convolution runs here: on AMX hosts (``tiles``), stride 1, one group,
-    at least MIN_CHANNELS input channels."""
-    return tiles and groups == 1 and sh == 1 and sw == 1 and cg >= MIN_CHANNELS
+def worthwhile(groups: int, cg: int, tiles: bool = AMX) -> bool:
+    """Whether a dense convolution runs here: on AMX hosts (``tiles``), one group, at least
+    MIN_CHANNELS input channels."""
+    return tiles and groups == 1 and cg >= MIN_CHANNELS
 
 
 def pack_weights(w16: np.ndarray, og: int, cg: int, taps: int) -> np.ndarray:
@@ -74,82 +79,90 @@ def pack_weights(w16: np.ndarray, og: int, cg: int, taps: int) -> np.ndarray:
     return np.ascontiguousarray(w).reshape(nrb, ncs * taps, ROWS, CHANNELS)
 
 
-def padded_width(geo: np.ndarray) -> int:
-    return int(geo[G_OW] + (geo[G_KW] - 1) * geo[G_DW])
+@njit(cache=True)
+def phase_geometry(geo):  # noqa: ANN001, ANN201
+    """(phase width Wq, phase rows Hq, phase length Lq) of the stride phases: phase (ry, rx)
+    holds padded position (y sh + ry, x sw + rx) at y Wq + x, zeros past its Hq rows up to Lq,
+    as far as the last block of positions' taps read."""
+    kh, kw, sh, sw, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DH], geo[G_DW]
+    wq = geo[G_OW] + (kw - 1) * dw // sw
+    hq = geo[G_OH] + (kh - 1) * dh // sh
+    blocks = (geo[G_OH] * wq + BLOCK - 1) // BLOCK
+    return wq, hq, blocks * BLOCK + (kh - 1) * dh // sh * wq + (kw - 1) * dw // sw
 
 
 def planes_shape(geo: np.ndarray, cg: int) -> tuple[int, int, int]:
-    """``planes``' shape: (channel pairs, positions, 2); a plane holds the padded input and, past
-    it, zeros as far as the last block's taps read."""
-    wp = padded_width(geo)
-    blocks = -(-int(geo[G_OH]) * wp // BLOCK)
-    length = blocks * BLOCK + (int(geo[G_KH]) - 1) * int(geo[G_DH]) * wp + (int(geo[G_KW]) - 1) * int(geo[G_DW])
-    return -(-cg // CHANNELS) * CHANNELS // 2, length, 2
+    """``planes``' shape: (channel pairs, stride phases x Lq, 2)."""
+    return -(-cg // CHANNELS) * CHANNELS // 2, int(geo[G_SH] * geo[G_SW]) * int(phase_geometry(geo)[2]), 2
 
 
 def split(og: int, geo: np.ndarray, threads: int) -> int:
     """Row blocks a task: enough tasks for ``threads`` (about 2 each), two row blocks at least."""
-    return gemm_row_chunks(1, og, int(geo[G_OH]) * padded_width(geo), threads, TASK_BLOCKS * BLOCK, 2 * ROWS, ROWS)
+    positions = int(geo[G_OH]) * int(phase_geometry(geo)[0])
+    return gemm_row_chunks(1, og, positions, threads, TASK_BLOCKS * BLOCK, 2 * ROWS, ROWS)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _fill_pair(x, p, geo, padv, planes):  # noqa: ANN001
     """Channel pair p of ``planes``: channels 2p, 2p + 1 of ``x`` padded (``padv`` outside the
-    input; zero for channels past it and past the padded image)."""
+    input), split into the stride phases (``phase_geometry``); zero for channels past the
+    input's and past each phase's rows."""
     c_in, h, w = x.shape
-    kh, kw, dh, dw = geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
-    wp = geo[G_OW] + (kw - 1) * dw
-    hp = geo[G_OH] + (kh - 1) * dh
-    pt, pl = geo[G_PT], geo[G_PL]
-    length = planes.shape[1]
+    sh, sw, pt, pl = geo[G_SH], geo[G_SW], geo[G_PT], geo[G_PL]
+    wq, hq, lq = phase_geometry(geo)
     zero = np.uint16(0)
+    pad = as_stored(padv, planes)
     for e in range(2):
         c = 2 * p + e
         if c >= c_in:
-            for q in range(length):
+            for q in range(planes.shape[1]):
                 planes[p, q, e] = zero
             continue
-        pad = as_stored(padv, planes)
-        lo = max(0, pl)
-        hi = min(wp, w + pl)
-        for yy in range(hp):
-            iy = yy - pt
-            base = yy * wp
-            if iy < 0 or iy >= h:
-                for q in range(wp):
-                    planes[p, base + q, e] = pad
-                continue
-            for q in range(lo):
-                planes[p, base + q, e] = pad
-            cu, yu, pu, eu, bu = _U(c), _U(iy), _U(p), _U(e), _U(base + lo)
-            src = _U(lo - pl)
-            for q in range(_U(max(0, hi - lo))):
-                planes[pu, bu + q, eu] = as_stored(x[cu, yu, src + q], planes)
-            for q in range(max(lo, hi), wp):
-                planes[p, base + q, e] = pad
-        for q in range(hp * wp, length):
-            planes[p, q, e] = zero
+        for ry in range(sh):
+            for rx in range(sw):
+                start = (ry * sw + rx) * lq
+                lo, hi = _valid(wq, rx - pl, sw, w)
+                for y in range(hq):
+                    iy = y * sh + ry - pt
+                    base = start + y * wq
+                    if iy < 0 or iy >= h:
+                        for q in range(wq):
+                            planes[p, base + q, e] = pad
+                        continue
+                    for q in range(lo):
+                        planes[p, base + q, e] = pad
+                    cu, yu, pu, eu, bu = _U(c), _U(iy), _U(p), _U(e), _U(base + lo)
+                    src, st = _U(rx - pl + lo * sw), _U(sw)
+                    for q in range(_U(hi - lo)):
+                        planes[pu, bu + q, eu] = as_stored(x[cu, yu, src + st * q], planes)
+                    for q in range(hi, wq):
+                        planes[p, base + q, e] = pad
+                for q in range(start + hq * wq, start + lq):
+                    planes[p, q, e] = zero
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def conv_planes(x, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
-    """Dense stride-1 convolution, ``x`` (C, H, W) -> ``out`` (og, OH * OW); ``wt`` from
+    """Dense convolution, ``x`` (C, H, W) -> ``out`` (og, OH * OW); ``wt`` from
     ``pack_weights``; ``bias`` fp32; ``ops`` the epilogue; ``rb_per_task`` from ``split``;
     ``planes`` of ``planes_shape`` (filled here, a first parallel pass). Tasks: (TASK_BLOCKS
     blocks of BLOCK padded positions, chunk of ``rb_per_task`` row blocks), in at most
     ``max_parts`` runs."""
     og, kh, kw, dh, dw = geo[G_OG], geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
+    sh, sw = geo[G_SH], geo[G_SW]
     oh, ow = geo[G_OH], geo[G_OW]
-    wp = ow + (kw - 1) * dw
+    wp, _, lq = phase_geometry(geo)
     taps = kh * kw
     for p in prange(planes.shape[0]):
         _fill_pair(x, p, geo, padv, planes)
     length = planes.shape[1]
     steps = wt.shape[1]
-    boffs = np.empty(steps, dtype=np.int64)  # step (s, t)'s B tile: pair 16 s, tap t's shift
+    boffs = np.empty(steps, dtype=np.int64)  # step (s, t)'s B tile: pair 16 s, tap t's phase and shift
     for s in range(steps // taps):
         for t in range(taps):
-            boffs[s * taps + t] = 2 * (s * ROWS * length + (t // kw) * dh * wp + (t % kw) * dw)
+            ky, kx = t // kw * dh, t % kw * dw
+            phase = (ky % sh) * sw + kx % sw
+            boffs[s * taps + t] = 2 * (s * ROWS * length + phase * lq + ky // sh * wp + kx // sw)
     nrb = wt.shape[0]
     wstride = steps * ROWS * CHANNELS
     wflat = wt.reshape(wt.size)

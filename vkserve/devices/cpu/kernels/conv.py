@@ -53,8 +53,8 @@ class Convolution(JitKernel):
     channels (``jit.direct.worthwhile``: a first layer on an image) by ``jit.direct`` from the
     input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
-    layer's bf16 weight bytes); on AMX hosts the other dense stride-1 layers of 16 input
-    channels or more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load);
+    layer's bf16 weight bytes); on AMX hosts the other dense layers of 16 input channels or
+    more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load);
     the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels packed at load."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
@@ -78,7 +78,7 @@ class Convolution(JitKernel):
             not self.direct and g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
             and jit.winograd.worthwhile(cg, og, oh, ow))
         self.implicit = (not (self.depthwise or self.direct or self.winograd)
-                         and jit.implicit.worthwhile(g, cg, p.stride_h, p.stride_w))
+                         and jit.implicit.worthwhile(g, cg))
         if self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
         elif self.direct:
