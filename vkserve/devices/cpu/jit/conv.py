@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from vkserve.devices.cpu.jit import amx
+import vkserve.devices.cpu.jit.amx as amx
 from vkserve.devices.cpu.jit.bf16dot import compile_dot_micro
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,

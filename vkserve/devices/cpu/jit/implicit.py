@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit import amx
+import vkserve.devices.cpu.jit.amx as amx
 from vkserve.devices.cpu.jit.conv import (
     _U,
     AMX,
