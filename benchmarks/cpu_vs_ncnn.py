@@ -8,7 +8,8 @@ the same thread count (ncnn's num_threads; vkserve's numba kernels through
 VKSERVE_CPU_THREADS and numpy's BLAS pool, both set in the environment before they load).
 The three engines run interleaved in one process, R rounds of K timed runs each after one
 warm-up (and, for vkserve, the runs in which its Plan chooses between one thread and N:
-``vkserve.devices.cpu.thread_choice``; the count it kept is reported); reported: the median
+``vkserve.devices.cpu.thread_choice``, made first, before ncnn's nets are built; the count it kept
+and the choice's medians on each count are reported); reported: the median
 of all R x K runs. Each block of K runs starts after a pause and
 one untimed run: both engines' OpenMP pools spin for a while after their work (ncnn's
 blocktime, vkserve's GOMP_SPINCOUNT on 4+ threads), and 16 spinning workers of one engine
@@ -176,6 +177,13 @@ def main() -> int:
             bin_path = Path(tmp) / (param.stem + ".bin")
             plan = Plan(load_model(param, bin_path, input_shapes=shapes or None))
             inputs = random_inputs({n: plan.blob_shapes[n] for n in plan.input_names})
+            # vkserve's own thread choice first, on a quiet machine: made right after ncnn's runs,
+            # its runs on N threads met ncnn's N workers still spinning (their blocktime) and a
+            # Plan on the 16-core Xeon kept one thread for that (yolov4-tiny 1.88x, RESULTS.md)
+            time.sleep(QUIET_S)
+            while plan.thread_choice.chosen is None:
+                plan.run(inputs)
+            choice_ms = {n: round(plan.thread_choice.median(n) * 1e3, 2) for n in sorted(plan.thread_choice.samples)}
             mats = ncnn_mats(inputs)
             nets = {bf16: ncnn_net(param, bin_path, bf16=bf16, threads=args.threads) for bf16 in (False, True)}
             runs: dict[str, Callable[[], object]] = {
@@ -186,8 +194,6 @@ def main() -> int:
             times: dict[str, list[float]] = {e: [] for e in ENGINES}
             for fn in runs.values():
                 fn()  # warm-up
-            while plan.thread_choice.chosen is None:  # vkserve's own thread choice, made first
-                plan.run(inputs)
             for _ in range(args.rounds):
                 for engine, fn in runs.items():
                     # each block on a quiet machine: the other engine's OpenMP workers stop
@@ -202,6 +208,7 @@ def main() -> int:
             ms = {e: statistics.median(t) * 1e3 for e, t in times.items()}
             row.update({f"{e}_ms": round(v, 2) for e, v in ms.items()})
             row["vkserve_threads"] = plan.thread_choice.chosen
+            row["vkserve_choice_ms"] = choice_ms
             row["ratio_vs_ncnn_bf16"] = round(ms["vkserve_bf16"] / ms["ncnn_bf16"], 2)
             row["ratio_vs_ncnn_fp32"] = round(ms["vkserve_bf16"] / ms["ncnn_fp32"], 2)
             if args.rss:
@@ -216,10 +223,12 @@ def main() -> int:
     runs_each = args.rounds * args.repeat
     print(f"\nmachine: {machine}; threads {args.threads}; median of {runs_each} runs "
           f"({args.rounds} interleaved rounds)\nCPU flags: {flags}\n")
-    print("| model | vkserve bf16 (ms) | its threads | ncnn fp32 (ms) | ncnn bf16 (ms) | vs ncnn bf16 | vs ncnn fp32 |")
+    print("| model | vkserve bf16 (ms) | its threads (choice's medians, ms) | ncnn fp32 (ms) | ncnn bf16 (ms) "
+          "| vs ncnn bf16 | vs ncnn fp32 |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['vkserve_bf16_ms']} | {r['vkserve_threads']} | {r['ncnn_fp32_ms']} "
+        choice = ", ".join(f"{n}: {ms}" for n, ms in r["vkserve_choice_ms"].items()) or "fixed"
+        print(f"| {r['model']} | {r['vkserve_bf16_ms']} | {r['vkserve_threads']} ({choice}) | {r['ncnn_fp32_ms']} "
               f"| {r['ncnn_bf16_ms']} | {r['ratio_vs_ncnn_bf16']}x | {r['ratio_vs_ncnn_fp32']}x |")
     if args.rss:
         print("\npeak RSS, MiB (after imports alone: base)\n")
