@@ -130,21 +130,26 @@ DEPTH = 32
 
 
 @njit(error_model="numpy", cache=True, inline="always")
-def block(a, a0, a1, b, b0, b1, boffs, ldb, c, c0, ldc, steps, rows2, strips2):  # noqa: ANN001
-    """c (fp32, row-major, ``ldc`` values a row) += A x B over ``steps`` 32-deep steps, for a C
-    block of 16 rows at c0 (32 with ``rows2``: the next 16 below) x 16 pixels (32 with
-    ``strips2``). A's tiles lie at a0 (+ q STEP for step q) in ``a``, the second row block's at
-    a1; step q's B tile at b0 + boffs[q] (and b1 + boffs[q]: the second strip) in ``b``, its
-    rows ``ldb`` bytes apart. The tile configuration must be loaded."""
+def block(a, a0, a1, b, b0, b1, boffs, ldb, start, s0, lds, strip, c, c0, ldc, steps, rows2, strips2):  # noqa: ANN001
+    """c (fp32, row-major, ``ldc`` values a row) = start + A x B over ``steps`` 32-deep steps,
+    for a C block of 16 rows at c0 (32 with ``rows2``: the next 16 below) x 16 pixels (32 with
+    ``strips2``). The starting sums come from ``start`` (fp32), the block's first 16 x 16 at s0,
+    ``lds`` values a row, the second strip's ``strip`` values on (0: the same tile again, as
+    for a bias block whose every column is the same), the second row block's 16 rows below;
+    ``start`` may be ``c`` itself (s0 = c0, lds = ldc, strip = 16). A's tiles lie at a0
+    (+ q STEP for step q) in ``a``, the second row block's at a1; step q's B tile at b0 +
+    boffs[q] (and b1 + boffs[q]: the second strip) in ``b``, its rows ``ldb`` bytes apart. The
+    tile configuration must be loaded."""
     ldcb = ldc * 4
+    ldsb = lds * 4
     both = rows2 and strips2
-    _load0(c, c0, ldcb)
+    _load0(start, s0, ldsb)
     if strips2:
-        _load1(c, c0 + 16, ldcb)
+        _load1(start, s0 + strip, ldsb)
     if rows2:
-        _load2(c, c0 + 16 * ldc, ldcb)
+        _load2(start, s0 + 16 * lds, ldsb)
     if both:
-        _load3(c, c0 + 16 * ldc + 16, ldcb)
+        _load3(start, s0 + 16 * lds + strip, ldsb)
     for q in range(steps):
         o = q * STEP
         bo = boffs[q]

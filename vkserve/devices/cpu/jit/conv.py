@@ -590,8 +590,9 @@ def _rows_product_impl(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: 
             for i in range(0, nb, 2):
                 a0 = w0 + i * kstride
                 for s in range(0, ns, 2):
-                    amx.block(w, a0, a0 + kstride, pf, s * sb, (s + 1) * sb, _PANEL_STEPS, 64, tf, i * BR * ldc + s * NR,
-                              ldc, steps, i + 1 < nb, s + 1 < ns)
+                    c0 = i * BR * ldc + s * NR
+                    amx.block(w, a0, a0 + kstride, pf, s * sb, (s + 1) * sb, _PANEL_STEPS, 64, tf, c0, ldc, NR,
+                              tf, c0, ldc, steps, i + 1 < nb, s + 1 < ns)
         return tiles
     if panel.dtype == types.uint16:
         def pairs(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202

@@ -282,10 +282,20 @@ def as_stored(v, dst):  # noqa: ANN001, ANN201  (numba overload below)
 @overload(as_stored)
 def _as_stored(v, dst):  # noqa: ANN001, ANN202
     if dst.dtype == types.uint16:
-        if v == types.uint16:
-            return lambda v, dst: v
-        return lambda v, dst: narrow(v)
+        return lambda v, dst: bf16_bits(v)
     return lambda v, dst: widen(v)
+
+
+def bf16_bits(v):  # noqa: ANN001, ANN201  (numba overload below)
+    """``v`` (fp32, or bf16 bits) as bf16 bits (fp32 rounded to nearest even)."""
+    raise NotImplementedError
+
+
+@overload(bf16_bits)
+def _bf16_bits(v):  # noqa: ANN001, ANN202
+    if v == types.uint16:
+        return lambda v: v
+    return lambda v: narrow(v)
 
 
 def _post_op(k: Kernel) -> tuple[int, float, float]:

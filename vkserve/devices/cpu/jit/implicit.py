@@ -43,7 +43,7 @@ from vkserve.devices.cpu.jit.conv import (
     _valid,
     gemm_row_chunks,
 )
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, as_stored, finish_tile, tile_pass
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, bf16_bits, finish_tile, tile_pass
 
 #: rows of an A tile (output channels of a row block) and pixels of a B tile (a strip)
 ROWS = PIXELS = 16
@@ -103,42 +103,53 @@ def split(og: int, geo: np.ndarray, threads: int) -> int:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _fill_pair(x, p, geo, padv, planes):  # noqa: ANN001
-    """Channel pair p of ``planes``: channels 2p, 2p + 1 of ``x`` padded (``padv`` outside the
-    input), split into the stride phases (``phase_geometry``); zero for channels past the
-    input's and past each phase's rows."""
+def _fill_pair(x, p, geo, padv, words):  # noqa: ANN001
+    """Channel pair p of the planes, ``words`` (pairs, length) uint32, each word one position's
+    pair (channel 2p in the low half, 2p + 1 in the high half, as a B tile row reads them):
+    channels 2p, 2p + 1 of ``x`` padded (``padv`` outside the input), split into the stride
+    phases (``phase_geometry``); zero for channels past the input's and past each phase's rows.
+    A whole word a store: written a channel at a time (two 16-bit stores 4 bytes apart), the
+    fill of a 16-channel 1x1 layer at 112x112 took 0.21 ms, about as long as its products,
+    bias and stores together (measured on the 2-core Intel VM, one thread)."""
     c_in, h, w = x.shape
     sh, sw, pt, pl = geo[G_SH], geo[G_SW], geo[G_PT], geo[G_PL]
     wq, hq, lq = phase_geometry(geo)
-    zero = np.uint16(0)
-    pad = as_stored(padv, planes)
-    for e in range(2):
-        c = 2 * p + e
-        if c >= c_in:
-            for q in range(planes.shape[1]):
-                planes[p, q, e] = zero
-            continue
-        for ry in range(sh):
-            for rx in range(sw):
-                start = (ry * sw + rx) * lq
-                lo, hi = _valid(wq, rx - pl, sw, w)
-                for y in range(hq):
-                    iy = y * sh + ry - pt
-                    base = start + y * wq
-                    if iy < 0 or iy >= h:
-                        for q in range(wq):
-                            planes[p, base + q, e] = pad
-                        continue
-                    for q in range(lo):
-                        planes[p, base + q, e] = pad
-                    cu, yu, pu, eu, bu = _U(c), _U(iy), _U(p), _U(e), _U(base + lo)
-                    src, st = _U(rx - pl + lo * sw), _U(sw)
+    zero = np.uint32(0)
+    c0 = 2 * p
+    if c0 >= c_in:
+        for q in range(words.shape[1]):
+            words[p, q] = zero
+        return
+    two = c0 + 1 < c_in
+    half = np.uint32(bf16_bits(padv))
+    pad = half | (half << np.uint32(16)) if two else half
+    pu, c0u, c1u = _U(p), _U(c0), _U(c0 + 1 if two else c0)
+    for ry in range(sh):
+        for rx in range(sw):
+            start = (ry * sw + rx) * lq
+            lo, hi = _valid(wq, rx - pl, sw, w)
+            for y in range(hq):
+                iy = y * sh + ry - pt
+                base = start + y * wq
+                if iy < 0 or iy >= h:
+                    for q in range(wq):
+                        words[p, base + q] = pad
+                    continue
+                for q in range(lo):
+                    words[p, base + q] = pad
+                yu, bu = _U(iy), _U(base + lo)
+                src, st = _U(rx - pl + lo * sw), _U(sw)
+                if two:
                     for q in range(_U(hi - lo)):
-                        planes[pu, bu + q, eu] = as_stored(x[cu, yu, src + st * q], planes)
-                    for q in range(hi, wq):
-                        planes[p, base + q, e] = pad
-                for q in range(start + hq * wq, start + lq):
-                    planes[p, q, e] = zero
+                        words[pu, bu + q] = (np.uint32(bf16_bits(x[c0u, yu, src + st * q]))
+                                             | (np.uint32(bf16_bits(x[c1u, yu, src + st * q])) << np.uint32(16)))
+                else:
+                    for q in range(_U(hi - lo)):
+                        words[pu, bu + q] = np.uint32(bf16_bits(x[c0u, yu, src + st * q]))
+                for q in range(hi, wq):
+                    words[p, base + q] = pad
+            for q in range(start + hq * wq, start + lq):
+                words[p, q] = zero
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
@@ -153,9 +164,10 @@ def conv_planes(x, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out
     oh, ow = geo[G_OH], geo[G_OW]
     wp, _, lq = phase_geometry(geo)
     taps = kh * kw
-    for p in prange(planes.shape[0]):
-        _fill_pair(x, p, geo, padv, planes)
     length = planes.shape[1]
+    words = planes.reshape(planes.size).view(np.uint32).reshape(planes.shape[0], length)
+    for p in prange(planes.shape[0]):
+        _fill_pair(x, p, geo, padv, words)
     steps = wt.shape[1]
     boffs = np.empty(steps, dtype=np.int64)  # step (s, t)'s B tile: pair 16 s, tap t's phase and shift
     for s in range(steps // taps):
@@ -176,6 +188,8 @@ def conv_planes(x, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out
     for part in prange(parts):
         tiles = np.empty((2 * ROWS, BLOCK), dtype=np.float32)
         tf = tiles.reshape(tiles.size)
+        start = np.empty((2 * ROWS, PIXELS), dtype=np.float32)  # the row pair's bias, a tile row each
+        sf = start.reshape(start.size)
         _tiles_begin()
         for task in range(part * n_tasks // parts, (part + 1) * n_tasks // parts):
             rc = task // n_spans
@@ -183,17 +197,16 @@ def conv_planes(x, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out
             rb1 = min(nrb, (rc + 1) * rb_per_task)
             for i in range(rc * rb_per_task, rb1, 2):
                 two = i + 1 < rb1
+                for r in range(2 * ROWS):
+                    o = i * ROWS + r
+                    bv = bias[o] if o < og else np.float32(0.0)
+                    for j in range(PIXELS):
+                        start[r, j] = bv
                 for blk in range(b0, min(n_blocks, b0 + TASK_BLOCKS)):
                     q0 = blk * BLOCK
                     n = min(BLOCK, nq - q0)
-                    for r in range(2 * ROWS):
-                        o = i * ROWS + r
-                        bv = bias[o] if o < og else np.float32(0.0)
-                        for j in range(BLOCK):
-                            tiles[r, j] = bv
                     amx.block(wflat, i * wstride, (i + 1) * wstride, bflat, 2 * q0, 2 * (q0 + PIXELS), boffs,
-                              4 * length,
-                              tf, 0, BLOCK, steps, two, n > PIXELS)
+                              4 * length, sf, 0, PIXELS, 0, tf, 0, BLOCK, steps, two, n > PIXELS)
                     rows = min(2 * ROWS if two else ROWS, og - i * ROWS)
                     left = tile_pass(tiles, rows, ops)
                     for y in range(q0 // wp, (q0 + n - 1) // wp + 1):
