@@ -131,9 +131,9 @@ class Convolution(JitKernel):
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
         if self.implicit:
-            jit.implicit.conv_planes(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
-                                     self.buf("implicit_planes", shape, np.uint16), jit.task_count(oc * oh * ow),
-                                     out.reshape(oc, oh * ow))
+            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), self.weight, self.bias, ops, self.pad_value,
+                                     self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
+                                     jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
         elif self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
