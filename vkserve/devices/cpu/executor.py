@@ -136,7 +136,7 @@ class StepTime:
 
     name: str
     type: str
-    fused: tuple[str, ...]  # activation layers run in this step's epilogue
+    fused: tuple[str, ...]  # layers fused in: a channel scale read with its input, activations in its epilogue
     ms: float
 
 
@@ -174,6 +174,8 @@ class Plan:
         self.weights_id = id(self)
         self._compile(graph, given)
         self.fused: list[tuple[str, str]] = self._fuse_activations() if fuse else []
+        #: (convolution, multiply) layer names: per-channel multiplies read with a convolution's input
+        self.scaled: list[tuple[str, str]] = self._fuse_channel_scales() if fuse else []
         self.batch = self._checked_batch(batch)
         self._lay_out()
         self._prepare()
@@ -308,6 +310,37 @@ class Plan:
                     continue
             keep.append(step)
         self._steps = keep
+        return fused
+
+    def _fuse_channel_scales(self) -> list[tuple[str, str]]:
+        """Fold a per-channel multiply (squeeze-and-excitation's: a BinaryOp Mul of a (C, H, W)
+        blob by C values) into the step that alone reads its product, when that kernel takes a
+        channel scale (``Kernel.channel_scale``): it multiplies each input value by its
+        channel's as it copies the input in, with the BinaryOp's fp32 product and rounding (the
+        same bits), and the product is never stored. efficientnet_b0's 16 such multiplies took
+        0.51 of 7.87 ms (the 2-core VM, 2 threads), each a pass over a blob the next layer
+        reads again. Returns (consumer, multiply) layer names."""
+        readers = self._readers()
+        producer = {blob: step for step in self._steps for blob in step.outputs}
+        protected = set(self.output_names) | self._dynamic
+        dropped: set[int] = set()
+        fused: list[tuple[str, str]] = []
+        for step in self._steps:
+            if not step.kernel.channel_scale or len(step.inputs) != 1:
+                continue
+            blob = step.inputs[0]
+            src = producer.get(blob)
+            if (src is None or src.post or len(src.outputs) != 1 or readers[blob] != 1 or blob in protected
+                    or any(b in self._dynamic for b in src.inputs)):
+                continue
+            operands = src.kernel.channel_scale_operands()
+            if operands is None:
+                continue
+            step.inputs = [src.inputs[operands[0]], src.inputs[operands[1]]]
+            step.fused.insert(0, src.name)
+            dropped.add(id(src))
+            fused.append((step.name, src.name))
+        self._steps = [step for step in self._steps if id(step) not in dropped]
         return fused
 
     def _readers(self) -> collections.Counter[str]:

@@ -39,6 +39,10 @@ class Kernel:
     batched: bool = False
     #: the Plan's reusable work buffers (None when a kernel runs outside a Plan)
     scratch: Any = None
+    #: ``forward_store`` also takes a second input, one value per channel of the first, by
+    #: which it multiplies that channel as it reads it (a BinaryOp Mul fused in: the Plan's
+    #: ``_fuse_channel_scales``)
+    channel_scale: bool = False
 
     def __init__(self, layer: Any, in_shapes: Sequence[Shape]) -> None:
         self.layer = layer
@@ -53,6 +57,11 @@ class Kernel:
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def channel_scale_operands(self) -> tuple[int, int] | None:
+        """(index of the input, index of the scale) where this layer's one output is its first
+        input (C, H, W) times one value per channel C and nothing else, else None."""
+        return None
 
     def items(self, out: np.ndarray) -> int:
         """Items in ``out``: its leading axis when it has one more than the layer's output (a

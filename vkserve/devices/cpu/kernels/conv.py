@@ -79,6 +79,7 @@ class Convolution(JitKernel):
             and jit.winograd.worthwhile(cg, og, oh, ow))
         self.implicit = (not (self.depthwise or self.direct or self.winograd)
                          and jit.implicit.worthwhile(g, cg))
+        self.channel_scale = self.implicit
         if self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
         elif self.direct:
@@ -131,8 +132,9 @@ class Convolution(JitKernel):
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
         if self.implicit:
-            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), self.weight, self.bias, ops, self.pad_value,
-                                     self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
+            scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
+            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.weight, self.bias, ops,
+                                     self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                                      jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
         elif self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,

@@ -214,6 +214,16 @@ class _TwoOperands(ElementwiseJit):
     def forward_numpy(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
+    def channel_scale_operands(self) -> tuple[int, int] | None:
+        f, out = self.form, self.out_shapes[0]
+        if (f is None or f.op != jit_elementwise.MUL or f.bform != jit_elementwise.B_PER_ROW
+                or (f.ca, f.cb) != (1.0, 1.0) or len(self.in_shapes) != 2 or len(out) != 3 or f.rows != out[0]):
+            return None
+        full = 1 if f.swap else 0
+        if tuple(self.in_shapes[full]) != tuple(out) or math.prod(self.in_shapes[1 - full]) != out[0]:
+            return None
+        return full, 1 - full
+
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         if self.form is None:
             return self.forward_numpy(xs)
