@@ -59,8 +59,9 @@ class Kernel:
         raise NotImplementedError
 
     def channel_scale_operands(self) -> tuple[int, int] | None:
-        """(index of the input, index of the scale) where this layer's one output is its first
-        input (C, H, W) times one value per channel C and nothing else, else None."""
+        """(index of the input, index of the scale) where this layer's one output is one of its
+        two inputs, (C, H, W), times the other's one value per channel C and nothing else, else
+        None."""
         return None
 
     def items(self, out: np.ndarray) -> int:
