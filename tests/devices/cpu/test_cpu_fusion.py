@@ -158,10 +158,10 @@ def test_thread_split_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert np.array_equal(two.run({"data": x})["out"], want)
 
 
-def _squeeze_excite(swap: bool, batch_views: bool = False) -> list[str]:
+def _squeeze_excite(swap: bool) -> list[str]:
     """x (32, 9, 11) -> its channel means -> InnerProduct 32 -> 8 -> 32 -> Sigmoid: one scale a
-    channel, multiplied into x (``swap``: the scale as the first operand), then a 1x1 and a 3x3
-    convolution read the product."""
+    channel, multiplied into x (``swap``: the scale as the first operand), then a 1x1
+    convolution reads the product."""
     mul = "BinaryOp mul 2 1 s a prod 0=2" if swap else "BinaryOp mul 2 1 a s prod 0=2"
     return [
         "Split sp 1 2 data a b",
