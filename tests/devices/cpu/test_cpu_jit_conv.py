@@ -113,6 +113,12 @@ GROUPED = [
     ((5, 20, 31), 5, 5, (3, 3), "3=2 4=1 15=2 14=0 16=1 18=-0.5"),
     ((4, 11, 11), 4, 4, (3, 3), "4=-233 3=2"),
     ((3, 10, 12), 6, 3, (3, 3), "4=1"),  # channel multiplier 2
+    # stride 1 on small maps by blocks of 16 channels (jit.dwblocks): a partial last block,
+    # asymmetric pads with pad_value, 5x5 on 14 x 14, 7x7 on 8 x 8
+    ((40, 7, 7), 40, 40, (3, 3), "4=1"),
+    ((19, 9, 6), 19, 19, (5, 5), "4=2 15=0 14=1 16=3 18=-0.5"),
+    ((17, 14, 14), 17, 17, (5, 5), "4=2"),
+    ((5, 8, 8), 5, 5, (7, 7), "4=3"),
     ((6, 9, 10), 9, 3, (3, 3), "4=1 3=2"),  # grouped: 2 in, 3 out per group (GEMM path)
     ((8, 12, 11), 8, 2, (1, 1), ""),  # grouped 1x1
 ]
@@ -124,6 +130,63 @@ def test_depthwise_and_grouped_match_ncnn(tmp_path: Path, shape: tuple[int, int,
                                           k: tuple[int, int], params: str) -> None:
     line = conv("ConvolutionDepthWise", shape[0], out, k, params, group)
     check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(2))
+
+
+# (channels, h, w, k, (top, bottom, left, right) pads, pad_value, ops, storage)
+BLOCKS = [
+    (40, 7, 7, 3, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+    (19, 7, 7, 3, (1, 1, 1, 1), 0.5, jit.epilogue_ops(4, ()), np.uint16),
+    (33, 9, 6, 5, (2, 1, 0, 3), -0.5, jit.epilogue_ops(6, (0.2, 0.5)), np.uint16),
+    (17, 5, 4, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.float32),
+    (16, 4, 4, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # rows spill to the channel's end
+    (16, 3, 2, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # a kernel wider than the map
+    (48, 14, 14, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+]
+
+
+@pytest.mark.parametrize(("c", "h", "w", "k", "pads", "padv", "ops", "storage"), BLOCKS,
+                         ids=[f"{c}x{h}x{w}-k{k}-{p}-{np.dtype(s).name}" for c, h, w, k, p, _, _, s in BLOCKS])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_channel_blocks_give_the_planes_bits(c: int, h: int, w: int, k: int, pads: tuple[int, int, int, int],
+                                             padv: float, ops: np.ndarray, storage: type, parts: int) -> None:
+    """``jit.dwblocks`` (stride 1 on small maps, 16 channels at a time) computes what
+    ``jit.depthwise`` does on its planes, bit for bit, on shapes its rule sends either way,
+    in any split of the blocks; both are checked against ncnn above."""
+    pt, pb, pl, pr = pads
+    oh, ow = h + pt + pb - k + 1, w + pl + pr - k + 1
+    rng = np.random.default_rng(c)
+    x = to_bf16(rng.standard_normal((c, h, w)).astype(np.float32))
+    w16 = to_bf16(rng.standard_normal((c, k * k)).astype(np.float32))
+    bias = rng.standard_normal(c).astype(np.float32)
+    geo = jit.geometry(c, 1, 1, k, k, 1, 1, 1, 1, pt, pl, oh, ow)
+    planes, blocks = np.zeros((c, oh * ow), storage), np.full((c, oh * ow), 7, storage)
+    with jit.launch():
+        jit.depthwise(x, x.reshape(c, -1), w16, bias, ops, np.float32(padv), geo, parts, planes)
+        jit.dwblocks.depthwise_blocks(x, x.reshape(c, -1), jit.dwblocks.pack_weights(w16, c, k * k),
+                                      jit.dwblocks.pack_bias(bias), ops, np.float32(padv), geo, parts, blocks)
+    assert np.array_equal(planes.view(np.uint8), blocks.view(np.uint8))
+
+
+@pytest.mark.parametrize(("shape", "params", "blocks"), [
+    ((8, 14, 14), "4=2", True), ((8, 28, 28), "4=2", False), ((8, 14, 14), "3=2 4=2", False),
+    ((8, 14, 14), "4=2 15=-1 14=2 16=-1", False)])
+def test_depthwise_layers_take_channel_blocks_where_the_rule_says(
+        tmp_path: Path, shape: tuple[int, int, int], params: str, blocks: bool) -> None:
+    """A 5x5 depthwise layer on 14 x 14 runs on channel blocks; on 28 x 28, strided or
+    cropping on the planes. Its fp32 and bf16 forms agree with its stored bits either way."""
+    param = tmp_path / "one.param"
+    param.write_text(param_text({"data": shape}, [conv("ConvolutionDepthWise", shape[0], shape[0], (5, 5),
+                                                       f"{params} 9=1", shape[0])]))
+    graph = load_model(param, None, {"data": shape}, seed=3)
+    layer = next(lay for lay in graph.layers if lay.type == "ConvolutionDepthWise")
+    kernel = REGISTRY[layer.type](layer, [shape])
+    assert kernel.blocks is blocks
+    u = to_bf16(np.random.default_rng(4).uniform(-2, 2, shape).astype(np.float32))
+    wide = kernel.forward([from_bf16(u)])[0].copy()
+    stored = np.empty(kernel.out_shapes[0], dtype=np.uint16)
+    kernel.forward_store([u], [stored], [])
+    assert kernel.forward_bf16([u])[0].tobytes() == wide.tobytes()
+    assert stored.tobytes() == to_bf16(wide).tobytes()
 
 
 @pytest.mark.parametrize("act", ACTS)

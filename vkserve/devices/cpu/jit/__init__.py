@@ -54,12 +54,12 @@ if VECTORS.features is not None:
 # loaded from there).
 numba.core.config.reload_config()
 
-from vkserve.devices.cpu.jit import direct, implicit, pinning, pooling, winograd  # noqa: E402 (jit.direct.*, jit.implicit.*, ...)
+from vkserve.devices.cpu.jit import direct, dwblocks, implicit, pinning, pooling, winograd  # noqa: E402 (jit.direct.*, jit.implicit.*, ...)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit", "inner_product", "kernel_threads", "launch", "task_count",
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "dwblocks", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit", "inner_product", "kernel_threads", "launch", "task_count",
            "pack_gemm_weights", "pack_rows", "pinning", "pooling", "run_threads", "small_work", "use_threads", "winograd"]
 
 

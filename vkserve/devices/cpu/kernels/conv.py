@@ -72,6 +72,8 @@ class Convolution(JitKernel):
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
         self.depthwise = cg == 1
+        self.blocks = self.depthwise and jit.dwblocks.worthwhile(p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
+                                                                 p.dilation_h, p.dilation_w, og, p.pads(h, w), ow)
         self.direct = not self.depthwise and jit.direct.worthwhile(g, cg)
         self._splits: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         self.winograd = (
@@ -80,7 +82,10 @@ class Convolution(JitKernel):
         self.implicit = (not (self.depthwise or self.direct or self.winograd)
                          and jit.implicit.worthwhile(g, cg))
         self.channel_scale = self.implicit
-        if self.depthwise:
+        if self.blocks:
+            self.weight = jit.dwblocks.pack_weights(w16, oc, p.kernel_h * p.kernel_w)
+            self.block_bias = jit.dwblocks.pack_bias(self.bias)
+        elif self.depthwise:
             self.weight = w16.reshape(oc, p.kernel_h * p.kernel_w)
         elif self.direct:
             self.weight = jit.direct.pack_weights(from_bf16(w16), oc, cg * p.kernel_h * p.kernel_w)
@@ -119,6 +124,11 @@ class Convolution(JitKernel):
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
         x = xs[0]
         oc, oh, ow = self.out_shapes[0]
+        if self.blocks:
+            jit.dwblocks.depthwise_blocks(x, x.reshape(x.shape[0], -1), self.weight, self.block_bias, ops,
+                                          self.pad_value, self.geo, jit.task_count(self.weight.shape[0]),
+                                          out.reshape(oc, oh * ow))
+            return
         if self.depthwise:
             parts = jit.task_count(oc)
             xrows = x.reshape(x.shape[0], -1)  # (a copy only if x were not contiguous)
