@@ -132,33 +132,37 @@ def test_depthwise_and_grouped_match_ncnn(tmp_path: Path, shape: tuple[int, int,
     check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(2))
 
 
-# (channels, h, w, k, (top, bottom, left, right) pads, pad_value, ops, storage)
+# (channels, h, w, k, stride, (top, bottom, left, right) pads, pad_value, ops, storage)
 BLOCKS = [
-    (40, 7, 7, 3, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ()), np.uint16),
-    (19, 7, 7, 3, (1, 1, 1, 1), 0.5, jit.epilogue_ops(4, ()), np.uint16),
-    (33, 9, 6, 5, (2, 1, 0, 3), -0.5, jit.epilogue_ops(6, (0.2, 0.5)), np.uint16),
-    (17, 5, 4, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.float32),
-    (16, 4, 4, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # rows spill to the channel's end
-    (16, 3, 2, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # a kernel wider than the map
-    (48, 14, 14, 5, (2, 2, 2, 2), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+    (40, 7, 7, 3, 1, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+    (19, 7, 7, 3, 1, (1, 1, 1, 1), 0.5, jit.epilogue_ops(4, ()), np.uint16),
+    (33, 9, 6, 5, 1, (2, 1, 0, 3), -0.5, jit.epilogue_ops(6, (0.2, 0.5)), np.uint16),
+    (17, 5, 4, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.float32),
+    (16, 4, 4, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # rows spill to the channel's end
+    (16, 3, 2, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(0, ()), np.uint16),  # a kernel wider than the map
+    (48, 14, 14, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+    (40, 14, 13, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ()), np.uint16),  # an odd width: a row's last input unread
+    (19, 9, 10, 5, 2, (2, 1, 0, 3), 0.5, jit.epilogue_ops(4, ()), np.uint16),
+    (17, 8, 8, 3, 3, (0, 0, 0, 0), 0.0, jit.epilogue_ops(0, ()), np.float32),
 ]
 
 
-@pytest.mark.parametrize(("c", "h", "w", "k", "pads", "padv", "ops", "storage"), BLOCKS,
-                         ids=[f"{c}x{h}x{w}-k{k}-{p}-{np.dtype(s).name}" for c, h, w, k, p, _, _, s in BLOCKS])
+@pytest.mark.parametrize(("c", "h", "w", "k", "stride", "pads", "padv", "ops", "storage"), BLOCKS,
+                         ids=[f"{c}x{h}x{w}-k{k}-s{s}-{p}-{np.dtype(t).name}" for c, h, w, k, s, p, _, _, t in BLOCKS])
 @pytest.mark.parametrize("parts", [1, 3])
-def test_channel_blocks_give_the_planes_bits(c: int, h: int, w: int, k: int, pads: tuple[int, int, int, int],
-                                             padv: float, ops: np.ndarray, storage: type, parts: int) -> None:
-    """``jit.dwblocks`` (stride 1 on small maps, 16 channels at a time) computes what
-    ``jit.depthwise`` does on its planes, bit for bit, on shapes its rule sends either way,
-    in any split of the blocks; both are checked against ncnn above."""
+def test_channel_blocks_give_the_planes_bits(c: int, h: int, w: int, k: int, stride: int,
+                                             pads: tuple[int, int, int, int], padv: float, ops: np.ndarray,
+                                             storage: type, parts: int) -> None:
+    """``jit.dwblocks`` (small maps, 16 channels at a time) computes what ``jit.depthwise``
+    does on its planes, bit for bit, on shapes its rule sends either way, in any split of the
+    blocks; both are checked against ncnn above."""
     pt, pb, pl, pr = pads
-    oh, ow = h + pt + pb - k + 1, w + pl + pr - k + 1
+    oh, ow = (h + pt + pb - k) // stride + 1, (w + pl + pr - k) // stride + 1
     rng = np.random.default_rng(c)
     x = to_bf16(rng.standard_normal((c, h, w)).astype(np.float32))
     w16 = to_bf16(rng.standard_normal((c, k * k)).astype(np.float32))
     bias = rng.standard_normal(c).astype(np.float32)
-    geo = jit.geometry(c, 1, 1, k, k, 1, 1, 1, 1, pt, pl, oh, ow)
+    geo = jit.geometry(c, 1, 1, k, k, stride, stride, 1, 1, pt, pl, oh, ow)
     planes, blocks = np.zeros((c, oh * ow), storage), np.full((c, oh * ow), 7, storage)
     with jit.launch():
         jit.depthwise(x, x.reshape(c, -1), w16, bias, ops, np.float32(padv), geo, parts, planes)
@@ -168,12 +172,13 @@ def test_channel_blocks_give_the_planes_bits(c: int, h: int, w: int, k: int, pad
 
 
 @pytest.mark.parametrize(("shape", "params", "blocks"), [
-    ((8, 14, 14), "4=2", True), ((8, 28, 28), "4=2", False), ((8, 14, 14), "3=2 4=2", False),
-    ((8, 14, 14), "4=2 15=-1 14=2 16=-1", False)])
+    ((8, 14, 14), "4=2", True), ((8, 28, 28), "4=2", False), ((8, 14, 14), "3=2 4=2", True),
+    ((8, 32, 32), "3=2 4=2", False), ((8, 14, 14), "4=2 15=-1 14=2 16=-1", False), ((8, 9, 9), "2=2 4=4", False)])
 def test_depthwise_layers_take_channel_blocks_where_the_rule_says(
         tmp_path: Path, shape: tuple[int, int, int], params: str, blocks: bool) -> None:
-    """A 5x5 depthwise layer on 14 x 14 runs on channel blocks; on 28 x 28, strided or
-    cropping on the planes. Its fp32 and bf16 forms agree with its stored bits either way."""
+    """A 5x5 depthwise layer on 14 x 14, stride 1 or 2, runs on channel blocks; on 28 x 28,
+    to 16 x 16 at stride 2, cropping or dilated on the planes. Its fp32 and bf16 forms agree
+    with its stored bits either way."""
     param = tmp_path / "one.param"
     param.write_text(param_text({"data": shape}, [conv("ConvolutionDepthWise", shape[0], shape[0], (5, 5),
                                                        f"{params} 9=1", shape[0])]))

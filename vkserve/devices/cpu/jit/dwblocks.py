@@ -1,4 +1,4 @@
-"""Depthwise convolution on blocks of 16 channels: small stride-1 maps.
+"""Depthwise convolution on blocks of 16 channels: small maps.
 
 ``conv.depthwise`` works a channel at a time on its planar layout: on a 7x7 map each channel
 is 49 outputs, and the plane fill, the taps' passes over a 73-value span and seven row stores
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.conv import G_KH, G_KW, G_OH, G_OW, G_PL, G_PT
+from vkserve.devices.cpu.jit.conv import G_KH, G_KW, G_OH, G_OW, G_PL, G_PT, G_SH, G_SW
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, as_stored, widen
 
 #: channels a block: the sums of one output position are one 512-bit (or two 256-bit) vector
@@ -31,13 +31,17 @@ _U = np.uint64
 
 def worthwhile(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, og: int, pads: tuple[int, int, int, int],
                ow: int) -> bool:
-    """Stride 1, undilated, one output per channel, no cropping pads, and a map small enough
-    for the per-channel costs to dominate. Measured against ``conv.depthwise`` on one Zen 4
-    core (ReLU epilogue, same bits): 3x3 on 7x7 2.1x, 8x8 1.6x, 10x10 1.4x faster, but 14x14
-    0.95x and 16x16 0.83x; 5x5 on 7x7 2.8x, 14x14 1.8x, 16x16 1.3x, 28x28 about even."""
-    if (sh, sw, dh, dw, og) != (1, 1, 1, 1, 1) or min(pads) < 0:
+    """Undilated, one output per channel, no cropping pads, and a map small enough for the
+    per-channel costs to dominate. Measured against ``conv.depthwise`` on one Zen 4 core
+    (ReLU epilogue, same bits), by output width: stride 1, 3x3 on 7x7 1.9-2.1x, 8x8 1.6x,
+    10x10 1.4x faster, but 14x14 0.95x and 16x16 0.83x; 5x5 on 7x7 2.8x, 14x14 1.4-1.8x,
+    16x16 1.3x, 28x28 about even. Stride 2, 3x3 to 7x7 2.2x, 14x14 1.2x, 16x16 0.93x; 5x5 to
+    7x7 2.6x, 14x14 1.3x, 28x28 0.94x."""
+    if (dh, dw, og) != (1, 1, 1) or min(pads) < 0:
         return False
-    return ow <= 10 or (ow <= 16 and kh * kw >= 25)
+    if (sh, sw) == (1, 1):
+        return ow <= 10 or (ow <= 16 and kh * kw >= 25)
+    return ow <= 14
 
 
 def pack_weights(w16: np.ndarray, channels: int, taps: int) -> np.ndarray:
@@ -60,14 +64,14 @@ def _sums_source(outputs: int) -> str:
     img[position of output o shifted by the tap, j] over the taps ky-major, kx ascending; stored
     into ``acc`` (the outputs' LANES-value runs from ``a``). Written out per lane (numba has no
     SIMD types: the SLP vectorizer packs the lanes)."""
-    lines = ["def sums(acc, a, bias, b0, wt, wbase, img, y, x, kh, kw, wp):"]
+    lines = ["def sums(acc, a, bias, b0, wt, wbase, img, y, x, kh, kw, wp, sh, sw):"]
     for o in range(outputs):
         lines += [f"    s{o}_{j} = bias[b0 + U({j})]" for j in range(LANES)]
     lines += ["    for ky in range(kh):", "        for kx in range(kw):",
-              "            src = U(((y + ky) * wp + x + kx) * L)", "            t = wbase + U((ky * kw + kx) * L)"]
+              "            src = U(((y * sh + ky) * wp + x * sw + kx) * L)", "            t = wbase + U((ky * kw + kx) * L)"]
     lines += [f"            w{j} = widen(wt[t + U({j})])" for j in range(LANES)]
     for o in range(outputs):
-        lines += [f"            s{o}_{j} += w{j} * img[src + U({o * LANES + j})]" for j in range(LANES)]
+        lines += [f"            s{o}_{j} += w{j} * img[src + U({o} * sw * L + {j})]" for j in range(LANES)]
     for o in range(outputs):
         lines += [f"    acc[a + U({o * LANES + j})] = s{o}_{j}" for j in range(LANES)]
     return "\n".join(lines) + "\n"
@@ -87,14 +91,14 @@ _sums_one = _compile_sums(1)
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def depthwise_blocks(x, xrows, wt, bias, ops, padv, geo, parts, out):  # noqa: ANN001
-    """``x`` (C, H, W; ``xrows`` the same as (C, H W)) -> ``out`` (C, OH OW): the stride-1
+    """``x`` (C, H, W; ``xrows`` the same as (C, H W)) -> ``out`` (C, OH OW): the undilated
     depthwise kernel of ``geo`` (``worthwhile``: no cropping pads), ``padv`` outside the input;
     ``wt`` from ``pack_weights``, ``bias`` from ``pack_bias``; the blocks split into ``parts``
     contiguous tasks."""
     kh, kw, pt, pl = geo[G_KH], geo[G_KW], geo[G_PT], geo[G_PL]
-    oh, ow = geo[G_OH], geo[G_OW]
+    sh, sw, oh, ow = geo[G_SH], geo[G_SW], geo[G_OH], geo[G_OW]
     c, h, w = x.shape
-    hp, wp = oh + kh - 1, ow + kw - 1  # the padded image
+    hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw  # the padded image, as far as the outputs read it
     blocks = wt.shape[0]
     taps = kh * kw
     wflat = wt.reshape(wt.size)
@@ -116,10 +120,10 @@ def depthwise_blocks(x, xrows, wt, bias, ops, padv, geo, parts, out):  # noqa: A
             for y in range(oh):
                 x0 = 0
                 while x0 + ROW_RUN <= ow:
-                    _sums_run(acc, _U((y * ow + x0) * LANES), bias, b0, wflat, wbase, img, y, x0, kh, kw, wp)
+                    _sums_run(acc, _U((y * ow + x0) * LANES), bias, b0, wflat, wbase, img, y, x0, kh, kw, wp, sh, sw)
                     x0 += ROW_RUN
                 while x0 < ow:
-                    _sums_one(acc, _U((y * ow + x0) * LANES), bias, b0, wflat, wbase, img, y, x0, kh, kw, wp)
+                    _sums_one(acc, _U((y * ow + x0) * LANES), bias, b0, wflat, wbase, img, y, x0, kh, kw, wp, sh, sw)
                     x0 += 1
             apply_ops(acc, acc.size, ops)
             for j in range(n):
