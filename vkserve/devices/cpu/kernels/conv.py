@@ -49,7 +49,8 @@ def fill_border(xp: np.ndarray, t: int, b: int, l: int, r: int, value: float) ->
 
 @register("Convolution", "ConvolutionDepthWise")
 class Convolution(JitKernel):
-    """Depthwise (one input channel per group) by ``jit.depthwise``; dense with few input
+    """Depthwise (one input channel per group) by ``jit.depthwise``, on small maps by
+    ``jit.dwblocks`` (16 channels a vector; weights repacked at load); dense with few input
     channels (``jit.direct.worthwhile``: a first layer on an image) by ``jit.direct`` from the
     input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
