@@ -20,7 +20,6 @@ from test_cpu_layers import check, conv_line, rand, write_param
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.bf16 import narrow_exact_into, round_bf16, to_bf16
 from vkserve.devices.cpu.executor import Plan, StepKind
-from vkserve.devices.cpu.jit import conv as jit_conv
 from vkserve.models.graph import load_model
 
 ACTIVATIONS = [
@@ -158,50 +157,62 @@ def test_thread_split_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert np.array_equal(two.run({"data": x})["out"], want)
 
 
-def _squeeze_excite(swap: bool) -> list[str]:
-    """x (32, 9, 11) -> its channel means -> InnerProduct 32 -> 8 -> 32 -> Sigmoid: one scale a
+def _squeeze_excite(swap: bool, c: int) -> list[str]:
+    """x (c, 9, 11) -> its channel means -> InnerProduct c -> 8 -> c -> Sigmoid: one scale a
     channel, multiplied into x (``swap``: the scale as the first operand), then a 1x1
     convolution reads the product."""
     mul = "BinaryOp mul 2 1 s a prod 0=2" if swap else "BinaryOp mul 2 1 a s prod 0=2"
     return [
         "Split sp 1 2 data a b",
         "Pooling gap 1 1 b g 0=1 4=1",
-        "InnerProduct fc1 1 1 g f1 0=8 1=1 2=256 9=1",
-        "InnerProduct fc2 1 1 f1 f2 0=32 1=1 2=256",
+        f"InnerProduct fc1 1 1 g f1 0=8 1=1 2={8 * c}",
+        f"InnerProduct fc2 1 1 f1 f2 0={c} 1=1 2={8 * c}",
         "Sigmoid sig 1 1 f2 s",
         mul,
-        "Convolution proj 1 1 prod out 0=24 1=1 5=1 6=768",
+        f"Convolution proj 1 1 prod out 0=24 1=1 5=1 6={24 * c}",
     ]
 
 
-@pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool) -> None:
-    """A squeeze-and-excitation multiply before a convolution: within the verify tolerance of
-    ncnn, fused where the convolution takes a channel scale (on AMX hosts) or not."""
-    check(tmp_path, _squeeze_excite(swap), {"data": rand(32, 9, 11)})
+#: 32 channels: the AMX convolution on AMX hosts, the GEMM's flat panels elsewhere; 13: the
+#: GEMM everywhere (fewer than ``jit.implicit.MIN_CHANNELS``, more than ``jit.direct``'s), an
+#: odd depth (a k pair's second channel missing)
+SE_CHANNELS = [32, 13]
 
 
-@pytest.mark.skipif(not jit_conv.AMX, reason="the channel scale is read by the AMX convolution (jit.implicit)")
+@pytest.mark.parametrize("c", SE_CHANNELS)
 @pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool,
+def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool, c: int) -> None:
+    """A squeeze-and-excitation multiply before a 1x1 convolution: within the verify tolerance
+    of ncnn, folded into the convolution."""
+    check(tmp_path, _squeeze_excite(swap, c), {"data": rand(c, 9, 11)})
+
+
+@pytest.mark.parametrize("c", SE_CHANNELS)
+@pytest.mark.parametrize("swap", [False, True])
+def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, c: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The multiply folded into the convolution reading its product (no step of its own), the
     same bits as the BinaryOp and the convolution run apart (the Plan's other fusions in both),
-    for one item and for a batch of 3; not folded where the product is requested or read twice."""
-    x = rand(32, 9, 11)
-    fused, _ = plans(tmp_path, _squeeze_excite(swap), {"data": x})
+    for one item and for a batch of 3; not folded where the product is requested or read twice,
+    nor into a convolution that does not read its input flat (3x3)."""
+    x = rand(c, 9, 11)
+    fused, _ = plans(tmp_path, _squeeze_excite(swap, c), {"data": x})
     with monkeypatch.context() as m:
         m.setattr(Plan, "_fuse_channel_scales", lambda self: [])
-        plain, _ = plans(tmp_path, _squeeze_excite(swap), {"data": x})
+        plain, _ = plans(tmp_path, _squeeze_excite(swap, c), {"data": x})
     assert fused.scaled == [("proj", "mul")] and plain.scaled == [] and plain.fused == fused.fused
     assert "mul" not in [s.name for s in fused.profile({"data": x}, 1)]
     assert np.array_equal(fused.run({"data": x})["out"], plain.run({"data": x})["out"])
-    items = [{"data": rand(32, 9, 11)} for _ in range(3)]
+    items = [{"data": rand(c, 9, 11)} for _ in range(3)]
     fused3, plain3 = (p.sibling(batch=3) for p in (fused, plain))
     for a, b in zip(fused3.run_batch_timed(items)[0], plain3.run_batch_timed(items)[0]):
         assert np.array_equal(a["out"], b["out"])
-    requested, _ = plans(tmp_path, _squeeze_excite(swap), {"data": x}, outputs=["out", "prod"])
+    requested, _ = plans(tmp_path, _squeeze_excite(swap, c), {"data": x}, outputs=["out", "prod"])
     assert requested.scaled == []
-    twice, _ = plans(tmp_path, [*_squeeze_excite(swap), "Convolution other 1 1 prod out2 0=8 1=1 6=256"],
+    twice, _ = plans(tmp_path, [*_squeeze_excite(swap, c), f"Convolution other 1 1 prod out2 0=8 1=1 6={8 * c}"],
                      {"data": x})
     assert twice.scaled == []
+    wide = [*_squeeze_excite(swap, c)[:-1], f"Convolution proj 1 1 prod out 0=24 1=3 4=1 5=1 6={24 * 9 * c}"]
+    spread, _ = plans(tmp_path, wide, {"data": x})
+    proj = next(step.kernel for step in spread._steps if step.name == "proj")
+    assert spread.scaled == ([("proj", "mul")] if proj.implicit else [])  # the AMX fill takes any kernel

@@ -155,8 +155,9 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
     and the AMX tiles of Intel's (where the CPU has them): every dense and Winograd convolution case and a Linear layer
-    against ncnn, the Linear and MatMul kernels against numpy, and the same bits on any thread
-    count, so each path is tested on any machine that can run it. The kernels the path reaches
+    against ncnn, the Linear and MatMul kernels against numpy, the same bits on any thread
+    count, and a channel scale read into the GEMM's panels as the BinaryOp would have stored
+    it, so each path is tested on any machine that can run it. The kernels the path reaches
     compile afresh in the child (their own numba cache folder)."""
     if (rows, path == "dot", path == "amx") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot, jit.VECTORS.amx):
         pytest.skip("the path this host uses: the rest of the suite runs it")
@@ -175,7 +176,8 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_runs_compiled_with_the_gelu_after_it",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_same_bits_on_any_split",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_kernel_against_numpy_on_every_split",
-         "tests/devices/cpu/test_cpu_matmul.py::test_matmul_runs_compiled_same_bits_on_any_split"],
+         "tests/devices/cpu/test_cpu_matmul.py::test_matmul_runs_compiled_same_bits_on_any_split",
+         "tests/devices/cpu/test_cpu_fusion.py::test_channel_scale_fused_gives_the_unfused_bits"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout

@@ -82,7 +82,10 @@ class Convolution(JitKernel):
             and jit.winograd.worthwhile(cg, og, oh, ow))
         self.implicit = (not (self.depthwise or self.direct or self.winograd)
                          and jit.implicit.worthwhile(g, cg))
-        self.channel_scale = self.implicit
+        # a per-channel multiply of the input folded in (``Plan._fuse_channel_scales``): by the
+        # AMX convolution's fill, or by the GEMM's panels where the layer reads them flat
+        flat = (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w) == (1, 1, 1, 1) and tuple(p.pads(h, w)) == (0, 0, 0, 0)
+        self.channel_scale = self.implicit or (g == 1 and flat and not (self.depthwise or self.direct or self.winograd))
         if self.blocks:
             self.weight = jit.dwblocks.pack_weights(w16, oc, p.kernel_h * p.kernel_w)
             self.block_bias = jit.dwblocks.pack_bias(self.bias)
@@ -142,8 +145,8 @@ class Convolution(JitKernel):
                                    jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
+        scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
         if self.implicit:
-            scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
             jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.weight, self.bias, ops,
                                      self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                                      jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
@@ -152,7 +155,7 @@ class Convolution(JitKernel):
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            jit.conv_gemm(x, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
+            jit.conv_gemm(x, scale, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
                           shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
 
 
