@@ -157,18 +157,19 @@ def test_thread_split_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert np.array_equal(two.run({"data": x})["out"], want)
 
 
-def _squeeze_excite(swap: bool, c: int) -> list[str]:
+def _squeeze_excite(swap: bool, c: int, relu: bool = False) -> list[str]:
     """x (c, 9, 11) -> its channel means -> InnerProduct c -> 8 -> c -> Sigmoid: one scale a
-    channel, multiplied into x (``swap``: the scale as the first operand), then a 1x1
-    convolution reads the product."""
-    mul = "BinaryOp mul 2 1 s a prod 0=2" if swap else "BinaryOp mul 2 1 a s prod 0=2"
+    channel, multiplied into x (``swap``: the scale as the first operand; ``relu``: a ReLU
+    after, as mobilenet_v3 has), then a 1x1 convolution reads the product."""
+    prod = "prod0" if relu else "prod"
     return [
         "Split sp 1 2 data a b",
         "Pooling gap 1 1 b g 0=1 4=1",
         f"InnerProduct fc1 1 1 g f1 0=8 1=1 2={8 * c}",
         f"InnerProduct fc2 1 1 f1 f2 0={c} 1=1 2={8 * c}",
         "Sigmoid sig 1 1 f2 s",
-        mul,
+        f"BinaryOp mul 2 1 s a {prod} 0=2" if swap else f"BinaryOp mul 2 1 a s {prod} 0=2",
+        *(["ReLU relu 1 1 prod0 prod"] if relu else []),
         f"Convolution proj 1 1 prod out 0=24 1=1 5=1 6={24 * c}",
     ]
 
@@ -179,28 +180,33 @@ def _squeeze_excite(swap: bool, c: int) -> list[str]:
 SE_CHANNELS = [32, 13]
 
 
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("c", SE_CHANNELS)
 @pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool, c: int) -> None:
-    """A squeeze-and-excitation multiply before a 1x1 convolution: within the verify tolerance
-    of ncnn, folded into the convolution."""
-    check(tmp_path, _squeeze_excite(swap, c), {"data": rand(c, 9, 11)})
+def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool, c: int, relu: bool) -> None:
+    """A squeeze-and-excitation multiply (with a ReLU after or not) before a 1x1 convolution:
+    within the verify tolerance of ncnn, folded into the convolution."""
+    check(tmp_path, _squeeze_excite(swap, c, relu), {"data": rand(c, 9, 11)})
 
 
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("c", SE_CHANNELS)
 @pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, c: int,
+def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, c: int, relu: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The multiply folded into the convolution reading its product (no step of its own), the
     same bits as the BinaryOp and the convolution run apart (the Plan's other fusions in both),
-    for one item and for a batch of 3; not folded where the product is requested or read twice,
-    nor into a convolution that does not read its input flat (3x3)."""
+    for one item and for a batch of 3, a ReLU fused into the multiply going with it; not folded
+    where the product is requested or read twice, nor into a convolution that does not read its
+    input flat (3x3)."""
     x = rand(c, 9, 11)
-    fused, _ = plans(tmp_path, _squeeze_excite(swap, c), {"data": x})
+    fused, _ = plans(tmp_path, _squeeze_excite(swap, c, relu), {"data": x})
     with monkeypatch.context() as m:
         m.setattr(Plan, "_fuse_channel_scales", lambda self: [])
-        plain, _ = plans(tmp_path, _squeeze_excite(swap, c), {"data": x})
+        plain, _ = plans(tmp_path, _squeeze_excite(swap, c, relu), {"data": x})
     assert fused.scaled == [("proj", "mul")] and plain.scaled == [] and plain.fused == fused.fused
+    proj = next(step for step in fused._steps if step.name == "proj")
+    assert proj.fused[:2] == (["mul", "relu"] if relu else ["mul"]) and proj.kernel.channel_scale_relu is relu
     assert "mul" not in [s.name for s in fused.profile({"data": x}, 1)]
     assert np.array_equal(fused.run({"data": x})["out"], plain.run({"data": x})["out"])
     items = [{"data": rand(c, 9, 11)} for _ in range(3)]

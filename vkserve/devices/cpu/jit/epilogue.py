@@ -143,6 +143,15 @@ def exp_f32(x: float) -> float:
     return y * _f32_from_bits(np.int32((np.int32(fx) + np.int32(127)) << np.int32(23)))
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def scaled_product(v: float, s: float, relu: bool) -> float:
+    """v s, then ReLU where ``relu``: a per-channel BinaryOp Mul's product (with the ReLU fused
+    into it) as the convolution reading it computes it (``Kernel.channel_scale``); the ReLU as
+    ``apply_ops`` applies it, so the rounded bits are the BinaryOp's."""
+    p = v * s
+    return max(p, np.float32(0.0)) + np.float32(0.0) if relu else p
+
+
 # epilogue op codes: ncnn's activation_type 0..6, then the fusable activation layers' own forms
 # and the other activation layers run as one pass (GELU, its tanh form)
 (OP_NONE, OP_RELU, OP_LEAKY, OP_CLIP, OP_SIGMOID, OP_MISH, OP_HARDSWISH, OP_SWISH, OP_HARDSIGMOID,

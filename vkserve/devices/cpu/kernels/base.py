@@ -43,6 +43,8 @@ class Kernel:
     #: which it multiplies that channel as it reads it (a BinaryOp Mul fused in: the Plan's
     #: ``_fuse_channel_scales``)
     channel_scale: bool = False
+    #: with the channel scale, a ReLU applied to each product (one fused into that BinaryOp)
+    channel_scale_relu: bool = False
 
     def __init__(self, layer: Any, in_shapes: Sequence[Shape]) -> None:
         self.layer = layer

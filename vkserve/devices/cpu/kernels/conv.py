@@ -147,7 +147,7 @@ class Convolution(JitKernel):
         pixels, rows, shape = self._split(jit.kernel_threads())
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
         if self.implicit:
-            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.weight, self.bias, ops,
+            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight, self.bias, ops,
                                      self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                                      jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
         elif self.winograd:
@@ -155,7 +155,7 @@ class Convolution(JitKernel):
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            jit.conv_gemm(x, scale, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
+            jit.conv_gemm(x, scale, self.channel_scale_relu, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
                           shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
 
 
