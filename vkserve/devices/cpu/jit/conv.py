@@ -431,7 +431,8 @@ def _pack_flat_impl(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, AN
                     if odd:
                         for j in range(_U(min(NR, n - si * NR))):
                             lo = np.uint32(_scaled(xf[cu, b + j], scaled, s0, relu, panel))
-                            pv[su, ku, j] = lo | (np.uint32(_scaled(xf[cu + _U(1), b + j], scaled, s1, relu, panel)) << half)
+                            hi = np.uint32(_scaled(xf[cu + _U(1), b + j], scaled, s1, relu, panel))
+                            pv[su, ku, j] = lo | (hi << half)
                     else:  # an odd depth's last channel: zero beside it
                         for j in range(_U(min(NR, n - si * NR))):
                             pv[su, ku, j] = np.uint32(_scaled(xf[cu, b + j], scaled, s0, relu, panel))
@@ -767,8 +768,8 @@ def conv_gemm(x, scale, relu, wp, bias, ops, padv, geo, pixels, rb_per_task, sha
             n = min(pixels, npix - p0)
             space, offs, runs = _block_space(geo, flat, n)
             planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
-            _pack_panel(x, scale, relu, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs, runs,
-                        shared[blk, kb])
+            _pack_panel(x, scale, relu, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs,
+                        runs, shared[blk, kb])
     n_tasks = groups * n_blocks * n_chunks
     parts = min(n_tasks, max_parts)
     for part in prange(parts):

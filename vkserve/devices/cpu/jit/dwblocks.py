@@ -68,7 +68,8 @@ def _sums_source(outputs: int) -> str:
     for o in range(outputs):
         lines += [f"    s{o}_{j} = bias[b0 + U({j})]" for j in range(LANES)]
     lines += ["    for ky in range(kh):", "        for kx in range(kw):",
-              "            src = U(((y * sh + ky) * wp + x * sw + kx) * L)", "            t = wbase + U((ky * kw + kx) * L)"]
+              "            src = U(((y * sh + ky) * wp + x * sw + kx) * L)",
+              "            t = wbase + U((ky * kw + kx) * L)"]
     lines += [f"            w{j} = widen(wt[t + U({j})])" for j in range(LANES)]
     for o in range(outputs):
         lines += [f"            s{o}_{j} += w{j} * img[src + U({o} * sw * L + {j})]" for j in range(LANES)]

@@ -84,8 +84,10 @@ class Convolution(JitKernel):
                          and jit.implicit.worthwhile(g, cg))
         # a per-channel multiply of the input folded in (``Plan._fuse_channel_scales``): by the
         # AMX convolution's fill, or by the GEMM's panels where the layer reads them flat
-        flat = (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w) == (1, 1, 1, 1) and tuple(p.pads(h, w)) == (0, 0, 0, 0)
-        self.channel_scale = self.implicit or (g == 1 and flat and not (self.depthwise or self.direct or self.winograd))
+        flat = ((p.kernel_h, p.kernel_w, p.stride_h, p.stride_w) == (1, 1, 1, 1)
+                and tuple(p.pads(h, w)) == (0, 0, 0, 0))
+        gemm = not (self.depthwise or self.direct or self.winograd or self.implicit)
+        self.channel_scale = self.implicit or (gemm and g == 1 and flat)
         if self.blocks:
             self.weight = jit.dwblocks.pack_weights(w16, oc, p.kernel_h * p.kernel_w)
             self.block_bias = jit.dwblocks.pack_bias(self.bias)
@@ -147,16 +149,17 @@ class Convolution(JitKernel):
         pixels, rows, shape = self._split(jit.kernel_threads())
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
         if self.implicit:
-            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight, self.bias, ops,
-                                     self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
-                                     jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
+            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight,
+                                     self.bias, ops, self.pad_value, self.geo, rows,
+                                     self.buf("implicit_planes", shape, np.uint16), jit.task_count(oc * oh * ow),
+                                     out.reshape(oc, oh * ow))
         elif self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            jit.conv_gemm(x, scale, self.channel_scale_relu, self.weight, self.bias, ops, self.pad_value, self.geo, pixels, rows,
-                          shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
+            jit.conv_gemm(x, scale, self.channel_scale_relu, self.weight, self.bias, ops, self.pad_value, self.geo,
+                          pixels, rows, shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
 
 
 @register("InnerProduct")
