@@ -43,9 +43,8 @@ from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
     apply_ops,
     as_stored,
-    bf16_bits,
     finish_tile,
-    scaled_product,
+    scaled_bits,
     store_row_inline,
     tile_pass,
     widen,
@@ -408,9 +407,9 @@ def _pack_flat(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201 
     """``_pack_panel`` of a 1x1 stride-1 unpadded layer: depth kk is channel c0 + kk of ``xf``
     (channels, pixels), pixels p0 .. p0 + n - 1 (direct unsigned indexing, no views: an atomic
     reference count update each); with a ``scale`` (one value a channel; none: empty) each
-    value times its channel's (then ReLU where ``relu``), rounded to bf16 (``_scaled``). A bf16 panel is filled a k pair
-    at a time, each pixel's pair as one 32-bit store (the loop vectorizes; an element at a time
-    it would not)."""
+    value times its channel's (then ReLU where ``relu``), rounded to bf16 (``_scaled``). A bf16
+    panel is filled a k pair at a time, each pixel's pair as one 32-bit store (the loop
+    vectorizes; an element at a time it would not)."""
     raise NotImplementedError
 
 
@@ -456,7 +455,7 @@ def _scaled(v, scaled, s, relu, panel):  # noqa: ANN001, ANN202
     rounded to bf16 first, as a per-channel BinaryOp Mul would have stored its product
     (``Kernel.channel_scale``)."""
     if scaled:
-        return as_stored(bf16_bits(scaled_product(widen(v), s, relu)), panel)
+        return as_stored(scaled_bits(v, s, relu), panel)
     return as_stored(v, panel)
 
 
@@ -734,8 +733,7 @@ def fill_bias_tile(bias, base, first, rows, tile):  # noqa: ANN001, ANN201
 def conv_gemm(x, scale, relu, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_parts, out):  # noqa: ANN001
     """Grouped convolution, ``x`` (C, H, W; each channel times its ``scale`` value first where
     ``scale`` is not empty, then ReLU where ``relu``: 1x1 stride-1 unpadded layers only,
-    ``_pack_flat``) -> ``out``
-    (groups * og, OH * OW); ``wp`` from
+    ``_pack_flat``) -> ``out`` (groups * og, OH * OW); ``wp`` from
     ``pack_gemm_weights``; ``bias`` fp32 per output channel; ``ops`` the epilogue;
     ``pixels`` (a multiple of NR, at most NB) and ``rb_per_task`` from ``gemm_split``;
     ``shared`` of ``shared_panels_shape``: when not empty, every input panel is packed into it

@@ -144,12 +144,15 @@ def exp_f32(x: float) -> float:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def scaled_product(v: float, s: float, relu: bool) -> float:
-    """v s, then ReLU where ``relu``: a per-channel BinaryOp Mul's product (with the ReLU fused
-    into it) as the convolution reading it computes it (``Kernel.channel_scale``); the ReLU as
-    ``apply_ops`` applies it, so the rounded bits are the BinaryOp's."""
-    p = v * s
-    return max(p, np.float32(0.0)) + np.float32(0.0) if relu else p
+def scaled_bits(v, s, relu):  # noqa: ANN001, ANN201
+    """bf16 bits of ``v`` (fp32, or bf16 bits) times ``s``, then ReLU where ``relu``: a
+    per-channel BinaryOp Mul's stored product (with the ReLU fused into it) as the convolution
+    reading it computes it (``Kernel.channel_scale``); the ReLU as ``apply_ops`` applies it, so
+    the bits are the BinaryOp's."""
+    p = widen(v) * s
+    if relu:
+        p = max(p, np.float32(0.0)) + np.float32(0.0)
+    return bf16_bits(p)
 
 
 # epilogue op codes: ncnn's activation_type 0..6, then the fusable activation layers' own forms

@@ -43,7 +43,7 @@ from vkserve.devices.cpu.jit.conv import (
     _valid,
     gemm_row_chunks,
 )
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, bf16_bits, finish_tile, scaled_product, tile_pass, widen
+from vkserve.devices.cpu.jit.epilogue import FASTMATH, bf16_bits, finish_tile, scaled_bits, tile_pass, widen
 
 #: rows of an A tile (output channels of a row block) and pixels of a B tile (a strip)
 ROWS = PIXELS = 16
@@ -167,9 +167,9 @@ def _fill_pair(x, xrows, scale, relu, p, geo, padv, words):  # noqa: ANN001
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _pair(a, b, high, scaled, sa, sb, relu):  # noqa: ANN001, ANN202
     """One word of the planes: ``a``'s bf16 bits low, ``b``'s high (masked by ``high``); with
-    ``scaled``, those of a sa and b sb (``scaled_product``: then ReLU where ``relu``)."""
+    ``scaled``, those of a sa and b sb (then ReLU where ``relu``: ``scaled_bits``)."""
     if scaled:
-        lo, hi = bf16_bits(scaled_product(widen(a), sa, relu)), bf16_bits(scaled_product(widen(b), sb, relu))
+        lo, hi = scaled_bits(a, sa, relu), scaled_bits(b, sb, relu)
     else:
         lo, hi = bf16_bits(a), bf16_bits(b)
     return np.uint32(lo) | ((np.uint32(hi) << np.uint32(16)) & high)
