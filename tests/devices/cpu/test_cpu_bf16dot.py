@@ -22,25 +22,34 @@ needs_bf16 = pytest.mark.skipif(not COMPILED_BF16, reason="bf16 pair products ne
 
 
 @needs_bf16
-@pytest.mark.parametrize(("rows", "strips", "pairs"), [(8, 2, 128), (8, 1, 3), (3, 2, 1)])
-def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int) -> None:
+@pytest.mark.parametrize(("rows", "strips", "pairs", "table"),
+                         [(8, 2, 128, False), (8, 1, 3, False), (3, 2, 1, False), (8, 2, 37, True)])
+def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int, table: bool) -> None:
     """c += A B over k pairs, A (rows, 2 pairs) and B (2 pairs, strips x 16) in the kernel's
     operand layout, at offsets into larger arrays (the tile's row stride wider than its strips);
-    products of bf16 values are exact in fp32, so only the sums' roundings separate it from
-    float64."""
+    with a ``table`` each k pair's B where an offset table says (shuffled here, as
+    ``jit.implicit_pairs`` reads them from the input's planes); products of bf16 values are
+    exact in fp32, so only the sums' roundings separate it from float64."""
     rng = np.random.default_rng(3)
     k = 2 * pairs
     a16 = to_bf16(rng.standard_normal((rows, k)).astype(np.float32))
     b16 = to_bf16(rng.standard_normal((strips, k, 16)).astype(np.float32))
     c0 = rng.standard_normal((rows, 40)).astype(np.float32)
-    # A: pair p of row r at 2 rows p + 2 r; B: strip s, pair p, pixel j at s sb + 32 p + 2 j
+    # A: pair p of row r at 2 rows p + 2 r; B: strip s, pair p, pixel j at s sb + 32 slot(p) + 2 j
     a = np.concatenate([np.zeros(5, np.uint16), a16.reshape(rows, pairs, 2).transpose(1, 0, 2).ravel()])
+    slot = rng.permutation(pairs) if table else np.arange(pairs)
     sb = 32 * pairs + 6
     b = np.zeros(3 + strips * sb, np.uint16)
     for s in range(strips):
-        b[3 + s * sb:3 + s * sb + 32 * pairs] = b16[s].reshape(pairs, 2, 16).transpose(0, 2, 1).ravel()
+        runs = b16[s].reshape(pairs, 2, 16).transpose(0, 2, 1).reshape(pairs, 32)
+        for q in range(pairs):
+            b[3 + s * sb + 32 * slot[q]:3 + s * sb + 32 * slot[q] + 32] = runs[q]
     c = c0.copy().ravel()
-    bf16dot.compile_dot_micro(rows, strips)(a, 5, b, 3, sb, c, 4, 40, pairs)
+    if table:
+        bf16dot.compile_dot_micro(rows, strips, table=True)(a, 5, b, 3, sb, (32 * slot).astype(np.int64), c, 4, 40,
+                                                             pairs)
+    else:
+        bf16dot.compile_dot_micro(rows, strips)(a, 5, b, 3, sb, c, 4, 40, pairs)
     want = c0.astype(np.float64)
     for s in range(strips):
         want[:, 4 + 16 * s:20 + 16 * s] += from_bf16(a16).astype(np.float64) @ from_bf16(b16[s]).astype(np.float64)

@@ -221,4 +221,8 @@ def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, 
     wide = [*_squeeze_excite(swap, c)[:-1], f"Convolution proj 1 1 prod out 0=24 1=3 4=1 5=1 6={24 * 9 * c}"]
     spread, _ = plans(tmp_path, wide, {"data": x})
     proj = next(step.kernel for step in spread._steps if step.name == "proj")
-    assert spread.scaled == ([("proj", "mul")] if proj.implicit else [])  # the AMX fill takes any kernel
+    assert spread.scaled == ([("proj", "mul")] if proj.implicit or proj.pairs else [])  # the planes' fill: any kernel
+    with monkeypatch.context() as m:
+        m.setattr(Plan, "_fuse_channel_scales", lambda self: [])
+        spread_plain, _ = plans(tmp_path, wide, {"data": x})
+    assert np.array_equal(spread.run({"data": x})["out"], spread_plain.run({"data": x})["out"])

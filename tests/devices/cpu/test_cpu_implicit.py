@@ -1,8 +1,12 @@
-"""Dense convolutions on AMX tiles from the input's padded planes (``jit.implicit``) against
-the ncnn package: 1x1 and 3x3, 5x5 and rectangular kernels, strides 2 and 3 (the planes' stride
-phases), dilation, asymmetric, negative and SAME pads with pad_value, channel counts off the 32-channel steps and the 16-row blocks, output
-widths off the 32-position blocks, every fused activation; and the same bits with 1 and N
-threads and from run to run. Runs where the CPU has AMX and the OS grants it (``conv.AMX``)."""
+"""Dense convolutions from the input's padded planes, on AMX tiles (``jit.implicit``) or by
+bf16 pair products (``jit.implicit_pairs``), against the ncnn package: 1x1 (AMX only) and 3x3,
+5x5 and rectangular kernels, strides 2 and 3 (the planes' stride phases), dilation, asymmetric,
+negative and SAME pads with pad_value, channel counts off the 32-channel steps, odd ones and
+row counts off the row blocks, output widths off the 32-position blocks, every fused
+activation; and the same bits with 1 and N
+threads and from run to run. Runs where the CPU has AMX and the OS grants it (``conv.AMX``), or
+multiplies bf16 pairs (``conv.DOT``: AMD's AVX-512 BF16 cores); the other-path children of
+``test_cpu_vectors`` run it for the path a host does not use."""
 
 from __future__ import annotations
 
@@ -18,7 +22,16 @@ from vkserve.devices.cpu.bf16 import to_bf16
 from vkserve.devices.cpu.kernels import REGISTRY
 from vkserve.models.graph import load_model
 
-pytestmark = pytest.mark.skipif(not jit.conv.AMX, reason="AMX tiles need a CPU with AMX and the OS's grant")
+pytestmark = pytest.mark.skipif(not (jit.conv.AMX or jit.implicit_pairs.worthwhile(1, 9)),
+                                reason="the planes' kernels need AMX tiles (and the OS's grant) or bf16 pair products")
+
+
+def from_planes(kernel) -> bool:  # noqa: ANN001
+    return kernel.implicit or kernel.pairs
+
+
+def split_of(kernel):  # noqa: ANN001, ANN201
+    return (jit.implicit if kernel.implicit else jit.implicit_pairs).split
 
 
 def conv_line(c: int, out: int, k: tuple[int, int], params: str) -> str:
@@ -59,7 +72,7 @@ CASES = [
 def test_implicit_matches_ncnn(tmp_path: Path, shape: tuple[int, int, int], out: int, k: tuple[int, int],
                                params: str) -> None:
     line = conv_line(shape[0], out, k, params)
-    assert kernel_for(tmp_path, shape, line).implicit
+    assert from_planes(kernel_for(tmp_path, shape, line)) == (jit.conv.AMX or k != (1, 1))  # 1x1: the pairs' GEMM
     check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(21))
 
 
@@ -69,20 +82,25 @@ ACTS = ["9=1", "9=2 -23310=1,0.1", "9=3 -23310=2,-0.5,0.7", "9=4", "9=5", "9=6 -
 @pytest.mark.parametrize("act", ACTS)
 def test_implicit_fused_activations_match_ncnn(tmp_path: Path, act: str) -> None:
     line = conv_line(24, 20, (3, 3), f"4=1 {act}")
-    assert kernel_for(tmp_path, (24, 11, 12), line).implicit
+    assert from_planes(kernel_for(tmp_path, (24, 11, 12), line))
     check_against_ncnn(tmp_path, line, {"data": (24, 11, 12)}, np.random.default_rng(22))
 
 
 def test_grouped_and_narrow_layers_stay_elsewhere(tmp_path: Path) -> None:
-    for shape, line in (((15, 12, 12), conv_line(15, 16, (3, 3), "4=1")),
-                        ((32, 12, 12), "ConvolutionDepthWise op 1 1 data out 0=32 1=3 6=4608 5=1 4=1 7=2")):
-        assert not kernel_for(tmp_path, shape, line).implicit
+    """Grouped and depthwise layers, the few-channel layers of ``jit.direct`` and, on AMX, fewer
+    than 16 input channels (mostly padding of its 32-channel steps) do not run here."""
+    cases = [((32, 12, 12), "ConvolutionDepthWise op 1 1 data out 0=32 1=3 6=4608 5=1 4=1 7=2"),
+             ((32, 12, 12), "ConvolutionDepthWise op 1 1 data out 0=32 1=3 6=288 5=1 4=1 7=32"),
+             ((4, 12, 12), conv_line(4, 16, (3, 3), "4=1"))]
+    for shape, line in cases:
+        assert not from_planes(kernel_for(tmp_path, shape, line))
+    assert from_planes(kernel_for(tmp_path, (15, 12, 12), conv_line(15, 16, (3, 3), "4=1"))) == (not jit.conv.AMX)
 
 
 def test_implicit_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = kernel_for(tmp_path, (40, 20, 21), conv_line(40, 150, (3, 3), "4=1 9=1"))
-    assert kernel.implicit
+    assert from_planes(kernel)
     u = to_bf16(np.random.default_rng(23).uniform(-2, 2, (40, 20, 21)).astype(np.float32))
     runs = []
     for n in (1, max(2, threads.available_cores()), 3, 16, 1):
@@ -91,4 +109,4 @@ def test_implicit_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
         kernel.forward_store([u], [out], [])
         runs.append(out.tobytes())
     assert len(set(runs)) == 1
-    assert jit.implicit.split(150, kernel.geo, 16) < jit.implicit.split(150, kernel.geo, 1)  # row chunks split
+    assert split_of(kernel)(150, kernel.geo, 16) < split_of(kernel)(150, kernel.geo, 1)  # row chunks split

@@ -111,7 +111,8 @@ module.SETTINGS = dataclasses.replace(module.SETTINGS, tile_rows=int(sys.argv[3]
 import numba
 import pytest
 from numba.core.dispatcher import Dispatcher
-from vkserve.devices.cpu.jit import conv, direct, elementwise, epilogue, innerproduct, linear, lrn, nms, pooling, winograd
+from vkserve.devices.cpu.jit import (conv, direct, elementwise, epilogue, implicit, implicit_pairs, innerproduct,
+                                     linear, lrn, nms, pooling, winograd)
 assert (conv.MR, conv.DOT, conv.AMX) == (int(sys.argv[3]), sys.argv[4] == "dot", sys.argv[4] == "amx")
 TILE = {"MR", "DOT", "AMX", "BR", "KALIGN", "PAIR", "PANEL", "PANEL_ROWS", "PANEL_COLS", "_micro", "_micro2",
         "_micro_half", "_micro_rows", "_micro2_rows", "_micro_half_rows", "strips_fp32", "strips_dot", "_dot1", "_dot2",
@@ -133,11 +134,12 @@ def reaches_tile(d, seen):
             return True
     return False
 
-kernels = {d for m in (conv, direct, elementwise, epilogue, innerproduct, linear, lrn, nms, pooling, winograd)
+kernels = {d for m in (conv, direct, elementwise, epilogue, implicit, implicit_pairs, innerproduct, linear, lrn, nms,
+                      pooling, winograd)
            for d in vars(m).values() if isinstance(d, Dispatcher) and d._cache.__class__.__name__ != "NullCache"}
 tiled = {d for d in kernels if reaches_tile(d, set())}
 assert {conv.conv_gemm, direct.conv_direct, winograd.winograd43, winograd._multiply_and_store, linear.linear,
-        linear.matmul} <= tiled, tiled
+        linear.matmul, implicit.conv_planes, implicit_pairs.conv_pairs} <= tiled, tiled
 shared = numba.config.CACHE_DIR
 numba.config.CACHE_DIR = sys.argv[2]
 for d in tiled:
@@ -154,11 +156,12 @@ sys.exit(code)
 def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: int, path: str) -> None:
     """The GEMM paths this host does not use, compiled for this CPU: the 4-row fp32 tile of AVX2
     and Arm hosts, the 8-row one of AVX-512 hosts, the bf16 pair products of AVX-512 BF16 hosts
-    and the AMX tiles of Intel's (where the CPU has them): every dense and Winograd convolution case and a Linear layer
-    against ncnn, the Linear and MatMul kernels against numpy, the same bits on any thread
-    count, and a channel scale read into the GEMM's panels as the BinaryOp would have stored
-    it, so each path is tested on any machine that can run it. The kernels the path reaches
-    compile afresh in the child (their own numba cache folder)."""
+    and the AMX tiles of Intel's (where the CPU has them): every dense, Winograd and planes'
+    (AMX tiles or bf16 pairs) convolution case and a Linear layer against ncnn, the Linear and
+    MatMul kernels against numpy, the same bits on any thread count, and a channel scale read
+    into the GEMM's panels as the BinaryOp would have stored it, so each path is tested on any
+    machine that can run it. The kernels the path reaches compile afresh in the child (their
+    own numba cache folder)."""
     if (rows, path == "dot", path == "amx") == (jit.VECTORS.tile_rows, jit.VECTORS.bf16_dot, jit.VECTORS.amx):
         pytest.skip("the path this host uses: the rest of the suite runs it")
     if path == "dot" and vectors.BF16 not in get_host_cpu_features().split(","):
@@ -173,6 +176,8 @@ def test_the_other_gemm_paths_match_ncnn_on_this_host_too(tmp_path: Path, rows: 
          "tests/devices/cpu/test_cpu_jit_conv.py::test_shared_input_panels_give_the_same_bits",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_matches_ncnn",
          "tests/devices/cpu/test_cpu_winograd.py::test_winograd_same_bits_with_one_and_more_threads_and_run_to_run",
+         "tests/devices/cpu/test_cpu_implicit.py::test_implicit_matches_ncnn",
+         "tests/devices/cpu/test_cpu_implicit.py::test_implicit_same_bits_with_one_and_more_threads_and_run_to_run",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_runs_compiled_with_the_gelu_after_it",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_form_same_bits_on_any_split",
          "tests/devices/cpu/test_cpu_matmul.py::test_linear_kernel_against_numpy_on_every_split",

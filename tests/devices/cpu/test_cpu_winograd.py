@@ -26,10 +26,13 @@ from vkserve.models.randinit import random_weights
 
 @pytest.fixture(autouse=True)
 def _rule_beside_a_gemm_without_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cases' sizes sit at the thresholds beside the fp32 or pairs GEMM; on AMX hosts
-    (``conv.AMX``) F(4, 3) takes no layer (``test_winograd_takes_no_layer_beside_amx_tiles``), so
-    there these cases would test the other kernels instead. The Winograd kernel is the same."""
-    monkeypatch.setattr(winograd, "worthwhile", functools.partial(winograd.worthwhile, gemm_tiles=False))
+    """The cases' sizes sit at the thresholds beside the fp32 GEMM; beside the planes' kernels
+    (bf16 pairs, ``conv.DOT``; AMX tiles, ``conv.AMX``) F(4, 3) takes fewer layers or none
+    (``test_winograd_leaves_most_layers_to_the_planes_bf16_pairs``,
+    ``test_winograd_takes_no_layer_beside_amx_tiles``), so there these cases would test the
+    other kernels instead. The Winograd kernel is the same."""
+    monkeypatch.setattr(winograd, "worthwhile", functools.partial(winograd.worthwhile, planes_pairs=False,
+                                                                  gemm_tiles=False))
 
 
 def conv_line(c: int, out: int, params: str) -> str:
@@ -131,31 +134,33 @@ def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
 ])
 def test_winograd_only_where_it_wins(tmp_path: Path, shape: tuple[int, int, int], out: int, params: str) -> None:
     assert not kernel_for(tmp_path, shape, conv_line(shape[0], out, params)).winograd
-    assert winograd.worthwhile(8, 16, 24, 24)
+    assert winograd.worthwhile(8, 16, 24, 24, planes_pairs=False)
 
 
-def test_winograd_leaves_widening_layers_to_a_gemm_of_bf16_pairs() -> None:
-    """squeezenet's expanding 3x3 layers (16 -> 64 at 55x55, 32 -> 128 at 27x27) run faster as
-    the GEMM where it multiplies bf16 pairs; as the fp32 GEMM, and at equal widths, they stay
-    Winograd's."""
-    for cin, og, hw in ((16, 64, 55), (32, 128, 27)):
-        assert not winograd.worthwhile(cin, og, hw, hw, gemm_pairs=True)
-        assert winograd.worthwhile(cin, og, hw, hw, gemm_pairs=False)
-    assert winograd.worthwhile(64, 128, 28, 28, gemm_pairs=True)
-    assert winograd.worthwhile(64, 64, 56, 56, gemm_pairs=True)
-    # a layer takes the rule of the GEMM this process runs
-    assert winograd.worthwhile(16, 64, 55, 55) == (not jit.conv.DOT)
+def test_winograd_leaves_most_layers_to_the_planes_bf16_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside the bf16 pairs from the input's planes (``jit.implicit_pairs``) F(4, 3) keeps the
+    layers of 128 input channels and more on maps of 36 tiles and more (resnet18's 128 -> 128
+    at 28x28, vgg16's), not widening 4x; the rest (squeezenet's expanding 16 -> 64 at 55x55 and
+    32 -> 128 at 27x27, resnet18's 64 -> 64 at 56x56, 96 channels) run from the planes. Beside
+    the fp32 GEMM all of these are Winograd's."""
+    for cin, og, hw in ((16, 64, 55), (32, 128, 27), (64, 64, 56), (96, 96, 28), (128, 512, 28), (128, 128, 20)):
+        assert not winograd.worthwhile(cin, og, hw, hw, planes_pairs=True)
+        assert winograd.worthwhile(cin, og, hw, hw, planes_pairs=False)
+    for cin, og, hw in ((128, 128, 28), (128, 256, 56), (256, 256, 24), (512, 512, 28)):
+        assert winograd.worthwhile(cin, og, hw, hw, planes_pairs=True)
+    monkeypatch.undo()  # a layer takes the rule of the kernels this process runs
+    assert winograd.worthwhile(64, 64, 56, 56) == (not (jit.conv.DOT or jit.conv.AMX))
 
 
 def test_winograd_takes_fewer_tiles_beside_an_fp32_gemm() -> None:
     """Beside the fp32 GEMM (Intel's AVX-512, AVX2, NEON) from 9 tiles (resnet's 14x14 layers,
-    alexnet's 13x13, a 10x10 map); beside the pairs' GEMM from 36; at 4 tiles on neither."""
+    alexnet's 13x13, a 10x10 map); beside the planes' pairs from 36; at 4 tiles on neither."""
     for hw in (14, 13, 10, 9):
-        assert winograd.worthwhile(256, 256, hw, hw, gemm_pairs=False)
-        assert not winograd.worthwhile(256, 256, hw, hw, gemm_pairs=True)
-    assert winograd.worthwhile(256, 256, 24, 24, gemm_pairs=True)
+        assert winograd.worthwhile(256, 256, hw, hw, planes_pairs=False)
+        assert not winograd.worthwhile(256, 256, hw, hw, planes_pairs=True)
+    assert winograd.worthwhile(256, 256, 24, 24, planes_pairs=True)
     for hw in (7, 8):
-        assert not winograd.worthwhile(256, 256, hw, hw, gemm_pairs=False)
+        assert not winograd.worthwhile(256, 256, hw, hw, planes_pairs=False)
 
 
 def test_winograd_takes_no_layer_beside_amx_tiles() -> None:
@@ -174,7 +179,9 @@ def test_warm_up_net_reaches_the_winograd_and_pooling_kernels(monkeypatch: pytes
         layer.weights = weights
     plan = Plan(build_graph(layers, "warm-up net"))
     kernels = [step.kernel for step in plan._program]
-    assert any(k.layer.type == "Convolution" and (k.implicit if jit.conv.AMX else k.winograd) for k in kernels)
+    convs = [k for k in kernels if k.layer.type == "Convolution"]
+    assert any(k.implicit if jit.conv.AMX else k.winograd for k in convs)
+    assert any(k.pairs for k in convs) == (jit.conv.DOT and not jit.conv.AMX)
     pools = [k for k in kernels if k.layer.type == "Pooling"]
     assert any(k.windowed for k in pools) and any(k.global_avg for k in pools)
     # the element-wise kernels: Eltwise and BinaryOp on ``binary``, an activation on its own

@@ -54,13 +54,23 @@ if VECTORS.features is not None:
 # loaded from there).
 numba.core.config.reload_config()
 
-from vkserve.devices.cpu.jit import direct, dwblocks, implicit, pinning, pooling, winograd  # noqa: E402 (jit.direct.*, jit.implicit.*, ...)
+from vkserve.devices.cpu.jit import (  # noqa: E402 (jit.direct.*, jit.implicit.*, ...)
+    direct,
+    dwblocks,
+    implicit,
+    implicit_pairs,
+    pinning,
+    pooling,
+    winograd,
+)
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
 from vkserve.devices.cpu.jit.epilogue import epilogue_ops
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
-__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise", "direct", "dwblocks", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit", "inner_product", "kernel_threads", "launch", "task_count",
-           "pack_gemm_weights", "pack_rows", "pinning", "pooling", "run_threads", "small_work", "use_threads", "winograd"]
+__all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise",
+           "direct", "dwblocks", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit",
+           "implicit_pairs", "inner_product", "kernel_threads", "launch", "task_count", "pack_gemm_weights",
+           "pack_rows", "pinning", "pooling", "run_threads", "small_work", "use_threads", "winograd"]
 
 
 _pool_started = False

@@ -130,23 +130,29 @@ def dot_pairs(typingctx, acc, a, ia, b, ib):  # noqa: ARG001, ANN001, ANN201
     return f32x16(acc, a, ia, b, ib), codegen
 
 
-def _dot_micro_source(rows: int, strips: int) -> str:
+def _dot_micro_source(rows: int, strips: int, table: bool) -> str:
     """rows x (strips x 16) register tile: for r < rows, s < strips, lanes j:
     c[ic + r ldc + 16 s + j] += sum over k pairs p < kc2 of the pair products of
-    a[ia + 2 rows p + 2 r ...] and b[ib + s sb + 32 p + 2 j ...] (p ascending)."""
+    a[ia + 2 rows p + 2 r ...] and b[pb + s sb + 2 j ...] (p ascending), where pb is
+    ib + 32 p (strips of 16 pixels' pairs, one k pair after another) or, with ``table``,
+    ib + offs[p] (each k pair's 16 pixels wherever the table says: ``jit.implicit_pairs``)."""
     acc = [[f"c{r}_{s}" for s in range(strips)] for r in range(rows)]
-    lines = ["def micro(a, ia, b, ib, sb, c, ic, ldc, kc2):"]
+    args = "a, ia, b, ib, sb, offs, c, ic, ldc, kc2" if table else "a, ia, b, ib, sb, c, ic, ldc, kc2"
+    lines = [f"def micro({args}):"]
     lines += [f"    {acc[r][s]} = vload(c, ic + {r} * ldc + {LANES * s})" for r in range(rows) for s in range(strips)]
-    lines += ["    for p in range(kc2):", f"        pa = ia + p * {2 * rows}", f"        pb = ib + p * {2 * LANES}"]
+    pb = "ib + offs[p]" if table else f"ib + p * {2 * LANES}"
+    lines += ["    for p in range(kc2):", f"        pa = ia + p * {2 * rows}", f"        pb = {pb}"]
     for r in range(rows):
-        lines += [f"        {acc[r][s]} = dot_pairs({acc[r][s]}, a, pa + {2 * r}, b, pb + {s} * sb)" for s in range(strips)]
+        lines += [f"        {acc[r][s]} = dot_pairs({acc[r][s]}, a, pa + {2 * r}, b, pb + {s} * sb)"
+                  for s in range(strips)]
     lines += [f"    vstore(c, ic + {r} * ldc + {LANES * s}, {acc[r][s]})" for r in range(rows) for s in range(strips)]
     return "\n".join(lines) + "\n"
 
 
-def compile_dot_micro(rows: int, strips: int):  # noqa: ANN201
+def compile_dot_micro(rows: int, strips: int, table: bool = False):  # noqa: ANN201
     """The register-tile kernel of ``_dot_micro_source`` compiled (numba does not cache exec'd
     code; the kernels calling it are cached with it)."""
     ns: dict[str, object] = {"vload": vload, "vstore": vstore, "dot_pairs": dot_pairs}
-    exec(compile(_dot_micro_source(rows, strips), f"<{__name__} {rows}x{strips * LANES}>", "exec"), ns)  # noqa: S102
+    name = f"<{__name__} {rows}x{strips * LANES}{' table' if table else ''}>"
+    exec(compile(_dot_micro_source(rows, strips, table), name, "exec"), ns)  # noqa: S102
     return njit(error_model="numpy")(ns["micro"])

@@ -91,9 +91,10 @@ def phase_geometry(geo):  # noqa: ANN001, ANN201
     return wq, hq, blocks * BLOCK + (kh - 1) * dh // sh * wq + (kw - 1) * dw // sw
 
 
-def planes_shape(geo: np.ndarray, cg: int) -> tuple[int, int, int]:
-    """``planes``' shape: (channel pairs, stride phases x Lq, 2)."""
-    return -(-cg // CHANNELS) * CHANNELS // 2, int(geo[G_SH] * geo[G_SW]) * int(phase_geometry(geo)[2]), 2
+def planes_shape(geo: np.ndarray, cg: int, channels: int = CHANNELS) -> tuple[int, int, int]:
+    """``planes``' shape: (channel pairs, stride phases x Lq, 2), the channels rounded up to a
+    multiple of ``channels`` (a step's)."""
+    return -(-cg // channels) * channels // 2, int(geo[G_SH] * geo[G_SW]) * int(phase_geometry(geo)[2]), 2
 
 
 def split(og: int, geo: np.ndarray, threads: int) -> int:
@@ -176,6 +177,47 @@ def _pair(a, b, high, scaled, sa, sb, relu):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
+def fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts):  # noqa: ANN001
+    """``planes`` (pairs, length, 2) filled from ``x`` by ``_fill_pair``, pair by pair, in at
+    most ``max_parts`` contiguous runs of pairs (prange hands out each index apart)."""
+    pairs, length = planes.shape[0], planes.shape[1]
+    words = planes.reshape(planes.size).view(np.uint32).reshape(pairs, length)
+    fills = min(pairs, max_parts)
+    for part in prange(fills):
+        for p in range(part * pairs // fills, (part + 1) * pairs // fills):
+            _fill_pair(x, xrows, scale, relu, p, geo, padv, words)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def step_offsets(geo, steps, pairs, length):  # noqa: ANN001, ANN201
+    """Where each K step's B operand starts in the planes (uint16 offsets): steps (channel step
+    s of ``pairs`` pairs, tap t), taps inner; tap (ky, kx) reads its phase's plane, shifted."""
+    kh, kw, sh, sw, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DH], geo[G_DW]
+    wp, _, lq = phase_geometry(geo)
+    taps = kh * kw
+    boffs = np.empty(steps, dtype=np.int64)
+    for s in range(steps // taps):
+        for t in range(taps):
+            ky, kx = t // kw * dh, t % kw * dw
+            phase = (ky % sh) * sw + kx % sw
+            boffs[s * taps + t] = 2 * (s * pairs * length + phase * lq + ky // sh * wp + kx // sw)
+    return boffs
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def store_positions(tiles, rows, ops, q0, n, wp, ow, out, row0):  # noqa: ANN001, ANN201
+    """The epilogue on the first ``rows`` rows of ``tiles`` (columns: padded positions q0 ..
+    q0 + n - 1), then each output row's run of them stored at out[row0 + r] (the Wp - OW
+    positions between output rows dropped)."""
+    left = tile_pass(tiles, rows, ops)
+    for y in range(q0 // wp, (q0 + n - 1) // wp + 1):
+        lo = max(q0, y * wp)
+        hi = min(q0 + n, y * wp + ow)
+        if hi > lo:
+            finish_tile(tiles, lo - q0, rows, hi - lo, out, row0, y * ow + lo - y * wp, left)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def conv_planes(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
     """Dense convolution, ``x`` (C, H, W; ``xrows`` the same as (C, H W); each channel times its
     ``scale`` value first where ``scale`` is not empty, then ReLU where ``relu``: ``_fill_pair``)
@@ -184,25 +226,12 @@ def conv_planes(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, pl
     ``planes`` of ``planes_shape`` (filled here, a first parallel pass). Tasks: (TASK_BLOCKS
     blocks of BLOCK padded positions, chunk of ``rb_per_task`` row blocks), in at most
     ``max_parts`` runs."""
-    og, kh, kw, dh, dw = geo[G_OG], geo[G_KH], geo[G_KW], geo[G_DH], geo[G_DW]
-    sh, sw = geo[G_SH], geo[G_SW]
-    oh, ow = geo[G_OH], geo[G_OW]
-    wp, _, lq = phase_geometry(geo)
-    taps = kh * kw
+    og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
+    wp = phase_geometry(geo)[0]
     length = planes.shape[1]
-    words = planes.reshape(planes.size).view(np.uint32).reshape(planes.shape[0], length)
-    pairs = planes.shape[0]
-    fills = min(pairs, max_parts)
-    for part in prange(fills):  # contiguous runs of pairs: prange hands out each index apart
-        for p in range(part * pairs // fills, (part + 1) * pairs // fills):
-            _fill_pair(x, xrows, scale, relu, p, geo, padv, words)
+    fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts)
     steps = wt.shape[1]
-    boffs = np.empty(steps, dtype=np.int64)  # step (s, t)'s B tile: pair 16 s, tap t's phase and shift
-    for s in range(steps // taps):
-        for t in range(taps):
-            ky, kx = t // kw * dh, t % kw * dw
-            phase = (ky % sh) * sw + kx % sw
-            boffs[s * taps + t] = 2 * (s * ROWS * length + phase * lq + ky // sh * wp + kx // sw)
+    boffs = step_offsets(geo, steps, ROWS, length)
     nrb = wt.shape[0]
     wstride = steps * ROWS * CHANNELS
     wflat = wt.reshape(wt.size)
@@ -235,11 +264,6 @@ def conv_planes(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, pl
                     n = min(BLOCK, nq - q0)
                     amx.block(wflat, i * wstride, (i + 1) * wstride, bflat, 2 * q0, 2 * (q0 + PIXELS), boffs,
                               4 * length, sf, 0, PIXELS, 0, tf, 0, BLOCK, steps, two, n > PIXELS)
-                    rows = min(2 * ROWS if two else ROWS, og - i * ROWS)
-                    left = tile_pass(tiles, rows, ops)
-                    for y in range(q0 // wp, (q0 + n - 1) // wp + 1):
-                        lo = max(q0, y * wp)
-                        hi = min(q0 + n, y * wp + ow)
-                        if hi > lo:
-                            finish_tile(tiles, lo - q0, rows, hi - lo, out, i * ROWS, y * ow + lo - y * wp, left)
+                    store_positions(tiles, min(2 * ROWS if two else ROWS, og - i * ROWS), ops, q0, n, wp, ow, out,
+                                    i * ROWS)
         _tiles_end()

@@ -55,12 +55,10 @@ G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], dtype=np.float64)
 
 #: where F(4, 3) beats the direct GEMM (measured on the first sessions' 2-core EPYC box, 1 and
-#: 2 threads; kept where that GEMM multiplies bf16 pairs, ``conv.DOT``, at twice the rate): the
-#: transformed weights (4x the multiply-adds' worth of fp32 per tile) must be reused over enough
-#: tiles, and the transforms' cost paid by enough channels. 56x56, 64 -> 64: 2.5x faster;
-#: 28x28, 128 -> 128: 2.0x; 14x14, 256 -> 256 (16 tiles): 1.0-1.2x at 1 thread, 0.5x at 2;
-#: 56x56, 4 -> 64: 0.6-0.8x
-MIN_TILES = 36
+#: 2 threads): the transformed weights (4x the multiply-adds' worth of fp32 per tile) must be
+#: reused over enough tiles, and the transforms' cost paid by enough channels. 56x56, 64 -> 64:
+#: 2.5x faster; 28x28, 128 -> 128: 2.0x; 14x14, 256 -> 256 (16 tiles): 1.0-1.2x at 1 thread,
+#: 0.5x at 2; 56x56, 4 -> 64: 0.6-0.8x
 MIN_IN = 8
 MIN_OUT = 16
 #: where the GEMM multiplies in fp32 too (no ``conv.DOT``: Intel's AVX-512 cores, AVX2, NEON)
@@ -71,13 +69,18 @@ MIN_OUT = 16
 #: or worse: 128 -> 128 at 7x7 1.02 / 1.01, 256 -> 256 at 8x8 1.00 / 1.05, 512 -> 512 at 7x7
 #: 1.78 / 1.70 (its 38 MB of fp32 U read for 4 tiles)
 MIN_TILES_FP32 = 9
-#: where the direct GEMM multiplies bf16 pairs (``conv.DOT``, twice the fp32 kernel's rate; the
-#: Winograd products stay fp32) it also wins on layers widening the channels 4x or more, whose
-#: Winograd time goes mostly to the output transforms. Measured on the Zen 4 box (one layer,
-#: both kernels alternating, median of 7; 1 / 2 threads): 16 -> 64 at 55x55 GEMM 0.78x / 0.69x
-#: of Winograd's time, 32 -> 128 at 27x27 0.67x / 0.71x; 64 -> 128 at 28x28 (2x) 0.89x / 1.07x,
-#: and at equal widths Winograd kept its lead (64 -> 64 at 56x56 1.29x / 1.42x, 16 -> 16 at
-#: 112x112 1.58x / 1.41x).
+#: where the layer's alternative multiplies bf16 pairs from the input's planes
+#: (``jit.implicit_pairs``, on ``conv.DOT`` hosts; twice the fp32 rate, the Winograd products
+#: stay fp32) F(4, 3) keeps the layers of many input channels on larger maps. Measured on the
+#: 2-core Zen 4 VM (one layer, the kernels alternating, median of 35; ms, Winograd against the
+#: planes at one thread, then at two): 128 -> 128 at 28x28 1.04 / 1.25, 0.72 / 0.80; at 56x56
+#: 3.51 / 4.59 (one thread); 256 -> 256 at 28x28 3.98 / 4.90; 512 -> 512 at 28x28 15.1 / 18.8;
+#: but from 96 input channels down the planes win or tie: 96 -> 96 at 28x28 0.70 / 0.74,
+#: 0.74 / 0.56; 64 -> 64 at 56x56 1.25 / 1.27, 0.84 / 0.69; 32 -> 32 at 56x56 0.55 / 0.38;
+#: 16 -> 16 at 112x112 0.75 / 0.45; and layers widening the channels 4x, whose Winograd time
+#: goes mostly to the output transforms (16 -> 64 at 55x55 0.60 / 0.38)
+MIN_IN_WITH_PAIRS = 128
+MIN_TILES = 36
 MAX_WIDENING_WITH_PAIRS = 4
 #: beside AMX tiles (``conv.AMX``) F(4, 3) never wins: ``jit.implicit`` runs these layers
 #: from the input's planes. Measured on the 2-core Intel VM (one thread, ``Plan.profile``, ms,
@@ -85,16 +88,16 @@ MAX_WIDENING_WITH_PAIRS = 4
 #: 7.5, 512 -> 512 at 28x28 13.9 / 6.5; resnet18's 64 -> 64 at 56x56 1.15-1.2 / 0.52
 
 
-def worthwhile(cin: int, og: int, oh: int, ow: int, gemm_pairs: bool = DOT, gemm_tiles: bool = AMX) -> bool:
+def worthwhile(cin: int, og: int, oh: int, ow: int, planes_pairs: bool = DOT, gemm_tiles: bool = AMX) -> bool:
     """Whether a dense 3x3 stride-1 convolution of these sizes runs faster as F(4, 3) than as
-    the direct GEMM (``gemm_pairs``: that GEMM multiplies bf16 pairs; ``gemm_tiles``: on AMX
-    tiles)."""
+    the layer's alternative: the fp32 GEMM, or with ``planes_pairs`` the bf16 pairs from the
+    input's planes, or with ``gemm_tiles`` AMX tiles from them."""
     if gemm_tiles:
         return False
     tiles = -(-oh // 4) * -(-ow // 4)
-    if gemm_pairs and og >= MAX_WIDENING_WITH_PAIRS * cin:
-        return False
-    return cin >= MIN_IN and og >= MIN_OUT and tiles >= (MIN_TILES if gemm_pairs else MIN_TILES_FP32)
+    if planes_pairs:
+        return cin >= MIN_IN_WITH_PAIRS and MIN_OUT <= og < MAX_WIDENING_WITH_PAIRS * cin and tiles >= MIN_TILES
+    return cin >= MIN_IN and og >= MIN_OUT and tiles >= MIN_TILES_FP32
 
 
 def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:

@@ -82,12 +82,14 @@ class Convolution(JitKernel):
             and jit.winograd.worthwhile(cg, og, oh, ow))
         self.implicit = (not (self.depthwise or self.direct or self.winograd)
                          and jit.implicit.worthwhile(g, cg))
+        self.pairs = (not (self.depthwise or self.direct or self.winograd)
+                      and jit.implicit_pairs.worthwhile(g, p.kernel_h * p.kernel_w))
         # a per-channel multiply of the input folded in (``Plan._fuse_channel_scales``): by the
         # AMX convolution's fill, or by the GEMM's panels where the layer reads them flat
         flat = ((p.kernel_h, p.kernel_w, p.stride_h, p.stride_w) == (1, 1, 1, 1)
                 and tuple(p.pads(h, w)) == (0, 0, 0, 0))
-        gemm = not (self.depthwise or self.direct or self.winograd or self.implicit)
-        self.channel_scale = self.implicit or (gemm and g == 1 and flat)
+        gemm = not (self.depthwise or self.direct or self.winograd or self.implicit or self.pairs)
+        self.channel_scale = self.implicit or self.pairs or (gemm and g == 1 and flat)
         if self.blocks:
             self.weight = jit.dwblocks.pack_weights(w16, oc, p.kernel_h * p.kernel_w)
             self.block_bias = jit.dwblocks.pack_bias(self.bias)
@@ -99,6 +101,8 @@ class Convolution(JitKernel):
             self.weight = jit.winograd.transform_weights(w16, og, cg)
         elif self.implicit:
             self.weight = jit.implicit.pack_weights(w16, og, cg, p.kernel_h * p.kernel_w)
+        elif self.pairs:
+            self.weight = jit.implicit_pairs.pack_weights(w16, og, cg, p.kernel_h * p.kernel_w)
         else:
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
@@ -119,6 +123,9 @@ class Convolution(JitKernel):
             elif self.implicit:
                 got = 0, jit.implicit.split(oc, self.geo, n_threads), jit.implicit.planes_shape(self.geo,
                                                                                                   self.in_shapes[0][0])
+            elif self.pairs:
+                got = (0, jit.implicit_pairs.split(oc, self.geo, n_threads),
+                       jit.implicit.planes_shape(self.geo, self.in_shapes[0][0], 2))
             else:
                 g = self.p.group_count()
                 pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
@@ -148,11 +155,11 @@ class Convolution(JitKernel):
             return
         pixels, rows, shape = self._split(jit.kernel_threads())
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
-        if self.implicit:
-            jit.implicit.conv_planes(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight,
-                                     self.bias, ops, self.pad_value, self.geo, rows,
-                                     self.buf("implicit_planes", shape, np.uint16), jit.task_count(oc * oh * ow),
-                                     out.reshape(oc, oh * ow))
+        if self.implicit or self.pairs:
+            kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
+            kernel(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight, self.bias, ops,
+                   self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
+                   jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
         elif self.winograd:
             jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
