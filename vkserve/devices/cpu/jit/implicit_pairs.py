@@ -51,10 +51,10 @@ def worthwhile(groups: int, taps: int, pairs: bool = DOT, tiles: bool = AMX) -> 
     first) of ``taps`` kernel taps runs here: on hosts multiplying bf16 pairs (``pairs``)
     without AMX (``tiles``: ``jit.implicit`` takes these layers there), kernels larger than 1x1.
     Measured against the GEMM on the 2-core Zen 4 VM (one layer, both alternating, one
-    thread): 3x3 layers 1.2-2.1x faster (16 -> 64 at 55x55 0.58 -> 0.38 ms, 64 -> 64 at 56x56
-    2.0 -> 1.27, 512 -> 512 at 7x7 1.76 -> 1.52, stride 2 1.13-1.44x), 5x5 1.6-1.7x; but 1x1
-    layers 0.9-1.0x (each k pair a run in another plane; at stride 2 three of the four phases
-    filled for nothing): those stay the GEMM's."""
+    thread): 3x3 layers 1.1-2.5x faster (16 -> 64 at 55x55 0.58 -> 0.38 ms, 16 -> 16 at 112x112
+    1.12 -> 0.45, 64 -> 64 at 56x56 2.0 -> 1.27, 512 -> 512 at 7x7 1.76 -> 1.52, stride 2
+    1.17-1.44x), 5x5 1.6-1.7x; but 1x1 layers 0.9-1.0x (each k pair a run in another plane;
+    at stride 2 three of the four phases filled for nothing): those stay the GEMM's."""
     return pairs and not tiles and groups == 1 and taps > 1
 
 
