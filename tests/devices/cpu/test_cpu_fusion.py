@@ -20,6 +20,7 @@ from test_cpu_layers import check, conv_line, rand, write_param
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.bf16 import narrow_exact_into, round_bf16, to_bf16
 from vkserve.devices.cpu.executor import Plan, StepKind
+from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_HARDSWISH, OP_NONE, OP_RELU
 from vkserve.models.graph import load_model
 
 ACTIVATIONS = [
@@ -157,11 +158,17 @@ def test_thread_split_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert np.array_equal(two.run({"data": x})["out"], want)
 
 
-def _squeeze_excite(swap: bool, c: int, relu: bool = False) -> list[str]:
+#: activation layers after the squeeze-excite multiply (mobilenet_v3 has ReLU and HardSwish),
+#: folded with it, and the op code ``scaled_bits`` applies
+AFTER = {"": OP_NONE, "ReLU": OP_RELU, "Clip": OP_CLIP, "HardSwish": OP_HARDSWISH}
+_AFTER_PARAMS = {"ReLU": "", "Clip": "0=0.0 1=6.0", "HardSwish": "0=0.1666667 1=0.5"}
+
+
+def _squeeze_excite(swap: bool, c: int, after: str = "") -> list[str]:
     """x (c, 9, 11) -> its channel means -> InnerProduct c -> 8 -> c -> Sigmoid: one scale a
-    channel, multiplied into x (``swap``: the scale as the first operand; ``relu``: a ReLU
-    after, as mobilenet_v3 has), then a 1x1 convolution reads the product."""
-    prod = "prod0" if relu else "prod"
+    channel, multiplied into x (``swap``: the scale as the first operand; ``after``: an
+    activation layer after it), then a 1x1 convolution reads the product."""
+    prod = "prod0" if after else "prod"
     return [
         "Split sp 1 2 data a b",
         "Pooling gap 1 1 b g 0=1 4=1",
@@ -169,7 +176,7 @@ def _squeeze_excite(swap: bool, c: int, relu: bool = False) -> list[str]:
         f"InnerProduct fc2 1 1 f1 f2 0={c} 1=1 2={8 * c}",
         "Sigmoid sig 1 1 f2 s",
         f"BinaryOp mul 2 1 s a {prod} 0=2" if swap else f"BinaryOp mul 2 1 a s {prod} 0=2",
-        *(["ReLU relu 1 1 prod0 prod"] if relu else []),
+        *([f"{after} act 1 1 prod0 prod {_AFTER_PARAMS[after]}"] if after else []),
         f"Convolution proj 1 1 prod out 0=24 1=1 5=1 6={24 * c}",
     ]
 
@@ -180,33 +187,34 @@ def _squeeze_excite(swap: bool, c: int, relu: bool = False) -> list[str]:
 SE_CHANNELS = [32, 13]
 
 
-@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("after", list(AFTER))
 @pytest.mark.parametrize("c", SE_CHANNELS)
 @pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool, c: int, relu: bool) -> None:
-    """A squeeze-and-excitation multiply (with a ReLU after or not) before a 1x1 convolution:
-    within the verify tolerance of ncnn, folded into the convolution."""
-    check(tmp_path, _squeeze_excite(swap, c, relu), {"data": rand(c, 9, 11)})
+def test_channel_scale_matches_ncnn(tmp_path: Path, swap: bool, c: int, after: str) -> None:
+    """A squeeze-and-excitation multiply (with an activation after or not) before a 1x1
+    convolution: within the verify tolerance of ncnn, folded into the convolution."""
+    check(tmp_path, _squeeze_excite(swap, c, after), {"data": rand(c, 9, 11)})
 
 
-@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("after", list(AFTER))
 @pytest.mark.parametrize("c", SE_CHANNELS)
 @pytest.mark.parametrize("swap", [False, True])
-def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, c: int, relu: bool,
+def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, c: int, after: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The multiply folded into the convolution reading its product (no step of its own), the
     same bits as the BinaryOp and the convolution run apart (the Plan's other fusions in both),
-    for one item and for a batch of 3, a ReLU fused into the multiply going with it; not folded
+    for one item and for a batch of 3, a ReLU, Clip or HardSwish fused into the multiply going
+    with it (a 3x3 convolution reading the product too, where it folds there); not folded
     where the product is requested or read twice, nor into a convolution that does not read its
     input flat (3x3)."""
     x = rand(c, 9, 11)
-    fused, _ = plans(tmp_path, _squeeze_excite(swap, c, relu), {"data": x})
+    fused, _ = plans(tmp_path, _squeeze_excite(swap, c, after), {"data": x})
     with monkeypatch.context() as m:
         m.setattr(Plan, "_fuse_channel_scales", lambda self: [])
-        plain, _ = plans(tmp_path, _squeeze_excite(swap, c, relu), {"data": x})
+        plain, _ = plans(tmp_path, _squeeze_excite(swap, c, after), {"data": x})
     assert fused.scaled == [("proj", "mul")] and plain.scaled == [] and plain.fused == fused.fused
     proj = next(step for step in fused._steps if step.name == "proj")
-    assert proj.fused[:2] == (["mul", "relu"] if relu else ["mul"]) and proj.kernel.channel_scale_relu is relu
+    assert proj.fused[:2] == (["mul", "act"] if after else ["mul"]) and proj.kernel.channel_scale_act[0] == AFTER[after]
     assert "mul" not in [s.name for s in fused.profile({"data": x}, 1)]
     assert np.array_equal(fused.run({"data": x})["out"], plain.run({"data": x})["out"])
     items = [{"data": rand(c, 9, 11)} for _ in range(3)]
@@ -218,7 +226,10 @@ def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, 
     twice, _ = plans(tmp_path, [*_squeeze_excite(swap, c), f"Convolution other 1 1 prod out2 0=8 1=1 6={8 * c}"],
                      {"data": x})
     assert twice.scaled == []
-    wide = [*_squeeze_excite(swap, c)[:-1], f"Convolution proj 1 1 prod out 0=24 1=3 4=1 5=1 6={24 * 9 * c}"]
+    leaky = _squeeze_excite(swap, c, "ReLU")
+    leaky[-2] = "ReLU act 1 1 prod0 prod 0=0.1"  # a leaky ReLU: not an activation ``scaled_bits`` applies
+    assert plans(tmp_path, leaky, {"data": x})[0].scaled == []
+    wide = [*_squeeze_excite(swap, c, after)[:-1], f"Convolution proj 1 1 prod out 0=24 1=3 4=1 5=1 6={24 * 9 * c}"]
     spread, _ = plans(tmp_path, wide, {"data": x})
     proj = next(step.kernel for step in spread._steps if step.name == "proj")
     assert spread.scaled == ([("proj", "mul")] if proj.implicit or proj.pairs else [])  # the planes' fill: any kernel

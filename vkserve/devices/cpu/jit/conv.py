@@ -403,20 +403,20 @@ def shared_panels_shape(groups: int, og: int, npix: int, k_total: int, pixels: i
     return (blocks, kblocks, NB // NR, PANEL_ROWS, PANEL_COLS)
 
 
-def _pack_flat(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201  (numba overload below)
+def _pack_flat(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201  (numba overload below)
     """``_pack_panel`` of a 1x1 stride-1 unpadded layer: depth kk is channel c0 + kk of ``xf``
     (channels, pixels), pixels p0 .. p0 + n - 1 (direct unsigned indexing, no views: an atomic
     reference count update each); with a ``scale`` (one value a channel; none: empty) each
-    value times its channel's (then ReLU where ``relu``), rounded to bf16 (``_scaled``). A bf16
+    value times its channel's (then the activation ``act``), rounded to bf16 (``_scaled``). A bf16
     panel is filled a k pair at a time, each pixel's pair as one 32-bit store (the loop
     vectorizes; an element at a time it would not)."""
     raise NotImplementedError
 
 
 @overload(_pack_flat)
-def _pack_flat_impl(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+def _pack_flat_impl(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
     if panel.dtype == types.uint16:
-        def pairs(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+        def pairs(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
             pv = panel.view(np.uint32)  # element (s, k pair, j): even k in the low half
             half = np.uint32(16)
             scaled = scale.size > 0
@@ -429,15 +429,15 @@ def _pack_flat_impl(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, AN
                     su, b = _U(si), _U(p0 + si * NR)
                     if odd:
                         for j in range(_U(min(NR, n - si * NR))):
-                            lo = np.uint32(_scaled(xf[cu, b + j], scaled, s0, relu, panel))
-                            hi = np.uint32(_scaled(xf[cu + _U(1), b + j], scaled, s1, relu, panel))
+                            lo = np.uint32(_scaled(xf[cu, b + j], scaled, s0, act, panel))
+                            hi = np.uint32(_scaled(xf[cu + _U(1), b + j], scaled, s1, act, panel))
                             pv[su, ku, j] = lo | (hi << half)
                     else:  # an odd depth's last channel: zero beside it
                         for j in range(_U(min(NR, n - si * NR))):
-                            pv[su, ku, j] = np.uint32(_scaled(xf[cu, b + j], scaled, s0, relu, panel))
+                            pv[su, ku, j] = np.uint32(_scaled(xf[cu, b + j], scaled, s0, act, panel))
         return pairs
 
-    def fp32(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
+    def fp32(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN202
         scaled = scale.size > 0
         for kk in range(kcb):
             cu, ku = _U(c0 + kk), _U(kk)
@@ -445,22 +445,22 @@ def _pack_flat_impl(xf, scale, relu, c0, kcb, p0, n, panel):  # noqa: ANN001, AN
             for si in range((n + NR - 1) // NR):
                 su, b = _U(si), _U(p0 + si * NR)
                 for j in range(_U(min(NR, n - si * NR))):
-                    panel[su, ku, j] = _scaled(xf[cu, b + j], scaled, sk, relu, panel)
+                    panel[su, ku, j] = _scaled(xf[cu, b + j], scaled, sk, act, panel)
     return fp32
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _scaled(v, scaled, s, relu, panel):  # noqa: ANN001, ANN202
-    """``v`` as ``panel`` stores it; with ``scaled``, v times ``s`` (then ReLU where ``relu``)
+def _scaled(v, scaled, s, act, panel):  # noqa: ANN001, ANN202
+    """``v`` as ``panel`` stores it; with ``scaled``, v times ``s`` (then the activation ``act``)
     rounded to bf16 first, as a per-channel BinaryOp Mul would have stored its product
     (``Kernel.channel_scale``)."""
     if scaled:
-        return as_stored(scaled_bits(v, s, relu), panel)
+        return as_stored(scaled_bits(v, s, act), panel)
     return as_stored(v, panel)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _pack_panel(x, scale, relu, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel):  # noqa: ANN001
+def _pack_panel(x, scale, act, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel):  # noqa: ANN001
     """Panel element (s, kk, j) (``_put``) = input of receptive-field element k0 + kk for pixel
     p0 + s NR + j (j < n - s NR), zeros in a partial last strip's unused lanes (garbage there
     could be denormal, and slow) and at the depths rounding kcb up to KALIGN; a ``scale``
@@ -483,7 +483,7 @@ def _pack_panel(x, scale, relu, geo, flat, g, p0, n, k0, kcb, padv, planes, offs
             for j in range(NR):
                 _put(panel, si, kk, j, zero)
     if flat:
-        _pack_flat(xf, scale, relu, g * cg + k0, kcb, p0, n, panel)
+        _pack_flat(xf, scale, act, g * cg + k0, kcb, p0, n, panel)
         return
     iy0, ix0 = oy0 * sh - geo[G_PT], -geo[G_PL]
     for kk in range(0, kcb, PAIR):
@@ -730,9 +730,9 @@ def fill_bias_tile(bias, base, first, rows, tile):  # noqa: ANN001, ANN201
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def conv_gemm(x, scale, relu, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_parts, out):  # noqa: ANN001
+def conv_gemm(x, scale, act, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_parts, out):  # noqa: ANN001
     """Grouped convolution, ``x`` (C, H, W; each channel times its ``scale`` value first where
-    ``scale`` is not empty, then ReLU where ``relu``: 1x1 stride-1 unpadded layers only,
+    ``scale`` is not empty, then the activation ``act``, ``epilogue.scale_act``: 1x1 stride-1 unpadded layers only,
     ``_pack_flat``) -> ``out`` (groups * og, OH * OW); ``wp`` from
     ``pack_gemm_weights``; ``bias`` fp32 per output channel; ``ops`` the epilogue;
     ``pixels`` (a multiple of NR, at most NB) and ``rb_per_task`` from ``gemm_split``;
@@ -766,7 +766,7 @@ def conv_gemm(x, scale, relu, wp, bias, ops, padv, geo, pixels, rb_per_task, sha
             n = min(pixels, npix - p0)
             space, offs, runs = _block_space(geo, flat, n)
             planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
-            _pack_panel(x, scale, relu, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs,
+            _pack_panel(x, scale, act, geo, flat, g, p0, n, kb * KC, min(KC, k_total - kb * KC), padv, planes, offs,
                         runs, shared[blk, kb])
     n_tasks = groups * n_blocks * n_chunks
     parts = min(n_tasks, max_parts)
@@ -787,7 +787,7 @@ def conv_gemm(x, scale, relu, wp, bias, ops, padv, geo, pixels, rb_per_task, sha
                     panel = shared[blk, k0 // KC]
                 else:
                     panel = own
-                    _pack_panel(x, scale, relu, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
+                    _pack_panel(x, scale, act, geo, flat, g, p0, n, k0, kcb, padv, planes, offs, runs, panel)
                 _rows_product(wflat, (g * nrb + rb0) * kstride + k0 * BR, kstride, wide, panel, tile, kcb, nb, n)
             rows = min(nrows, og - rb0 * BR)
             finish_tile(tile, 0, rows, n, out, g * og + rb0 * BR, p0, tile_pass(tile, rows, ops))

@@ -144,14 +144,21 @@ def exp_f32(x: float) -> float:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def scaled_bits(v, s, relu):  # noqa: ANN001, ANN201
-    """bf16 bits of ``v`` (fp32, or bf16 bits) times ``s``, then ReLU where ``relu``: a
-    per-channel BinaryOp Mul's stored product (with the ReLU fused into it) as the convolution
-    reading it computes it (``Kernel.channel_scale``); the ReLU as ``apply_ops`` applies it, so
-    the bits are the BinaryOp's."""
+def scaled_bits(v, s, act):  # noqa: ANN001, ANN201
+    """bf16 bits of ``v`` (fp32, or bf16 bits) times ``s``, then the activation ``act`` (code,
+    a, b: OP_NONE, OP_RELU, OP_CLIP or OP_HARDSWISH, ``scale_act``): a per-channel BinaryOp
+    Mul's stored product (with the activation fused into it) as the convolution reading it
+    computes it (``Kernel.channel_scale``); the activation as ``apply_ops`` applies it, so the
+    bits are the BinaryOp's."""
+    code, a, b = act
+    zero = np.float32(0.0)
     p = widen(v) * s
-    if relu:
-        p = max(p, np.float32(0.0)) + np.float32(0.0)
+    if code == OP_RELU:
+        p = max(p, zero) + zero
+    elif code == OP_CLIP:
+        p = min(max(p, a), b)
+    elif code == OP_HARDSWISH:
+        p = p * min(max(p * a + b, zero), np.float32(1.0))
     return bf16_bits(p)
 
 
@@ -328,6 +335,24 @@ def _post_op(k: Kernel) -> tuple[int, float, float]:
     if kind == "GELU":
         return (OP_GELU_TANH if p.fast_gelu else OP_GELU), 0.0, 0.0
     raise ValueError(f"{kind} cannot be fused into a numba kernel's epilogue")
+
+
+#: no activation after a channel scale (``scaled_bits``)
+NO_SCALE_ACT = (OP_NONE, np.float32(0.0), np.float32(0.0))
+
+
+def scale_act(post: Sequence[Kernel]) -> tuple[int, np.float32, np.float32] | None:
+    """The activation layers fused into a per-channel multiply as ``scaled_bits`` applies them
+    (code, a, b; float32 as ``apply_ops`` reads them): none, or one ReLU, Clip (ReLU6) or
+    HardSwish (mobilenet_v3's); None for any other."""
+    if not post:
+        return NO_SCALE_ACT
+    if len(post) != 1:
+        return None
+    code, a, b = _post_op(post[0])
+    if code not in (OP_RELU, OP_CLIP, OP_HARDSWISH):
+        return None
+    return code, np.float32(a), np.float32(b)
 
 
 def epilogue_ops(act_type: int, act_params: Sequence[float], post: Sequence[Kernel] = ()) -> np.ndarray:

@@ -104,13 +104,13 @@ def split(og: int, geo: np.ndarray, threads: int) -> int:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _fill_pair(x, xrows, scale, relu, p, geo, padv, words):  # noqa: ANN001
+def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
     """Channel pair p of the planes, ``words`` (pairs, length) uint32, each word one position's
     pair (channel 2p in the low half, 2p + 1 in the high half, as a B tile row reads them):
     channels 2p, 2p + 1 of ``x`` (C, H, W; ``xrows`` the same as (C, H W)) padded (``padv``
     outside the input), split into the stride phases (``phase_geometry``); zero for channels
     past the input's and past each phase's rows. With a ``scale`` (one value per channel; none:
-    empty) each input value is first multiplied by its channel's (then ReLU where ``relu``)
+    empty) each input value is first multiplied by its channel's (then the activation ``act``)
     and rounded to bf16, as a per-channel BinaryOp Mul storing its product would have.
 
     A whole word a store: written a channel at a time (two 16-bit stores 4 bytes apart), the
@@ -137,7 +137,7 @@ def _fill_pair(x, xrows, scale, relu, p, geo, padv, words):  # noqa: ANN001
     s1 = widen(scale[c1u]) if scaled else np.float32(1.0)
     if sh == 1 and sw == 1 and pt == 0 and pl == 0 and wq == w and hq == h:
         for q in range(_U(h * w)):
-            words[pu, q] = _pair(xrows[c0u, q], xrows[c1u, q], high, scaled, s0, s1, relu)
+            words[pu, q] = _pair(xrows[c0u, q], xrows[c1u, q], high, scaled, s0, s1, act)
         for q in range(h * w, lq):
             words[p, q] = zero
         return
@@ -158,7 +158,7 @@ def _fill_pair(x, xrows, scale, relu, p, geo, padv, words):  # noqa: ANN001
                 src, st = _U(rx - pl + lo * sw), _U(sw)
                 for q in range(_U(hi - lo)):
                     words[pu, bu + q] = _pair(x[c0u, yu, src + st * q], x[c1u, yu, src + st * q], high, scaled, s0,
-                                              s1, relu)
+                                              s1, act)
                 for q in range(hi, wq):
                     words[p, base + q] = pad
             for q in range(start + hq * wq, start + lq):
@@ -166,18 +166,18 @@ def _fill_pair(x, xrows, scale, relu, p, geo, padv, words):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _pair(a, b, high, scaled, sa, sb, relu):  # noqa: ANN001, ANN202
+def _pair(a, b, high, scaled, sa, sb, act):  # noqa: ANN001, ANN202
     """One word of the planes: ``a``'s bf16 bits low, ``b``'s high (masked by ``high``); with
-    ``scaled``, those of a sa and b sb (then ReLU where ``relu``: ``scaled_bits``)."""
+    ``scaled``, those of a sa and b sb (then the activation ``act``: ``scaled_bits``)."""
     if scaled:
-        lo, hi = scaled_bits(a, sa, relu), scaled_bits(b, sb, relu)
+        lo, hi = scaled_bits(a, sa, act), scaled_bits(b, sb, act)
     else:
         lo, hi = bf16_bits(a), bf16_bits(b)
     return np.uint32(lo) | ((np.uint32(hi) << np.uint32(16)) & high)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts):  # noqa: ANN001
+def fill_planes(x, xrows, scale, act, geo, padv, planes, max_parts):  # noqa: ANN001
     """``planes`` (pairs, length, 2) filled from ``x`` by ``_fill_pair``, pair by pair, in at
     most ``max_parts`` contiguous runs of pairs (prange hands out each index apart)."""
     pairs, length = planes.shape[0], planes.shape[1]
@@ -185,7 +185,7 @@ def fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts):  # noqa: A
     fills = min(pairs, max_parts)
     for part in prange(fills):
         for p in range(part * pairs // fills, (part + 1) * pairs // fills):
-            _fill_pair(x, xrows, scale, relu, p, geo, padv, words)
+            _fill_pair(x, xrows, scale, act, p, geo, padv, words)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -218,9 +218,9 @@ def store_positions(tiles, rows, ops, q0, n, wp, ow, out, row0):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def conv_planes(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
+def conv_planes(x, xrows, scale, act, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
     """Dense convolution, ``x`` (C, H, W; ``xrows`` the same as (C, H W); each channel times its
-    ``scale`` value first where ``scale`` is not empty, then ReLU where ``relu``: ``_fill_pair``)
+    ``scale`` value first where ``scale`` is not empty, then the activation ``act``: ``_fill_pair``)
     -> ``out`` (og, OH * OW);
     ``wt`` from ``pack_weights``; ``bias`` fp32; ``ops`` the epilogue; ``rb_per_task`` from ``split``;
     ``planes`` of ``planes_shape`` (filled here, a first parallel pass). Tasks: (TASK_BLOCKS
@@ -229,7 +229,7 @@ def conv_planes(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, pl
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
     wp = phase_geometry(geo)[0]
     length = planes.shape[1]
-    fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts)
+    fill_planes(x, xrows, scale, act, geo, padv, planes, max_parts)
     steps = wt.shape[1]
     boffs = step_offsets(geo, steps, ROWS, length)
     nrb = wt.shape[0]

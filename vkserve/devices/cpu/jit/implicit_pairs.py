@@ -77,9 +77,9 @@ def split(og: int, geo: np.ndarray, threads: int) -> int:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def conv_pairs(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
+def conv_pairs(x, xrows, scale, act, wt, bias, ops, padv, geo, rb_per_task, planes, max_parts, out):  # noqa: ANN001
     """Dense convolution, ``x`` (C, H, W; ``xrows`` the same as (C, H W); each channel times its
-    ``scale`` value first where ``scale`` is not empty, then ReLU where ``relu``) -> ``out``
+    ``scale`` value first where ``scale`` is not empty, then the activation ``act``) -> ``out``
     (og, OH * OW); ``wt`` from ``pack_weights``; ``bias`` fp32; ``ops`` the epilogue;
     ``rb_per_task`` from ``split``; ``planes`` of ``implicit.planes_shape`` with pairs for steps
     (filled here, a first parallel pass). Tasks: (TASK_POSITIONS padded positions, chunk of
@@ -87,7 +87,7 @@ def conv_pairs(x, xrows, scale, relu, wt, bias, ops, padv, geo, rb_per_task, pla
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
     wp = phase_geometry(geo)[0]
     length = planes.shape[1]
-    fill_planes(x, xrows, scale, relu, geo, padv, planes, max_parts)
+    fill_planes(x, xrows, scale, act, geo, padv, planes, max_parts)
     steps = wt.shape[1]
     boffs = step_offsets(geo, steps, 1, length)
     nrb = wt.shape[0]

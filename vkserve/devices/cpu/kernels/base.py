@@ -43,8 +43,9 @@ class Kernel:
     #: which it multiplies that channel as it reads it (a BinaryOp Mul fused in: the Plan's
     #: ``_fuse_channel_scales``)
     channel_scale: bool = False
-    #: with the channel scale, a ReLU applied to each product (one fused into that BinaryOp)
-    channel_scale_relu: bool = False
+    #: with the channel scale, the activation applied to each product (one fused into that
+    #: BinaryOp), as ``jit.epilogue.scale_act`` gives it: (op code, a, b)
+    channel_scale_act: tuple[int, np.float32, np.float32] = (0, np.float32(0.0), np.float32(0.0))
 
     def __init__(self, layer: Any, in_shapes: Sequence[Shape]) -> None:
         self.layer = layer

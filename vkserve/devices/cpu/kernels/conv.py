@@ -157,7 +157,7 @@ class Convolution(JitKernel):
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
         if self.implicit or self.pairs:
             kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
-            kernel(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_relu, self.weight, self.bias, ops,
+            kernel(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
                    self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                    jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
         elif self.winograd:
@@ -165,7 +165,7 @@ class Convolution(JitKernel):
                                     self.buf("winograd", shape), out.reshape(oc, oh * ow))
         else:
             shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            jit.conv_gemm(x, scale, self.channel_scale_relu, self.weight, self.bias, ops, self.pad_value, self.geo,
+            jit.conv_gemm(x, scale, self.channel_scale_act, self.weight, self.bias, ops, self.pad_value, self.geo,
                           pixels, rows, shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
 
 
