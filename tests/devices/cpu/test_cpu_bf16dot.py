@@ -80,8 +80,8 @@ def _conv3x3(x: np.ndarray, w16: np.ndarray, bias: np.ndarray) -> np.ndarray:
     geo = jit.geometry(1, c, og, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw)
     shared = np.empty(jit.conv.shared_panels_shape(1, og, hw * hw, c * 9, 32, 2), jit.conv.PANEL)
     out = np.empty((og, hw * hw), np.uint16)
-    jit.conv_gemm(x, x[:0, 0, 0], False, jit.pack_gemm_weights(w16, 1, og, c * 9), bias, jit.epilogue_ops(0, []),
-                  np.float32(0), geo, 32, 2, shared, 3, out)
+    jit.conv_gemm(x, x[:0, 0, 0], jit.epilogue.NO_SCALE_ACT, jit.pack_gemm_weights(w16, 1, og, c * 9), bias,
+                  jit.epilogue_ops(0, []), np.float32(0), geo, 32, 2, shared, 3, out)
     return out
 
 

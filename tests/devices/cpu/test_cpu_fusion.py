@@ -214,7 +214,8 @@ def test_channel_scale_fused_gives_the_unfused_bits(tmp_path: Path, swap: bool, 
         plain, _ = plans(tmp_path, _squeeze_excite(swap, c, after), {"data": x})
     assert fused.scaled == [("proj", "mul")] and plain.scaled == [] and plain.fused == fused.fused
     proj = next(step for step in fused._steps if step.name == "proj")
-    assert proj.fused[:2] == (["mul", "act"] if after else ["mul"]) and proj.kernel.channel_scale_act[0] == AFTER[after]
+    assert proj.fused[:2] == (["mul", "act"] if after else ["mul"])
+    assert proj.kernel.channel_scale_act[0] == AFTER[after]
     assert "mul" not in [s.name for s in fused.profile({"data": x}, 1)]
     assert np.array_equal(fused.run({"data": x})["out"], plain.run({"data": x})["out"])
     items = [{"data": rand(c, 9, 11)} for _ in range(3)]

@@ -365,7 +365,8 @@ def test_shared_input_panels_give_the_same_bits(c: int, og: int, hw: int, k: int
     for shared, parts in ((np.empty(shape, jit.conv.PANEL), 64), (np.empty((0, 0, *shape[2:]), jit.conv.PANEL), 1),
                           (np.empty((0, 0, *shape[2:]), jit.conv.PANEL), 3)):
         out = np.empty((og, oh * oh), np.uint16)  # (the tasks in runs of any length: the same bits)
-        jit.conv_gemm(x, x[:0, 0, 0], False, wp, bias, ops, np.float32(0), geo, pixels, rows, shared, parts, out)
+        jit.conv_gemm(x, x[:0, 0, 0], jit.epilogue.NO_SCALE_ACT, wp, bias, ops, np.float32(0), geo, pixels, rows,
+                      shared, parts, out)
         results.append(out)
     assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
     # and against the plain definition (fp32 sums of the widened operands, ReLU, bf16)
