@@ -62,6 +62,78 @@ def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int, ta
     assert np.array_equal(got[:, untouched], c0[:, untouched])  # nothing outside the tile written
 
 
+@needs_bf16
+@pytest.mark.parametrize(("rows", "strips", "channels", "n"), [(8, 2, 96, 32), (8, 2, 7, 20), (3, 1, 5, 16),
+                                                               (8, 2, 300, 5)])
+def test_row_pair_products_match_float64_sums(rows: int, strips: int, channels: int, n: int) -> None:
+    """The register tile reading B as a planar blob's channel rows (``compile_rows_micro``):
+    pixels p0 .. p0 + n - 1 of every channel, the run ending at the array's end (masked loads
+    read nothing past n: a fault there would end the test), an odd channel count (the last
+    pair's partner zero); the tile's lanes past n keep their values."""
+    rng = np.random.default_rng(channels)
+    npix = 41
+    p0 = npix - n
+    x16 = to_bf16(rng.standard_normal((channels, npix)).astype(np.float32))
+    a16 = to_bf16(rng.standard_normal((rows, channels)).astype(np.float32))
+    pairs = -(-channels // 2)
+    # pair p of row r at 2 rows p + 2 r, a zero beside an odd last k
+    a = np.pad(a16, ((0, 0), (0, 2 * pairs - channels))).reshape(rows, pairs, 2).transpose(1, 0, 2).ravel()
+    c0 = rng.standard_normal((rows, 40)).astype(np.float32)
+    c = c0.copy().ravel()
+    bf16dot.compile_rows_micro(rows, strips)(a, 0, x16.ravel(), p0, npix, n, c, 4, 40, channels // 2,
+                                              channels % 2)
+    got = c.reshape(rows, 40)
+    cols = min(n, 16 * strips)
+    want = c0[:, 4:4 + cols] + from_bf16(a16).astype(np.float64) @ from_bf16(x16[:, p0:p0 + cols]).astype(np.float64)
+    scale = np.abs(from_bf16(a16)).astype(np.float64) @ np.abs(from_bf16(x16)).astype(np.float64).max(axis=1)
+    bound = 4 * np.finfo(np.float32).eps * (channels + 1) * (scale.max() + np.abs(c0).max())
+    np.testing.assert_allclose(got[:, 4:4 + cols], want, rtol=0, atol=bound)
+    untouched = np.ones(40, bool)
+    untouched[4:4 + cols] = False
+    assert np.array_equal(got[:, untouched], c0[:, untouched])
+
+
+#: (input shape, out channels, groups): an odd channel count and partial strips, K > KC (two K
+#: blocks), several row chunks sharing pixel blocks, a grouped 1x1 layer, more rows a group than
+#: ROWS_DIRECT_MAX (panels)
+ROWS_CASES = [((3, 9, 11), 5, 1), ((300, 5, 5), 27, 1), ((64, 12, 12), 32, 1), ((8, 12, 11), 8, 2),
+              ((16, 6, 6), 40, 1)]
+
+
+@pytest.mark.parametrize(("shape", "out", "groups"), ROWS_CASES)
+def test_1x1_layers_read_their_input_rows_with_the_panels_bits(shape: tuple[int, int, int], out: int,
+                                                               groups: int) -> None:
+    """``conv_gemm`` on a 1x1 layer multiplies its bf16 input's channel rows in place
+    (``jit.conv.ROWS_DIRECT``: AVX-512 BF16 hosts without AMX; up to 32 rows a group) with the bits of the packed
+    panels it uses otherwise: the same layer with a channel scale of ones (which packs panels,
+    each value times 1 unchanged) gives the same output, in several task splits."""
+    c, h, w = shape
+    rng = np.random.default_rng(c)
+    x = to_bf16(rng.standard_normal(shape).astype(np.float32))
+    w16 = to_bf16(rng.standard_normal((out, c // groups)).astype(np.float32))
+    bias = rng.standard_normal(out).astype(np.float32)
+    geo = jit.geometry(groups, c // groups, out // groups, 1, 1, 1, 1, 1, 1, 0, 0, h, w)
+    assert jit.conv.reads_rows(geo, shape, True, False) == (jit.conv.ROWS_DIRECT and out // groups <= 32)
+    assert not jit.conv.reads_rows(geo, shape, True, True) and not jit.conv.reads_rows(geo, shape, False, False)
+    wp = jit.pack_gemm_weights(w16, groups, out // groups, c // groups)
+    got = {}
+    for scaled in (False, True):
+        for rows, parts in ((1, 1), (2, 3)):
+            direct = jit.conv.reads_rows(geo, shape, True, scaled)
+            shared = np.empty(jit.conv.shared_panels_shape(groups, out // groups, h * w, c // groups, 32, rows,
+                                                           direct), jit.conv.PANEL)
+            y = np.empty((out, h * w), np.uint16)
+            scale = to_bf16(np.ones(c, np.float32)) if scaled else x[:0, 0, 0]
+            jit.conv_gemm(x, scale, jit.epilogue.NO_SCALE_ACT, wp, bias, jit.epilogue_ops(1, []), np.float32(0), geo,
+                          32, rows, shared, parts, y)
+            got[scaled, rows] = y
+    first = got[False, 1]
+    assert all(np.array_equal(first, y) for y in got.values())
+    want = np.maximum(np.einsum("gok,gkp->gop", from_bf16(w16).reshape(groups, out // groups, -1),
+                                from_bf16(x).reshape(groups, c // groups, h * w)).reshape(out, -1) + bias[:, None], 0)
+    np.testing.assert_allclose(from_bf16(first), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+
+
 def _sums(w: np.ndarray, cols: np.ndarray, bias: np.ndarray, pairs: bool) -> np.ndarray:
     """bias + W cols in fp32, k ascending (an FMA each), or by k pairs with each pair's odd k
     first (Intel's definition of vdpbf16ps). Products of bf16 values are exact in fp32, so

@@ -28,7 +28,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "compile_dot_micro", "dot_pairs", "element_address", "f32x16", "vload", "vstore"]
+__all__ = ["LANES", "compile_dot_micro", "compile_rows_micro", "dot_pairs", "element_address", "f32x16", "vload",
+           "vstore"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
 LANES = 16
@@ -43,9 +44,23 @@ class F32x16(types.Type):
 
 f32x16 = F32x16()
 
+
+class Pairs16(types.Type):
+    """16 pairs of bf16 values in one AVX-512 register (a ``vdpbf16ps`` operand)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="pairs16")
+
+
+pairs16 = Pairs16()
+
 _VF = ir.VectorType(ir.FloatType(), LANES)
 _VI = ir.VectorType(ir.IntType(32), LANES)
 _I32 = ir.IntType(32)
+_I16 = ir.IntType(16)
+_VH = ir.VectorType(_I16, LANES)
+_VP = ir.VectorType(_I16, 2 * LANES)
+_MASK = ir.VectorType(ir.IntType(1), LANES)
 
 
 class _BFloat(ir.Type):
@@ -70,6 +85,12 @@ _DPBF16 = "llvm.x86.avx512bf16.dpbf16ps.512"
 class _F32x16Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001
         super().__init__(dmm, fe_type, _VF)
+
+
+@register_model(Pairs16)
+class _Pairs16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001
+        super().__init__(dmm, fe_type, _VP)
 
 
 def _is_1d(arr: types.Type, dtype: types.Type) -> bool:
@@ -118,16 +139,69 @@ def dot_pairs(typingctx, acc, a, ia, b, ib):  # noqa: ARG001, ANN001, ANN201
         return None
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        pa = element_address(context, builder, signature.args[1], args[1], args[2])
         pb = element_address(context, builder, signature.args[3], args[3], args[4])
-        pair = builder.load(builder.bitcast(pa, _I32.as_pointer()), align=2)
         row = builder.load(builder.bitcast(pb, _VI.as_pointer()), align=2)
-        one = builder.insert_element(ir.Constant(_VI, ir.Undefined), pair, ir.Constant(_I32, 0))
-        splat = builder.shuffle_vector(one, ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, [0] * LANES))
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VB, _VB]), _DPBF16)
-        return builder.call(fn, [args[0], builder.bitcast(splat, _VB), builder.bitcast(row, _VB)])
+        return _dot_with_pair(context, builder, signature.args[1], args[0], args[1], args[2], row)
 
     return f32x16(acc, a, ia, b, ib), codegen
+
+
+def _dot_with_pair(context, builder, a_type, acc, a, ia, pairs):  # noqa: ANN001, ANN202
+    """acc + the pair a[ia], a[ia + 1] (broadcast to every lane) times the 16 pairs ``pairs``."""
+    pa = element_address(context, builder, a_type, a, ia)
+    pair = builder.load(builder.bitcast(pa, _I32.as_pointer()), align=2)
+    one = builder.insert_element(ir.Constant(_VI, ir.Undefined), pair, ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(one, ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VB, _VB]), _DPBF16)
+    return builder.call(fn, [acc, builder.bitcast(splat, _VB), builder.bitcast(pairs, _VB)])
+
+
+def _lanes_below(builder, count):  # noqa: ANN001, ANN202
+    """The mask of lanes j < count (count an int64; negative: none)."""
+    lanes = ir.Constant(_VI, list(range(LANES)))
+    n = builder.trunc(builder.select(builder.icmp_signed("<", count, ir.Constant(count.type, LANES)), count,
+                                     ir.Constant(count.type, LANES)), _I32)
+    n = builder.select(builder.icmp_signed("<", n, ir.Constant(_I32, 0)), ir.Constant(_I32, 0), n)
+    one = builder.insert_element(ir.Constant(_VI, ir.Undefined), n, ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(one, ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+    return builder.icmp_unsigned("<", lanes, splat)
+
+
+@intrinsic
+def row_pairs(typingctx, b, ib0, ib1, n0, n1):  # noqa: ARG001, ANN001, ANN201
+    """The pairs (b[ib0 + j], b[ib1 + j]) for lanes j < 16 of a bf16 array: two rows of a
+    planar blob (two channels' runs of pixels) interleaved as ``dot_rows`` takes them; lanes
+    j >= n0 (first row) or j >= n1 (second) read as zero and not read at all (masked loads:
+    a run's end may be the array's)."""
+    if not (_is_1d(b, types.uint16) and all(isinstance(t, types.Integer) for t in (ib0, ib1, n0, n1))):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VH, [_VH.as_pointer(), _I32, _MASK, _VH]),
+            "llvm.masked.load.v16i16.p0v16i16")
+        rows = []
+        for index, count in ((args[1], args[3]), (args[2], args[4])):
+            p = element_address(context, builder, signature.args[0], args[0], index)
+            count = context.cast(builder, count, signature.args[3], types.int64)
+            rows.append(builder.call(fn, [builder.bitcast(p, _VH.as_pointer()), ir.Constant(_I32, 2),
+                                          _lanes_below(builder, count), ir.Constant(_VH, None)]))
+        order = [k // 2 + (k % 2) * LANES for k in range(2 * LANES)]
+        return builder.shuffle_vector(rows[0], rows[1], ir.Constant(ir.VectorType(_I32, 2 * LANES), order))
+
+    return pairs16(b, ib0, ib1, n0, n1), codegen
+
+
+@intrinsic
+def dot_rows(typingctx, acc, a, ia, pairs):  # noqa: ARG001, ANN001, ANN201
+    """``dot_pairs`` with B's 16 pairs given in a register (``row_pairs``)."""
+    if not (acc == f32x16 and _is_1d(a, types.uint16) and isinstance(ia, types.Integer) and pairs == pairs16):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return _dot_with_pair(context, builder, signature.args[1], args[0], args[1], args[2], args[3])
+
+    return f32x16(acc, a, ia, pairs), codegen
 
 
 def _dot_micro_source(rows: int, strips: int, table: bool) -> str:
@@ -155,4 +229,37 @@ def compile_dot_micro(rows: int, strips: int, table: bool = False):  # noqa: ANN
     ns: dict[str, object] = {"vload": vload, "vstore": vstore, "dot_pairs": dot_pairs}
     name = f"<{__name__} {rows}x{strips * LANES}{' table' if table else ''}>"
     exec(compile(_dot_micro_source(rows, strips, table), name, "exec"), ns)  # noqa: S102
+    return njit(error_model="numpy")(ns["micro"])
+
+
+def _rows_micro_source(rows: int, strips: int) -> str:
+    """``_dot_micro_source``'s tile with B read from a planar bf16 blob instead of a packed
+    panel: k pair p is channels 2 p and 2 p + 1 at b[ib + 2 p ldb ...] and one ldb on, pixels
+    16 s + j of strip s valid below n (the rest read as zero); with ``odd``, one more k (its
+    pair's second channel zero)."""
+    acc = [[f"c{r}_{s}" for s in range(strips)] for r in range(rows)]
+
+    def step(indent: str, pair: str) -> list[str]:
+        """One k pair's products; ``pair``: the pair's second channel is read (else zero)."""
+        body = [f"pa = ia + p * {2 * rows}", "pb = ib + 2 * p * ldb"]
+        body += [f"b{s} = row_pairs(b, pb + {LANES * s}, pb + ldb + {LANES * s}, n{s}, {f'n{s}' if pair else 0})"
+                 for s in range(strips)]
+        body += [f"{acc[r][s]} = dot_rows({acc[r][s]}, a, pa + {2 * r}, b{s})"
+                 for r in range(rows) for s in range(strips)]
+        return [indent + ln for ln in body]
+
+    lines = ["def micro(a, ia, b, ib, ldb, n, c, ic, ldc, kc2, odd):"]
+    lines += [f"    {acc[r][s]} = vload(c, ic + {r} * ldc + {LANES * s})" for r in range(rows) for s in range(strips)]
+    lines += [f"    n{s} = n - {LANES * s}" for s in range(strips)]
+    lines += ["    for p in range(kc2):", *step(" " * 8, True)]
+    lines += ["    if odd:", "        p = kc2", *step(" " * 8, False)]
+    lines += [f"    vstore(c, ic + {r} * ldc + {LANES * s}, {acc[r][s]})" for r in range(rows) for s in range(strips)]
+    return "\n".join(lines) + "\n"
+
+
+def compile_rows_micro(rows: int, strips: int):  # noqa: ANN201
+    """The register-tile kernel of ``_rows_micro_source`` compiled (the callers are cached)."""
+    ns: dict[str, object] = {"vload": vload, "vstore": vstore, "row_pairs": row_pairs, "dot_rows": dot_rows}
+    name = f"<{__name__} {rows}x{strips * LANES} rows>"
+    exec(compile(_rows_micro_source(rows, strips), name, "exec"), ns)  # noqa: S102
     return njit(error_model="numpy")(ns["micro"])

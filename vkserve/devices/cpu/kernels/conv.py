@@ -76,7 +76,8 @@ class Convolution(JitKernel):
         self.blocks = self.depthwise and jit.dwblocks.worthwhile(p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
                                                                  p.dilation_h, p.dilation_w, og, p.pads(h, w), ow)
         self.direct = not self.depthwise and jit.direct.worthwhile(g, cg)
-        self._splits: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        #: (threads, reads rows directly) -> ``_split``'s answer
+        self._splits: dict[tuple[int, bool], tuple[int, int, tuple[int, ...]]] = {}
         self.winograd = (
             not self.direct and g == 1 and (p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w) == (3, 3, 1, 1, 1, 1)
             and jit.winograd.worthwhile(cg, og, oh, ow))
@@ -107,12 +108,13 @@ class Convolution(JitKernel):
             self.weight = jit.pack_gemm_weights(w16, g, og, cg * p.kernel_h * p.kernel_w)
         return out
 
-    def _split(self, n_threads: int) -> tuple[int, int, tuple[int, ...]]:
+    def _split(self, n_threads: int, direct: bool = False) -> tuple[int, int, tuple[int, ...]]:
         """How the work is split on ``n_threads`` threads, worked out once per thread count:
         Winograd (0, row blocks a task, its work space's shape); from the input's planes (0, row
         blocks a task, the planes' shape); GEMM (pixels a task, row blocks a task, the shared
-        input panels' shape)."""
-        got = self._splits.get(n_threads)
+        input panels' shape; none where it reads its input rows ``direct``ly,
+        ``jit.conv.reads_rows``)."""
+        got = self._splits.get((n_threads, direct))
         if got is None:
             oc, oh, ow = self.out_shapes[0]
             if self.winograd:
@@ -130,8 +132,8 @@ class Convolution(JitKernel):
                 g = self.p.group_count()
                 pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
                 k = self.in_shapes[0][0] // g * self.p.kernel_h * self.p.kernel_w
-                got = pixels, rows, jit.conv.shared_panels_shape(g, oc // g, oh * ow, k, pixels, rows)
-            self._splits[n_threads] = got
+                got = pixels, rows, jit.conv.shared_panels_shape(g, oc // g, oh * ow, k, pixels, rows, direct)
+            self._splits[n_threads, direct] = got
         return got
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
@@ -153,8 +155,9 @@ class Convolution(JitKernel):
             jit.direct.conv_direct(x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
                                    jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
             return
-        pixels, rows, shape = self._split(jit.kernel_threads())
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
+        pixels, rows, shape = self._split(jit.kernel_threads(), jit.conv.reads_rows(
+            self.geo, x.shape, x.dtype == np.uint16, scale.size > 0))
         if self.implicit or self.pairs:
             kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
             kernel(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
