@@ -46,8 +46,8 @@ def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int, ta
             b[3 + s * sb + 32 * slot[q]:3 + s * sb + 32 * slot[q] + 32] = runs[q]
     c = c0.copy().ravel()
     if table:
-        bf16dot.compile_dot_micro(rows, strips, table=True)(a, 5, b, 3, sb, (32 * slot).astype(np.int64), c, 4, 40,
-                                                             pairs)
+        micro = bf16dot.compile_dot_micro(rows, strips, bf16dot.PairsFrom.TABLE)
+        micro(a, 5, b, 3, sb, (32 * slot).astype(np.int64), c, 4, 40, pairs)
     else:
         bf16dot.compile_dot_micro(rows, strips)(a, 5, b, 3, sb, c, 4, 40, pairs)
     want = c0.astype(np.float64)
@@ -66,7 +66,7 @@ def test_pair_products_match_float64_sums(rows: int, strips: int, pairs: int, ta
 @pytest.mark.parametrize(("rows", "strips", "channels", "n"), [(8, 2, 96, 32), (8, 2, 7, 20), (3, 1, 5, 16),
                                                                (8, 2, 300, 5)])
 def test_row_pair_products_match_float64_sums(rows: int, strips: int, channels: int, n: int) -> None:
-    """The register tile reading B as a planar blob's channel rows (``compile_rows_micro``):
+    """The register tile reading B as a planar blob's channel rows (``PairsFrom.ROWS``):
     pixels p0 .. p0 + n - 1 of every channel, the run ending at the array's end (masked loads
     read nothing past n: a fault there would end the test), an odd channel count (the last
     pair's partner zero); the tile's lanes past n keep their values."""
@@ -80,8 +80,8 @@ def test_row_pair_products_match_float64_sums(rows: int, strips: int, channels: 
     a = np.pad(a16, ((0, 0), (0, 2 * pairs - channels))).reshape(rows, pairs, 2).transpose(1, 0, 2).ravel()
     c0 = rng.standard_normal((rows, 40)).astype(np.float32)
     c = c0.copy().ravel()
-    bf16dot.compile_rows_micro(rows, strips)(a, 0, x16.ravel(), p0, npix, n, c, 4, 40, channels // 2,
-                                              channels % 2)
+    bf16dot.compile_dot_micro(rows, strips, bf16dot.PairsFrom.ROWS)(a, 0, x16.ravel(), p0, npix, channels % 2, n, c, 4,
+                                                                 40, channels // 2)
     got = c.reshape(rows, 40)
     cols = min(n, 16 * strips)
     want = c0[:, 4:4 + cols] + from_bf16(a16).astype(np.float64) @ from_bf16(x16[:, p0:p0 + cols]).astype(np.float64)
@@ -146,14 +146,14 @@ def _sums(w: np.ndarray, cols: np.ndarray, bias: np.ndarray, pairs: bool) -> np.
     return acc
 
 
-def _conv3x3(x: np.ndarray, w16: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def _conv3x3(x: np.ndarray, w16: np.ndarray, bias: np.ndarray, ops: np.ndarray | None = None) -> np.ndarray:
     c, hw, _ = x.shape
     og = w16.shape[0]
     geo = jit.geometry(1, c, og, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw)
     shared = np.empty(jit.conv.shared_panels_shape(1, og, hw * hw, c * 9, 32, 2), jit.conv.PANEL)
     out = np.empty((og, hw * hw), np.uint16)
     jit.conv_gemm(x, x[:0, 0, 0], jit.epilogue.NO_SCALE_ACT, jit.pack_gemm_weights(w16, 1, og, c * 9), bias,
-                  jit.epilogue_ops(0, []), np.float32(0), geo, 32, 2, shared, 3, out)
+                  jit.epilogue_ops(0, []) if ops is None else ops, np.float32(0), geo, 32, 2, shared, 3, out)
     return out
 
 
@@ -169,17 +169,26 @@ def test_the_gemm_convolution_runs_the_path_this_cpu_has() -> None:
     assert np.all(out == 0) if BF16_PRODUCTS else np.all(out != 0)
 
 
-def test_the_gemm_convolutions_sums_are_one_of_the_two_orders() -> None:
+#: (activation code, params, its numpy emulation as the kernels' epilogue applies it)
+EPILOGUES = [(0, [], lambda v: v), (1, [], lambda v: np.maximum(v, np.float32(0)) + np.float32(0)),
+             (3, [-0.5, 0.7], lambda v: np.minimum(np.maximum(v, np.float32(-0.5)), np.float32(0.7)))]
+
+
+@pytest.mark.parametrize(("code", "params", "act"), EPILOGUES, ids=["none", "relu", "clip"])
+def test_the_gemm_convolutions_sums_are_one_of_the_two_orders(code: int, params: list[float],
+                                                            act) -> None:  # noqa: ANN001
     """The sums' order, emulated exactly: k ascending for the fp32 kernel; for the pair products
     Intel's (each pair's odd k first) or k ascending, which an AMD Zen 4 was measured giving
-    (and AMX tiles on a Sapphire Rapids VM)."""
+    (and AMX tiles on a Sapphire Rapids VM). K = 45 is one K block: with pair products its sums
+    go from the registers through the epilogue (none, ReLU, Clip) to the output
+    (``bf16dot.Finish.STORE``), with the bits of the fp32 tile's store."""
     rng = np.random.default_rng(0)
     x = to_bf16(rng.standard_normal((5, 9, 9)).astype(np.float32))  # K = 45: the last pair padded
     w16 = to_bf16(rng.standard_normal((16, 45)).astype(np.float32))
     bias = rng.standard_normal(16).astype(np.float32)
-    out = _conv3x3(x, w16, bias)
+    out = _conv3x3(x, w16, bias, jit.epilogue_ops(code, params))
     xp = np.pad(from_bf16(x), ((0, 0), (1, 1), (1, 1)))
     cols = np.stack([xp[:, ky:ky + 9, kx:kx + 9] for ky in range(3) for kx in range(3)], axis=1).reshape(45, 81)
-    ascending = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, False)))
-    odd_first = np.array_equal(out, to_bf16(_sums(from_bf16(w16), cols, bias, True)))
+    ascending = np.array_equal(out, to_bf16(act(_sums(from_bf16(w16), cols, bias, False))))
+    odd_first = np.array_equal(out, to_bf16(act(_sums(from_bf16(w16), cols, bias, True))))
     assert ascending or (BF16_PRODUCTS and odd_first)

@@ -23,12 +23,17 @@ Either way the order is fixed by the CPU and the shape. Denormals are read and w
 
 from __future__ import annotations
 
+import enum
+
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-__all__ = ["LANES", "compile_dot_micro", "compile_rows_micro", "dot_pairs", "element_address", "f32x16", "vload",
+from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_RELU
+
+__all__ = ["LANES", "PairsFrom", "Finish", "compile_dot_micro", "dot_pairs", "element_address", "f32x16", "vload",
            "vstore"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
@@ -204,62 +209,144 @@ def dot_rows(typingctx, acc, a, ia, pairs):  # noqa: ARG001, ANN001, ANN201
     return f32x16(acc, a, ia, pairs), codegen
 
 
-def _dot_micro_source(rows: int, strips: int, table: bool) -> str:
-    """rows x (strips x 16) register tile: for r < rows, s < strips, lanes j:
-    c[ic + r ldc + 16 s + j] += sum over k pairs p < kc2 of the pair products of
-    a[ia + 2 rows p + 2 r ...] and b[pb + s sb + 2 j ...] (p ascending), where pb is
-    ib + 32 p (strips of 16 pixels' pairs, one k pair after another) or, with ``table``,
-    ib + offs[p] (each k pair's 16 pixels wherever the table says: ``jit.implicit_pairs``)."""
+@intrinsic
+def vsplat(typingctx, value):  # noqa: ARG001, ANN001, ANN201
+    """``value`` (float32) in every lane."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        one = builder.insert_element(ir.Constant(_VF, ir.Undefined), args[0], ir.Constant(_I32, 0))
+        return builder.shuffle_vector(one, ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+
+    return f32x16(value), codegen
+
+
+@intrinsic
+def vstore_bf16(typingctx, out, row, col, value, count, code, lo, hi):  # noqa: ARG001, ANN001, ANN201
+    """out[row, col + j] = lane j of ``value`` after the epilogue ``code`` (OP_NONE; OP_RELU:
+    max(v, 0) + 0; OP_CLIP: min(max(v, lo), hi), each as numba's max and min select), rounded
+    to bf16 (nearest even; a NaN quiet, sign kept), for lanes j < count: ``finish_tile``'s
+    store of 16 values (a masked store: nothing written past count)."""
+    if not (isinstance(out, types.Array) and out.ndim == 2 and out.dtype == types.uint16 and value == f32x16
+            and all(isinstance(t, types.Integer) for t in (row, col, count, code))
+            and lo == types.float32 and hi == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        out_t = signature.args[0]
+        arr = context.make_array(out_t)(context, builder, args[0])
+        shape = cgutils.unpack_tuple(builder, arr.shape, 2)
+        strides = cgutils.unpack_tuple(builder, arr.strides, 2)
+        index = [context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2)]
+        ptr = cgutils.get_item_pointer2(context, builder, arr.data, shape, strides, out_t.layout, index)
+        v, lo_v, hi_v = args[3], args[6], args[7]
+        zero = ir.Constant(_VF, None)
+
+        def splat(x):  # noqa: ANN001, ANN202
+            one = builder.insert_element(ir.Constant(_VF, ir.Undefined), x, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(one, ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+
+        relu = builder.fadd(builder.select(builder.fcmp_ordered(">", zero, v), zero, v), zero)
+        lo_s, hi_s = splat(lo_v), splat(hi_v)
+        above = builder.select(builder.fcmp_ordered(">", lo_s, v), lo_s, v)
+        clip = builder.select(builder.fcmp_ordered("<", hi_s, above), hi_s, above)
+        code_v = context.cast(builder, args[5], signature.args[5], types.int64)
+        is_relu = builder.icmp_signed("==", code_v, ir.Constant(code_v.type, OP_RELU))
+        is_clip = builder.icmp_signed("==", code_v, ir.Constant(code_v.type, OP_CLIP))
+        v = builder.select(is_relu, relu, builder.select(is_clip, clip, v))
+        bits = builder.bitcast(v, _VI)
+        high = builder.lshr(bits, ir.Constant(_VI, [16] * LANES))
+        rounded = builder.lshr(builder.add(builder.add(bits, ir.Constant(_VI, [0x7FFF] * LANES)),
+                                           builder.and_(high, ir.Constant(_VI, [1] * LANES))),
+                               ir.Constant(_VI, [16] * LANES))
+        quiet = builder.or_(high, ir.Constant(_VI, [0x40] * LANES))
+        narrowed = builder.trunc(builder.select(builder.fcmp_unordered("uno", v, v), quiet, rounded), _VH)
+        count = context.cast(builder, args[4], signature.args[4], types.int64)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_VH, _VH.as_pointer(), _I32, _MASK]),
+            "llvm.masked.store.v16i16.p0v16i16")
+        builder.call(fn, [narrowed, builder.bitcast(ptr, _VH.as_pointer()), ir.Constant(_I32, 2),
+                          _lanes_below(builder, count)])
+        return context.get_dummy_value()
+
+    return types.none(out, row, col, value, count, code, lo, hi), codegen
+
+
+class PairsFrom(enum.Enum):
+    """Where a register tile's B operand lies."""
+
+    PANEL = "panel"  # strips of 16 pixels' pairs, one k pair after another (b[ib + s sb + 32 p ...])
+    TABLE = "table"  # each k pair's 16 pixels' pairs where an offset table says (b[ib + s sb + offs[p] ...])
+    #: a planar blob's channel rows: k pair p is channels 2 p and 2 p + 1 at b[ib + 2 p ldb ...]
+    #: and one ldb on (``row_pairs``); pixels 16 s + j valid below n (the rest read as zero),
+    #: with ``odd`` one more k (its pair's second channel zero)
+    ROWS = "rows"
+
+
+class Finish(enum.Enum):
+    """Where a register tile's sums start and end."""
+
+    TILE = "tile"  # added to an fp32 tile: c[ic + r ldc + 16 s + j]
+    #: from the bias (bias[bi + r]), stored through the epilogue as bf16 (``vstore_bf16``):
+    #: rows r < nv of out[orow + r, ocol + 16 s + j], pixels below n
+    STORE = "store"
+
+
+def _dot_micro_source(rows: int, strips: int, b_read: PairsFrom, finish: Finish) -> str:
+    """rows x (strips x 16) register tile: for r < rows, s < strips, lanes j, its sum plus, over k
+    pairs p < kc2 ascending, the pair products of a[ia + 2 rows p + 2 r ...] and B's pair for
+    pixel 16 s + j (``b_read``), the sums starting and ending as ``finish`` says."""
     acc = [[f"c{r}_{s}" for s in range(strips)] for r in range(rows)]
-    args = "a, ia, b, ib, sb, offs, c, ic, ldc, kc2" if table else "a, ia, b, ib, sb, c, ic, ldc, kc2"
-    lines = [f"def micro({args}):"]
-    lines += [f"    {acc[r][s]} = vload(c, ic + {r} * ldc + {LANES * s})" for r in range(rows) for s in range(strips)]
-    pb = "ib + offs[p]" if table else f"ib + p * {2 * LANES}"
-    lines += ["    for p in range(kc2):", f"        pa = ia + p * {2 * rows}", f"        pb = {pb}"]
-    for r in range(rows):
-        lines += [f"        {acc[r][s]} = dot_pairs({acc[r][s]}, a, pa + {2 * r}, b, pb + {s} * sb)"
-                  for s in range(strips)]
-    lines += [f"    vstore(c, ic + {r} * ldc + {LANES * s}, {acc[r][s]})" for r in range(rows) for s in range(strips)]
+    b_args = {PairsFrom.PANEL: "sb", PairsFrom.TABLE: "sb, offs", PairsFrom.ROWS: "ldb, odd"}[b_read]
+    count = ", n" if b_read == PairsFrom.ROWS or finish == Finish.STORE else ""
+    c_args = "c, ic, ldc" if finish == Finish.TILE else "bias, bi, nv, out, orow, ocol, code, lo, hi"
+    lines = [f"def micro(a, ia, b, ib, {b_args}{count}, {c_args}, kc2):"]
+    if finish == Finish.TILE:
+        lines += [f"    {acc[r][s]} = vload(c, ic + {r} * ldc + {LANES * s})"
+                  for r in range(rows) for s in range(strips)]
+    else:
+        lines += [f"    {acc[r][s]} = vsplat(bias[bi + {r}] if {r} < nv else zero)"
+                  for r in range(rows) for s in range(strips)]
+    if count:
+        lines += [f"    n{s} = n - {LANES * s}" for s in range(strips)]
+
+    def step(pair: bool) -> list[str]:
+        """One k pair's products (ROWS: ``pair``, its second channel read, else zero)."""
+        pb = {PairsFrom.PANEL: f"ib + p * {2 * LANES}", PairsFrom.TABLE: "ib + offs[p]",
+              PairsFrom.ROWS: "ib + 2 * p * ldb"}[b_read]
+        body = [f"pa = ia + p * {2 * rows}", f"pb = {pb}"]
+        if b_read == PairsFrom.ROWS:
+            body += [f"b{s} = row_pairs(b, pb + {LANES * s}, pb + ldb + {LANES * s}, n{s}, {f'n{s}' if pair else 0})"
+                     for s in range(strips)]
+            body += [f"{acc[r][s]} = dot_rows({acc[r][s]}, a, pa + {2 * r}, b{s})"
+                     for r in range(rows) for s in range(strips)]
+        else:
+            body += [f"{acc[r][s]} = dot_pairs({acc[r][s]}, a, pa + {2 * r}, b, pb + {s} * sb)"
+                     for r in range(rows) for s in range(strips)]
+        return [" " * 8 + ln for ln in body]
+
+    lines += ["    for p in range(kc2):", *step(True)]
+    if b_read == PairsFrom.ROWS:
+        lines += ["    if odd:", "        p = kc2", *step(False)]
+    if finish == Finish.TILE:
+        lines += [f"    vstore(c, ic + {r} * ldc + {LANES * s}, {acc[r][s]})"
+                  for r in range(rows) for s in range(strips)]
+    else:
+        for r in range(rows):
+            lines += [f"    if {r} < nv:"]
+            lines += [f"        vstore_bf16(out, orow + {r}, ocol + {LANES * s}, {acc[r][s]}, n{s}, code, lo, hi)"
+                      for s in range(strips)]
     return "\n".join(lines) + "\n"
 
 
-def compile_dot_micro(rows: int, strips: int, table: bool = False):  # noqa: ANN201
+def compile_dot_micro(rows: int, strips: int, b_read: PairsFrom = PairsFrom.PANEL,  # noqa: ANN201
+                      finish: Finish = Finish.TILE):
     """The register-tile kernel of ``_dot_micro_source`` compiled (numba does not cache exec'd
     code; the kernels calling it are cached with it)."""
-    ns: dict[str, object] = {"vload": vload, "vstore": vstore, "dot_pairs": dot_pairs}
-    name = f"<{__name__} {rows}x{strips * LANES}{' table' if table else ''}>"
-    exec(compile(_dot_micro_source(rows, strips, table), name, "exec"), ns)  # noqa: S102
-    return njit(error_model="numpy")(ns["micro"])
-
-
-def _rows_micro_source(rows: int, strips: int) -> str:
-    """``_dot_micro_source``'s tile with B read from a planar bf16 blob instead of a packed
-    panel: k pair p is channels 2 p and 2 p + 1 at b[ib + 2 p ldb ...] and one ldb on, pixels
-    16 s + j of strip s valid below n (the rest read as zero); with ``odd``, one more k (its
-    pair's second channel zero)."""
-    acc = [[f"c{r}_{s}" for s in range(strips)] for r in range(rows)]
-
-    def step(indent: str, pair: str) -> list[str]:
-        """One k pair's products; ``pair``: the pair's second channel is read (else zero)."""
-        body = [f"pa = ia + p * {2 * rows}", "pb = ib + 2 * p * ldb"]
-        body += [f"b{s} = row_pairs(b, pb + {LANES * s}, pb + ldb + {LANES * s}, n{s}, {f'n{s}' if pair else 0})"
-                 for s in range(strips)]
-        body += [f"{acc[r][s]} = dot_rows({acc[r][s]}, a, pa + {2 * r}, b{s})"
-                 for r in range(rows) for s in range(strips)]
-        return [indent + ln for ln in body]
-
-    lines = ["def micro(a, ia, b, ib, ldb, n, c, ic, ldc, kc2, odd):"]
-    lines += [f"    {acc[r][s]} = vload(c, ic + {r} * ldc + {LANES * s})" for r in range(rows) for s in range(strips)]
-    lines += [f"    n{s} = n - {LANES * s}" for s in range(strips)]
-    lines += ["    for p in range(kc2):", *step(" " * 8, True)]
-    lines += ["    if odd:", "        p = kc2", *step(" " * 8, False)]
-    lines += [f"    vstore(c, ic + {r} * ldc + {LANES * s}, {acc[r][s]})" for r in range(rows) for s in range(strips)]
-    return "\n".join(lines) + "\n"
-
-
-def compile_rows_micro(rows: int, strips: int):  # noqa: ANN201
-    """The register-tile kernel of ``_rows_micro_source`` compiled (the callers are cached)."""
-    ns: dict[str, object] = {"vload": vload, "vstore": vstore, "row_pairs": row_pairs, "dot_rows": dot_rows}
-    name = f"<{__name__} {rows}x{strips * LANES} rows>"
-    exec(compile(_rows_micro_source(rows, strips), name, "exec"), ns)  # noqa: S102
+    ns: dict[str, object] = {"vload": vload, "vstore": vstore, "dot_pairs": dot_pairs, "row_pairs": row_pairs,
+                             "dot_rows": dot_rows, "vsplat": vsplat, "vstore_bf16": vstore_bf16,
+                             "zero": np.float32(0.0)}
+    name = f"<{__name__} {rows}x{strips * LANES} {b_read.value} {finish.value}>"
+    exec(compile(_dot_micro_source(rows, strips, b_read, finish), name, "exec"), ns)  # noqa: S102
     return njit(error_model="numpy")(ns["micro"])

@@ -40,9 +40,12 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 import vkserve.devices.cpu.jit.amx as amx
-from vkserve.devices.cpu.jit.bf16dot import compile_dot_micro, compile_rows_micro
+from vkserve.devices.cpu.jit.bf16dot import Finish, PairsFrom, compile_dot_micro
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
+    OP_CLIP,
+    OP_NONE,
+    OP_RELU,
     apply_ops,
     as_stored,
     finish_tile,
@@ -171,7 +174,12 @@ _micro_half = compile_micro(NR // 2)
 _dot2 = compile_dot_micro(MR, 2)
 _dot1 = compile_dot_micro(MR, 1)
 #: with ``ROWS_DIRECT``: the same tile reading a 1x1 layer's bf16 input rows (no panel)
-_dot2_rows = compile_rows_micro(MR, 2)
+_dot2_rows = compile_dot_micro(MR, 2, PairsFrom.ROWS)
+#: with ``DOT``, a layer of one K block: the sums start from the bias and are stored through the
+#: epilogue from the registers (``Finish.STORE``), no fp32 tile
+_dot2_store = compile_dot_micro(MR, 2, PairsFrom.PANEL, Finish.STORE)
+_dot1_store = compile_dot_micro(MR, 1, PairsFrom.PANEL, Finish.STORE)
+_dot2_rows_store = compile_dot_micro(MR, 2, PairsFrom.ROWS, Finish.STORE)
 
 #: 1x1 stride-1 unpadded layers on a bf16 input, with no channel scale and at most
 #: ROWS_DIRECT_MAX output channels a group, multiply the input's channel rows straight into the
@@ -456,9 +464,70 @@ def _rows_product_direct_impl(w, w0, kstride, x, c0, p0, n, tile, kcb, nb):  # n
         ldc = tile.shape[1]
         for i in range(nb):
             for q in range(0, n, 2 * NR):
-                _dot2_rows(w, w0 + i * kstride, xf, c0 * npix + p0 + q, npix, n - q, tf, i * MR * ldc + q, ldc,
-                           kcb // 2, kcb % 2)
+                _dot2_rows(w, w0 + i * kstride, xf, c0 * npix + p0 + q, npix, kcb % 2, n - q, tf, i * MR * ldc + q, ldc,
+                           kcb // 2)
     return rows
+
+
+def _stores(out, ops):  # noqa: ANN001, ANN201  (numba overload below)
+    """Can ``conv_gemm`` store a one-K-block layer's sums from the registers (``Finish.STORE``):
+    pair products (``DOT``), a bf16 ``out``, and an epilogue of none or a lone ReLU or Clip."""
+    raise NotImplementedError
+
+
+@overload(_stores, inline="always")
+def _stores_impl(out, ops):  # noqa: ANN001, ANN202
+    if DOT and out.dtype == types.uint16:
+        return lambda out, ops: ops.shape[0] == 0 or (ops.shape[0] == 1 and (int(ops[0, 0]) == OP_RELU
+                                                                              or int(ops[0, 0]) == OP_CLIP))
+    return lambda out, ops: False
+
+
+def _stored_product(  # noqa: ANN201  (numba overload below)
+    w, w0, kstride, x, direct, c0, panel, p0, n, bias, row0, rows, out, ops, kcb, nb,  # noqa: ANN001
+):
+    """The nb row blocks of packed weights from w[w0:] (one every ``kstride`` values) times a
+    one-K-block layer's input, pixels p0 .. p0 + n - 1: ``x``'s channel rows c0 .. (``direct``) or
+    the packed ``panel``; each output channel's sums start from its bias and are stored through
+    ``ops`` (``_stores``) into out[row0 + r, p0 + q] for r < ``rows``."""
+    raise NotImplementedError
+
+
+@overload(_stored_product, inline="always")
+def _stored_product_impl(  # noqa: ANN202
+    w, w0, kstride, x, direct, c0, panel, p0, n, bias, row0, rows, out, ops, kcb, nb,  # noqa: ANN001
+):
+    if not (DOT and out.dtype == types.uint16):
+        return lambda w, w0, kstride, x, direct, c0, panel, p0, n, bias, row0, rows, out, ops, kcb, nb: None
+
+    def stored(  # noqa: ANN202
+        w, w0, kstride, x, direct, c0, panel, p0, n, bias, row0, rows, out, ops, kcb, nb,  # noqa: ANN001
+    ):
+        zero = np.float32(0.0)
+        code = int(ops[0, 0]) if ops.shape[0] == 1 else OP_NONE
+        lo = ops[0, 1] if code == OP_CLIP else zero
+        hi = ops[0, 2] if code == OP_CLIP else zero
+        npix = x.shape[1] * x.shape[2]
+        xf = x.reshape(x.size)
+        pf = panel.reshape(panel.size)
+        sb = panel.shape[1] * panel.shape[2]  # a strip
+        ns = (n + NR - 1) // NR
+        for i in range(nb):
+            a0 = w0 + i * kstride
+            r = row0 + i * MR
+            nv = min(MR, rows - i * MR)
+            for t in range(0, ns, 2):
+                q = t * NR
+                if direct:
+                    _dot2_rows_store(w, a0, xf, c0 * npix + p0 + q, npix, kcb % 2, n - q, bias, r, nv, out, r, p0 + q,
+                                     code, lo, hi, kcb // 2)
+                elif t + 1 < ns:
+                    _dot2_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi,
+                                (kcb + 1) // 2)
+                else:
+                    _dot1_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi,
+                                (kcb + 1) // 2)
+    return stored
 
 
 def _pack_flat(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201  (numba overload below)
@@ -815,6 +884,8 @@ def conv_gemm(x, scale, act, wp, bias, ops, padv, geo, pixels, rb_per_task, shar
     kstride = wp.shape[2] * wp.shape[3]  # a row block's packed weights
     direct = flat and og <= ROWS_DIRECT_MAX and _rows_direct(x, scale)
     is_shared = shared.shape[0] > 0 and not direct
+    # one K block: the sums go from the registers to ``out`` (no fp32 tile between)
+    stores = k_total <= KC and _stores(out, ops)
     if is_shared:
         nkb = shared.shape[1]
         for item in prange(groups * n_blocks * nkb):
@@ -839,6 +910,13 @@ def conv_gemm(x, scale, act, wp, bias, ops, padv, geo, pixels, rb_per_task, shar
             blk, g, p0, n, rb0, nb = task_of(task, groups * n_blocks, n_blocks, pixels, npix, rb_per_task, nrb)
             nrows = nb * BR
             planes = _block_geometry(geo, flat, p0, n, space, offs, runs)
+            if stores:
+                panel = shared[blk, 0] if is_shared else own
+                if not (direct or is_shared):
+                    _pack_panel(x, scale, act, geo, flat, g, p0, n, 0, k_total, padv, planes, offs, runs, panel)
+                _stored_product(wflat, (g * nrb + rb0) * kstride, kstride, x, direct, g * geo[G_CG], panel, p0, n, bias,
+                                g * og + rb0 * BR, og - rb0 * BR, out, ops, k_total, nb)
+                continue
             tile = fill_bias_tile(bias, g * og, rb0 * BR, og, tiles[:nrows])
             for k0 in range(0, k_total, KC):
                 kcb = min(KC, k_total - k0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.bf16dot import LANES, compile_dot_micro
+from vkserve.devices.cpu.jit.bf16dot import LANES, PairsFrom, compile_dot_micro
 from vkserve.devices.cpu.jit.conv import (
     AMX,
     DOT,
@@ -43,7 +43,7 @@ TASK_POSITIONS = NB
 #: output rows a task computes at least
 MIN_TASK_ROWS = 2 * MR
 
-_tile = compile_dot_micro(MR, BLOCK // LANES, table=True)
+_tile = compile_dot_micro(MR, BLOCK // LANES, PairsFrom.TABLE)
 
 
 def worthwhile(groups: int, taps: int, pairs: bool = DOT, tiles: bool = AMX) -> bool:
