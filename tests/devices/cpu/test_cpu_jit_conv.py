@@ -171,21 +171,73 @@ def test_channel_blocks_give_the_planes_bits(c: int, h: int, w: int, k: int, str
     assert np.array_equal(planes.view(np.uint8), blocks.view(np.uint8))
 
 
-@pytest.mark.parametrize(("shape", "params", "blocks"), [
-    ((8, 14, 14), "4=2", True), ((8, 28, 28), "4=2", False), ((8, 14, 14), "3=2 4=2", True),
-    ((8, 32, 32), "3=2 4=2", False), ((8, 14, 14), "4=2 15=-1 14=2 16=-1", False), ((8, 9, 9), "2=2 4=4", False)])
-def test_depthwise_layers_take_channel_blocks_where_the_rule_says(
-        tmp_path: Path, shape: tuple[int, int, int], params: str, blocks: bool) -> None:
-    """A 5x5 depthwise layer on 14 x 14, stride 1 or 2, runs on channel blocks; on 28 x 28,
-    to 16 x 16 at stride 2, cropping or dilated on the planes. Its fp32 and bf16 forms agree
-    with its stored bits either way."""
+# (channels, channel multiplier, h, w, k, stride, (top, bottom, left, right) pads, pad_value, ops)
+ROWS = [
+    (5, 1, 14, 14, 3, 1, (1, 1, 1, 1), 0.0, jit.epilogue_ops(4, ())),  # Sigmoid: the fp32 rows
+    (3, 1, 7, 9, 3, 1, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ())),
+    (4, 1, 20, 37, 3, 1, (0, 2, 1, 0), -0.5, jit.epilogue_ops(3, (-0.5, 0.7))),  # asymmetric, pad_value, Clip
+    (3, 2, 17, 33, 3, 1, (1, 1, 1, 1), 0.0, jit.epilogue_ops(0, ())),  # channel multiplier, three runs a row
+    (3, 1, 14, 14, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(6, (0.2, 0.5))),  # HardSwish: the fp32 rows
+    (2, 1, 5, 5, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(5, ())),  # a kernel as wide as the map; Mish
+    (3, 1, 9, 12, 3, 1, (-1, -1, -1, -1), 0.0, jit.epilogue_ops(1, ())),  # cropping pads
+    (3, 1, 14, 14, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ())),
+    (3, 1, 15, 15, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(0, ())),  # an odd map: the last column read
+    (3, 2, 15, 37, 3, 2, (0, 1, 1, 0), 0.0, jit.epilogue_ops(3, (0.0, 6.0))),  # SAME-style pads
+    (3, 1, 17, 41, 5, 2, (1, 2, 2, 1), 0.25, jit.epilogue_ops(1, ())),
+    (2, 1, 9, 70, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(4, ())),  # Sigmoid: the fp32 rows, three runs
+    (2, 1, 11, 12, 5, 2, (-1, 0, 0, -1), 0.0, jit.epilogue_ops(0, ())),
+]
+
+
+@pytest.mark.parametrize(("c", "og", "h", "w", "k", "stride", "pads", "padv", "ops"), ROWS,
+                         ids=[f"{c}x{h}x{w}-m{m}-k{k}-s{s}-{p}" for c, m, h, w, k, s, p, _, _ in ROWS])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_row_runs_give_the_planes_bits(c: int, og: int, h: int, w: int, k: int, stride: int,
+                                      pads: tuple[int, int, int, int], padv: float, ops: np.ndarray,
+                                      parts: int) -> None:
+    """``jit.dwrows`` (16 outputs of a row in registers, masked loads from the planar input)
+    computes what ``jit.depthwise`` does on its planes, bit for bit: pads of any sign and
+    value, maps narrower and wider than a run, both epilogue paths (stored from the registers,
+    or fp32 rows finished by ``apply_ops``), any split of the channels. (It runs on any host,
+    fast only on AVX-512 ones, which take it.) Outside the written rows nothing changes."""
+    pt, pb, pl, pr = pads
+    oh, ow = (h + pt + pb - k) // stride + 1, (w + pl + pr - k) // stride + 1
+    rng = np.random.default_rng(c * k + stride)
+    x = to_bf16(rng.standard_normal((c, h, w)).astype(np.float32))
+    w16 = to_bf16(rng.standard_normal((c * og, k * k)).astype(np.float32))
+    bias = rng.standard_normal(c * og).astype(np.float32)
+    geo = jit.geometry(c, 1, og, k, k, stride, stride, 1, 1, pt, pl, oh, ow)
+    planes = np.zeros((c * og, oh * ow), np.uint16)
+    rows = np.full((c * og + 1, oh * ow + 5), 7, np.uint16)
+    with jit.launch():
+        jit.depthwise(x, x.reshape(c, -1), w16, bias, ops, np.float32(padv), geo, parts, planes)
+        jit.dwrows.depthwise_rows(x, w16, bias, ops, np.float32(padv), geo, parts, rows[:-1, :oh * ow])
+    assert np.array_equal(planes, rows[:-1, :oh * ow])
+    assert (rows[-1] == 7).all() and (rows[:, oh * ow:] == 7).all()
+
+
+@pytest.mark.parametrize(("shape", "k", "params", "wide", "other"), [
+    ((8, 14, 14), 5, "4=2", "rows", "blocks"), ((8, 28, 28), 5, "4=2", "rows", "planes"),
+    ((8, 14, 14), 5, "3=2 4=2", "blocks", "blocks"), ((8, 32, 32), 5, "3=2 4=2", "rows", "planes"),
+    ((8, 7, 7), 5, "4=2", "blocks", "blocks"), ((8, 7, 7), 3, "4=1", "rows", "blocks"),
+    ((8, 14, 14), 5, "4=2 15=-1 14=2 16=-1", "rows", "planes"), ((8, 9, 9), 5, "2=2 4=4", "planes", "planes"),
+    ((8, 20, 20), 7, "4=3", "planes", "planes"), ((8, 12, 12), 3, "3=3 4=1", "blocks", "blocks")])
+def test_depthwise_layers_take_the_path_the_rules_say(tmp_path: Path, shape: tuple[int, int, int], k: int,
+                                                      params: str, wide: str, other: str) -> None:
+    """On AVX-512 hosts (``wide``) undilated 3x3 and 5x5 depthwise layers at stride 1 and 2 run
+    as row runs (``jit.dwrows``), pads of any sign, but 5x5 ones with outputs up to 8 wide on
+    channel blocks; elsewhere (``other``) 5x5 layers on 14 x 14 (stride 1 or 2) and small
+    3x3 maps on channel blocks, wider maps and cropping pads on the planes; dilated and wide
+    7x7 layers on the planes everywhere, stride 3 on a small map on blocks. Its fp32 and bf16
+    forms agree with its stored bits either way."""
+    path = wide if jit.VECTORS.vector_bits == 512 else other
     param = tmp_path / "one.param"
-    param.write_text(param_text({"data": shape}, [conv("ConvolutionDepthWise", shape[0], shape[0], (5, 5),
+    param.write_text(param_text({"data": shape}, [conv("ConvolutionDepthWise", shape[0], shape[0], (k, k),
                                                        f"{params} 9=1", shape[0])]))
     graph = load_model(param, None, {"data": shape}, seed=3)
     layer = next(lay for lay in graph.layers if lay.type == "ConvolutionDepthWise")
     kernel = REGISTRY[layer.type](layer, [shape])
-    assert kernel.blocks is blocks
+    assert (kernel.rows, kernel.blocks) == (path == "rows", path == "blocks")
     u = to_bf16(np.random.default_rng(4).uniform(-2, 2, shape).astype(np.float32))
     wide = kernel.forward([from_bf16(u)])[0].copy()
     stored = np.empty(kernel.out_shapes[0], dtype=np.uint16)

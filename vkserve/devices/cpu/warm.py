@@ -33,6 +33,7 @@ from vkserve.devices.cpu.jit import (
     conv,
     direct,
     dwblocks,
+    dwrows,
     elementwise,
     epilogue,
     implicit,
@@ -56,16 +57,17 @@ __all__ = ["KERNEL_MODULES", "WarmReport", "compile_kernels", "kernels_cached"]
 log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
-KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, dwblocks, elementwise, epilogue, implicit, implicit_pairs,
-                  innerproduct, interp, linear, lrn, nms, norm, pinning, pooling, winograd)
+KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, dwblocks, dwrows, elementwise, epilogue, implicit,
+                  implicit_pairs, innerproduct, interp, linear, lrn, nms, norm, pinning, pooling, winograd)
 
 #: dense 3x3 (direct, Winograd, from the input's planes where this host has those kernels) and
-#: 1x1 convolutions, depthwise at strides 1 and 2 (and on a small map's channel blocks), grouped,
+#: 1x1 convolutions, depthwise at strides 1 and 2 (row runs where this host has them, the planes,
+#: a small map's channel blocks; dilated), grouped,
 #: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
 #: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, MatMul, element-wise (Eltwise, BinaryOp, an activation on its own),
 #: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-31 35
+33 37
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=128 1=3 4=1 5=1 6=4608 9=1
 Convolution wino 1 1 a a1 0=16 1=3 4=1 5=1 6=18432 9=1
@@ -73,7 +75,9 @@ Convolution planes 1 1 a1 a2 0=16 1=3 4=1 5=1 6=2304
 ConvolutionDepthWise dw1 1 1 a2 b 0=16 1=3 4=1 5=1 6=144 7=16 9=2 -23310=1,0.1
 ConvolutionDepthWise dw2 1 1 b c 0=16 1=3 3=2 4=1 5=1 6=144 7=16
 ConvolutionDepthWise dw5 1 1 c c5 0=16 1=5 4=2 5=1 6=400 7=16
-Convolution conv1 1 1 c5 d 0=8 1=1 5=1 6=128 9=6 -23310=2,0.2,0.5
+ConvolutionDepthWise dw7 1 1 c5 c7 0=16 1=7 4=3 5=1 6=784 7=16
+ConvolutionDepthWise dwd 1 1 c7 c9 0=16 1=3 2=2 4=2 5=1 6=144 7=16
+Convolution conv1 1 1 c9 d 0=8 1=1 5=1 6=128 9=6 -23310=2,0.2,0.5
 ConvolutionDepthWise group 1 1 d e 0=8 1=3 4=1 5=1 6=144 7=4
 Split split 1 3 e e1 e2 e5
 HardSigmoid hs 1 1 e5 h

@@ -57,6 +57,7 @@ numba.core.config.reload_config()
 from vkserve.devices.cpu.jit import (  # noqa: E402 (jit.direct.*, jit.implicit.*, ...)
     direct,
     dwblocks,
+    dwrows,
     implicit,
     implicit_pairs,
     pinning,
@@ -68,7 +69,7 @@ from vkserve.devices.cpu.jit.epilogue import epilogue_ops, scale_act
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
 __all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise",
-           "direct", "dwblocks", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit",
+           "direct", "dwblocks", "dwrows", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit",
            "implicit_pairs", "inner_product", "kernel_threads", "launch", "task_count", "pack_gemm_weights",
            "pack_rows", "pinning", "pooling", "run_threads", "scale_act", "small_work", "use_threads",
            "winograd"]

@@ -49,8 +49,9 @@ def fill_border(xp: np.ndarray, t: int, b: int, l: int, r: int, value: float) ->
 
 @register("Convolution", "ConvolutionDepthWise")
 class Convolution(JitKernel):
-    """Depthwise (one input channel per group) by ``jit.depthwise``, on small maps by
-    ``jit.dwblocks`` (16 channels a vector; weights repacked at load); dense with few input
+    """Depthwise (one input channel per group) on AVX-512 hosts by ``jit.dwrows`` (bf16 runs of
+    16 outputs in registers; 3x3 and 5x5, stride 1 and 2), else by ``jit.depthwise``, on small
+    maps by ``jit.dwblocks`` (16 channels a vector; weights repacked at load); dense with few input
     channels (``jit.direct.worthwhile``: a first layer on an image) by ``jit.direct`` from the
     input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
@@ -73,8 +74,10 @@ class Convolution(JitKernel):
         self.bias = self.fp32_bias(1) if p.bias_term else np.zeros(oc, dtype=np.float32)
         w16 = self.bf16_weight(0)
         self.depthwise = cg == 1
-        self.blocks = self.depthwise and jit.dwblocks.worthwhile(p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
-                                                                 p.dilation_h, p.dilation_w, og, p.pads(h, w), ow)
+        self.rows = self.depthwise and jit.dwrows.worthwhile(p.kernel_h, p.kernel_w, p.stride_h, p.stride_w,
+                                                             p.dilation_h, p.dilation_w, ow)
+        self.blocks = self.depthwise and not self.rows and jit.dwblocks.worthwhile(
+            p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w, og, p.pads(h, w), ow)
         self.direct = not self.depthwise and jit.direct.worthwhile(g, cg)
         #: (threads, reads rows directly) -> ``_split``'s answer
         self._splits: dict[tuple[int, bool], tuple[int, int, tuple[int, ...]]] = {}
@@ -143,6 +146,10 @@ class Convolution(JitKernel):
             jit.dwblocks.depthwise_blocks(x, x.reshape(x.shape[0], -1), self.weight, self.block_bias, ops,
                                           self.pad_value, self.geo, jit.task_count(self.weight.shape[0]),
                                           out.reshape(oc, oh * ow))
+            return
+        if self.rows and x.dtype == np.uint16 and out.dtype == np.uint16:
+            jit.dwrows.depthwise_rows(x, self.weight, self.bias, ops, self.pad_value, self.geo, jit.task_count(oc),
+                                      out.reshape(oc, oh * ow))
             return
         if self.depthwise:
             parts = jit.task_count(oc)
