@@ -17,8 +17,9 @@ beside 16 working ones of the other measured the contention, not the engine.
 
 ``--rss``: peak resident memory per model and engine, each measured in a child process of its
 own (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after loading the model and running it
-twice, its kernels already compiled into numba's cache), with the child's peak after its
-imports alone (``base``), so the model's own share is peak - base. They run before this
+twice, its kernels already compiled into numba's cache and loaded first, as the daemon does),
+with the child's peak after its imports alone (``base``), so the model's own share is peak -
+base, and its resident memory at the end (``now``: VmRSS, what a serving process holds). They run before this
 process loads anything large: a child's ru_maxrss starts from its parent's peak. The vkserve child imports numba and llvmlite (its JIT), the ncnn child only ncnn
 and numpy: both peaks are what a process serving that model would hold.
 """
@@ -58,20 +59,30 @@ def peak_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
 
+def resident_kib() -> int:
+    """This process's resident memory now (VmRSS), KiB."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
 def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object], threads: int) -> None:
     """In a child process: load and run one model on one engine (``blobs``: input shapes by
-    name, output names); print its peak RSS (KiB), after the imports and at the end."""
+    name, output names); print its peak RSS (KiB), after the imports and at the end, and its
+    RSS at the end. The vkserve child first loads every kernel as the daemon does at start
+    (``compile_kernels``: then the JIT compiler's pages leave the resident set)."""
     import numpy as np
 
     if engine == "vkserve_bf16":
         from vkserve.devices.cpu.executor import Plan
-        from vkserve.devices.cpu.jit import conv  # noqa: F401 (the JIT and its kernels, loaded)
+        from vkserve.devices.cpu.warm import compile_kernels
         from vkserve.models.graph import load_model
     else:
         import ncnn  # noqa: F401
 
         from vkserve.devices.reference import ncnn_extract, ncnn_mats, ncnn_net
     base = peak_kib()
+    if engine == "vkserve_bf16":
+        compile_kernels()
     rng = np.random.default_rng(0)
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in blobs["inputs"].items()}
     if engine == "vkserve_bf16":
@@ -82,7 +93,7 @@ def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object]
         net = ncnn_net(param, bin_path, bf16=engine == "ncnn_bf16", threads=threads)
         for _ in range(2):
             ncnn_extract(net, ncnn_mats(inputs), blobs["outputs"])
-    print(json.dumps({"base_kib": base, "peak_kib": peak_kib()}))
+    print(json.dumps({"base_kib": base, "peak_kib": peak_kib(), "now_kib": resident_kib()}))
 
 
 def child(*args: str) -> str:
@@ -215,7 +226,9 @@ def main() -> int:
                 for engine, got in rss[param.stem].items():
                     row[f"{engine}_rss_mib"] = round(got["peak_kib"] / 1024, 1)
                     row[f"{engine}_base_mib"] = round(got["base_kib"] / 1024, 1)
+                    row[f"{engine}_now_mib"] = round(got["now_kib"] / 1024, 1)
                 row["rss_ratio_vs_ncnn_bf16"] = round(row["vkserve_bf16_rss_mib"] / row["ncnn_bf16_rss_mib"], 2)
+                row["now_ratio_vs_ncnn_bf16"] = round(row["vkserve_bf16_now_mib"] / row["ncnn_bf16_now_mib"], 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or ''}".strip(", ")
@@ -231,12 +244,13 @@ def main() -> int:
         print(f"| {r['model']} | {r['vkserve_bf16_ms']} | {r['vkserve_threads']} ({choice}) | {r['ncnn_fp32_ms']} "
               f"| {r['ncnn_bf16_ms']} | {r['ratio_vs_ncnn_bf16']}x | {r['ratio_vs_ncnn_fp32']}x |")
     if args.rss:
-        print("\npeak RSS, MiB (after imports alone: base)\n")
-        print("| model | vkserve bf16 | ncnn fp32 | ncnn bf16 | vkserve vs ncnn bf16 |")
-        print("|---|---|---|---|---|")
+        print("\nRSS, MiB: peak (after imports alone: base); at the end, after two runs (now)\n")
+        print("| model | vkserve bf16 | ncnn fp32 | ncnn bf16 | vkserve vs ncnn bf16: peak | now |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            cells = " | ".join(f"{r[f'{e}_rss_mib']} (base {r[f'{e}_base_mib']})" for e in ENGINES)
-            print(f"| {r['model']} | {cells} | {r['rss_ratio_vs_ncnn_bf16']}x |")
+            cells = " | ".join(f"{r[f'{e}_rss_mib']} (base {r[f'{e}_base_mib']}; now {r[f'{e}_now_mib']})"
+                               for e in ENGINES)
+            print(f"| {r['model']} | {cells} | {r['rss_ratio_vs_ncnn_bf16']}x | {r['now_ratio_vs_ncnn_bf16']}x |")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine, "cpu_flags": flags, "threads": args.threads,
                                          "repeat": args.repeat, "rounds": args.rounds, "rows": rows}, indent=2))

@@ -6,7 +6,9 @@ load it in well under a second. ``compile_kernels`` runs a small built-in net th
 kernel path once: the daemon calls it at start (and logs what it cost), `vkserve cache warm`
 too, so no model's first request pays the compilation. A stamp beside numba's cache says
 whether this machine's kernels are all there (``kernels_cached``): where they are not, the
-daemon has a child process compile them first (``vkserve.devices.cpu.compile_child``).
+daemon has a child process compile them first (``vkserve.devices.cpu.compile_child``). Once
+they are loaded, the JIT compiler's pages leave the process's resident memory
+(``jit.residency``): running the kernels reads none of them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from vkserve.devices.cpu.jit import (
     pooling,
     winograd,
 )
+from vkserve.devices.cpu.jit.residency import release_compiler_pages
 from vkserve.devices.cpu.kernel_cache import kernel_sources, sources_key, stale_folders
 from vkserve.models.graph import build_graph, parse_param_text
 from vkserve.models.randinit import random_weights
@@ -215,6 +218,7 @@ def compile_kernels() -> WarmReport:
     plan.run({"data": data})
     nms.nms_sorted(np.array([[0, 0, 1, 1], [0, 0, 1, 1]], np.float32), np.float32(0.45), False)  # YOLOv3 detection
     new_misses, new_hits = _counts(kernels)
+    release_compiler_pages()  # every kernel is loaded: running them reads none of LLVM's pages
     try:
         if not kernels_cached():  # a warm start (the daemon checked just before) writes nothing
             atomic_write(_stamp_path(), _kernels_key().encode())
