@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.cpu_engine import check_against_ncnn
 from tests.support.params import param_text
-from vkserve.devices.cpu import threads
-from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
+from vkserve.devices.cpu import jit, threads
+from vkserve.devices.cpu.bf16 import BF16_LOWEST, from_bf16, to_bf16
 from vkserve.devices.cpu.executor import Plan, StepKind
 from vkserve.models.graph import load_model
 
@@ -105,3 +105,52 @@ def test_fp32_blobs_take_the_same_path(tmp_path: Path, params: str) -> None:
     want = kernel.forward([x])[0].copy()
     assert kernel.forward_bf16([x])[0].tobytes() == want.tobytes()
     assert kernel.forward_bf16([u])[0].tobytes() == want.tobytes()
+
+
+# (channels, h, w, k, stride, (top, bottom, left, right) pads)
+ROW_RUNS = [
+    (3, 13, 13, 3, 2, (0, 0, 0, 0)),
+    (3, 14, 15, 3, 2, (0, 1, 0, 1)),  # full padding's tail: windows past the input
+    (2, 9, 40, 3, 1, (1, 1, 1, 1)),  # three runs a row, the last partial
+    (2, 8, 8, 2, 2, (0, 0, 0, 0)),
+    (2, 9, 37, 2, 2, (0, 1, 0, 1)),
+    (2, 7, 7, 2, 1, (0, 1, 0, 1)),
+    (4, 10, 10, 3, 2, (0, 2, 0, 2)),  # last windows wholly in the border
+]
+
+
+@pytest.mark.parametrize(("c", "h", "w", "k", "stride", "pads"), ROW_RUNS,
+                         ids=[f"{c}x{h}x{w}-k{k}-s{s}-{p}" for c, h, w, k, s, p in ROW_RUNS])
+@pytest.mark.parametrize("parts", [1, 2])
+def test_max_pooling_row_runs_give_the_planes_bits(c: int, h: int, w: int, k: int, stride: int,
+                                                   pads: tuple[int, int, int, int], parts: int) -> None:
+    """``jit.poolrows`` (16 maxima of a row in registers, masked loads from the planar input)
+    stores what ``jit.pooling.pool2d`` does, bit for bit, NaNs and signed zeros in the input
+    included (the same comparison tree: which NaN wins, -0.0 against +0.0); nothing written
+    outside the output. (It runs on any host, fast only on AVX-512 ones, which take it.)"""
+    pt, pb, pl, pr = pads
+    oh, ow = (h + pt + pb - k) // stride + 1, (w + pl + pr - k) // stride + 1
+    x = to_bf16(np.random.default_rng(c * k + stride).standard_normal((c, h, w)).astype(np.float32))
+    flat = x.reshape(-1)
+    flat[::7], flat[3::11], flat[5::13] = 0x7FC1, 0x8000, 0xFFC3  # NaNs of both signs, -0.0
+    geo = jit.geometry(c, 1, 1, k, k, stride, stride, 1, 1, pt, pl, oh, ow)
+    planes = np.zeros((c, oh * ow), np.uint16)
+    rows = np.full((c + 1, oh * ow + 3), 7, np.uint16)
+    with jit.launch():
+        jit.pooling.pool2d(x, geo, True, np.float32(BF16_LOWEST), np.zeros((0, 0), np.float32), np.float32(1.0),
+                           planes, parts)
+        jit.poolrows.max_pool_rows(x, geo, np.float32(BF16_LOWEST), rows[:-1, :oh * ow], parts)
+    assert np.array_equal(planes, rows[:-1, :oh * ow])
+    assert (rows[-1] == 7).all() and (rows[:, oh * ow:] == 7).all()
+
+
+@pytest.mark.parametrize(("params", "wide"), [("0=0 1=3 2=2", True), ("0=0 1=2 2=2", True), ("0=0 1=3 2=1 3=1", True),
+                                              ("0=1 1=3 2=2", False), ("0=0 1=3 2=3", False), ("0=0 1=5 2=2", False)])
+def test_max_pooling_takes_row_runs_where_the_rule_says(tmp_path: Path, params: str, wide: bool) -> None:
+    """On AVX-512 hosts max pooling of 2x2 and 3x3 windows at stride 1 and 2 runs as row runs;
+    averages, stride 3 and other windows on the planes, as everything on other hosts."""
+    shape = (4, 20, 20)
+    param = tmp_path / "pool.param"
+    param.write_text(param_text({"data": shape}, [f"Pooling op 1 1 data out {params}"]))
+    plan = Plan(load_model(param, None, {"data": shape}))
+    assert plan._program[-1].kernel.row_runs is (wide and jit.VECTORS.vector_bits == 512)

@@ -48,6 +48,7 @@ from vkserve.devices.cpu.jit import (
     norm,
     pinning,
     pooling,
+    poolrows,
     winograd,
 )
 from vkserve.devices.cpu.jit.residency import release_compiler_pages
@@ -61,16 +62,17 @@ log = logging.getLogger(__name__)
 
 #: the modules of the compiled (cached) kernels
 KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, dwblocks, dwrows, elementwise, epilogue, implicit,
-                  implicit_pairs, innerproduct, interp, linear, lrn, nms, norm, pinning, pooling, winograd)
+                  implicit_pairs, innerproduct, interp, linear, lrn, nms, norm, pinning, pooling, poolrows,
+                  winograd)
 
 #: dense 3x3 (direct, Winograd, from the input's planes where this host has those kernels) and
 #: 1x1 convolutions, depthwise at strides 1 and 2 (row runs where this host has them, the planes,
 #: a small map's channel blocks; dilated), grouped,
-#: windowed and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
+#: windowed max and average and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
 #: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, MatMul, element-wise (Eltwise, BinaryOp, an activation on its own),
 #: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-33 37
+34 38
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=128 1=3 4=1 5=1 6=4608 9=1
 Convolution wino 1 1 a a1 0=16 1=3 4=1 5=1 6=18432 9=1
@@ -87,7 +89,8 @@ HardSigmoid hs 1 1 e5 h
 Eltwise sum 2 1 e1 e2 e3 0=1
 BinaryOp mul 2 1 e3 h e4a 0=2
 BinaryOp scale 1 1 e4a e4 0=2 1=1 2=0.5
-Pooling pool 1 1 e4 f 0=1 1=2 2=2
+Pooling maxpool 1 1 e4 e6 0=0 1=3 2=1 3=1
+Pooling pool 1 1 e6 f 0=1 1=2 2=2
 LRN lrn 1 1 f f2 0=0 1=3
 BatchNorm bn 1 1 f2 f3 0=8
 ReLU bnrelu 1 1 f3 f4

@@ -62,6 +62,7 @@ from vkserve.devices.cpu.jit import (  # noqa: E402 (jit.direct.*, jit.implicit.
     implicit_pairs,
     pinning,
     pooling,
+    poolrows,
     winograd,
 )
 from vkserve.devices.cpu.jit.conv import conv_gemm, depthwise, gemm_row_chunks, gemm_split, geometry, pack_gemm_weights
@@ -71,7 +72,7 @@ from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 __all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "cap_threads", "conv_gemm", "depthwise",
            "direct", "dwblocks", "dwrows", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit",
            "implicit_pairs", "inner_product", "kernel_threads", "launch", "task_count", "pack_gemm_weights",
-           "pack_rows", "pinning", "pooling", "run_threads", "scale_act", "small_work", "use_threads",
+           "pack_rows", "pinning", "pooling", "poolrows", "run_threads", "scale_act", "small_work", "use_threads",
            "winograd"]
 
 

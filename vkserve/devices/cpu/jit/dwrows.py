@@ -53,20 +53,22 @@ def worthwhile(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ow: int,
     return wide and (kh, kw) in KERNELS and sh == sw and sh in (1, 2) and (dh, dw) == (1, 1) and not small5
 
 
-def _lanes_within(builder, lo, hi, width=LANES):  # noqa: ANN001, ANN202
-    """The mask of lanes lo <= j < hi of ``width`` (int64 bounds, any sign)."""
+def _lanes_within(builder, lo, hi, positions):  # noqa: ANN001, ANN202
+    """The mask of lanes whose ``positions`` p (a list of ints, one a lane) have lo <= p < hi
+    (int64 bounds, any sign)."""
+    width, top = len(positions), max(positions) + 1
     vi = ir.VectorType(_I32, width)
-    lanes = ir.Constant(vi, list(range(width)))
 
     def splat(v):  # noqa: ANN001, ANN202
         clamped = builder.select(builder.icmp_signed("<", v, ir.Constant(v.type, -1)), ir.Constant(v.type, -1), v)
-        clamped = builder.select(builder.icmp_signed(">", clamped, ir.Constant(v.type, width)),
-                                 ir.Constant(v.type, width), clamped)
+        clamped = builder.select(builder.icmp_signed(">", clamped, ir.Constant(v.type, top)),
+                                 ir.Constant(v.type, top), clamped)
         one = builder.insert_element(ir.Constant(vi, ir.Undefined), builder.trunc(clamped, _I32),
                                      ir.Constant(_I32, 0))
         return builder.shuffle_vector(one, ir.Constant(vi, ir.Undefined), ir.Constant(vi, [0] * width))
 
-    return builder.and_(builder.icmp_signed(">=", lanes, splat(lo)), builder.icmp_signed("<", lanes, splat(hi)))
+    at = ir.Constant(vi, list(positions))
+    return builder.and_(builder.icmp_signed(">=", at, splat(lo)), builder.icmp_signed("<", at, splat(hi)))
 
 
 def _load_bf16(context, builder, signature, args, step):  # noqa: ANN001, ANN202
@@ -76,15 +78,15 @@ def _load_bf16(context, builder, signature, args, step):  # noqa: ANN001, ANN202
     vh = ir.VectorType(ir.IntType(16), width)
     p = element_address(context, builder, signature.args[0], args[0], args[1])
     lo_v, hi_v = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (2, 3))
-    mask = _lanes_within(builder, lo_v, hi_v, width)
+    mask = _lanes_within(builder, lo_v, hi_v, range(width))
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(vh, [vh.as_pointer(), _I32, mask.type, vh]),
         f"llvm.masked.load.v{width}i16.p0v{width}i16")
     bits = builder.call(fn, [builder.bitcast(p, vh.as_pointer()), ir.Constant(_I32, 2), mask, ir.Constant(vh, None)])
-    if step > 1:
-        kept = ir.Constant(_VI, [step * j for j in range(LANES)])
-        bits = builder.shuffle_vector(bits, ir.Constant(vh, ir.Undefined), kept)
-        mask = builder.shuffle_vector(mask, ir.Constant(mask.type, ir.Undefined), kept)
+    if step > 1:  # (the kept lanes' mask computed anew: a shuffle of the wide one is scalarized)
+        kept = [step * j for j in range(LANES)]
+        bits = builder.shuffle_vector(bits, ir.Constant(vh, ir.Undefined), ir.Constant(_VI, kept))
+        mask = _lanes_within(builder, lo_v, hi_v, kept)
     wide = builder.shl(builder.zext(bits, _VI), ir.Constant(_VI, [16] * LANES))
     return builder.select(mask, builder.bitcast(wide, _VF), args[4])
 
@@ -138,7 +140,7 @@ def vstore_first(typingctx, arr, index, value, count):  # noqa: ARG001, ANN001, 
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [_VF, _VF.as_pointer(), _I32, _MASK]),
             "llvm.masked.store.v16f32.p0v16f32")
-        mask = _lanes_within(builder, ir.Constant(count.type, 0), count)
+        mask = _lanes_within(builder, ir.Constant(count.type, 0), count, range(LANES))
         builder.call(fn, [args[2], builder.bitcast(p, _VF.as_pointer()), ir.Constant(_I32, 4), mask])
         return context.get_dummy_value()
 

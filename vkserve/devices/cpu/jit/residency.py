@@ -7,8 +7,9 @@ none of those pages; only compiling a kernel, or linking one loaded from numba's
 They are clean pages of a file, so ``madvise(MADV_PAGEOUT)`` (Linux 5.4 and later) takes them
 out of the resident set, and out of memory altogether where no other process maps them: the
 resident memory an operator sees (``process_resident_memory_bytes``) and a cgroup's memory
-limit counts drop by that much, and a later compile faults back what it reads. The peak
-(``ru_maxrss``) keeps the import's moment.
+limit counts drop by that much, and a later compile faults back what it reads. Pages that
+another process maps too (a second vkserve process, say) stay: the kernel leaves those, and they
+are in memory once for both. The peak (``ru_maxrss``) keeps the import's moment.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ The padding and the divisor of averages are the layer's (``PoolingParams.pads`` 
 kernel_w * kernel_h. Adaptive windows are ``PoolingParams.adaptive_windows``.
 
 The windowed form runs as the numba kernel ``jit.pooling.pool2d`` (in a Plan straight from the
-bf16 arena into it; the same bits as ``forward``'s numpy passes), global average pooling as
+bf16 arena into it; the same bits as ``forward``'s numpy passes), on AVX-512 hosts max pooling
+of 2x2 and 3x3 windows at stride 1 and 2 as ``jit.poolrows.max_pool_rows`` (the same bits), global average pooling as
 ``jit.pooling.global_avg`` (in ``forward`` too); global max and adaptive pooling widen into a
 scratch buffer and run numpy.
 """
@@ -80,6 +81,7 @@ class Pooling(Kernel):
             self.divisor = pool_windows(valid, kh, kw, sh, sw, oh, ow, is_max=False)
         c = self.view[0]
         self.geo = jit.geometry(c, 1, 1, kh, kw, sh, sw, 1, 1, pads[0], pads[2], oh, ow)
+        self.row_runs = jit.poolrows.worthwhile(kh, kw, sh, sw, p.pooling_type == 0)
         return out
 
     def _global_avg_jit(self, x: np.ndarray, out: np.ndarray) -> None:
@@ -103,6 +105,10 @@ class Pooling(Kernel):
         is_max = p.pooling_type == 0
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
         with jit.launch(self.work):
+            if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16:
+                jit.poolrows.max_pool_rows(x.reshape(self.view), self.geo, np.float32(BF16_LOWEST),
+                                           out.reshape(c, oh * ow), jit.task_count(c))
+                return
             jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
                                np.float32(BF16_LOWEST if is_max else 0.0), divisor,
                                np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
