@@ -218,15 +218,15 @@ def test_row_runs_give_the_planes_bits(c: int, og: int, h: int, w: int, k: int, 
 
 @pytest.mark.parametrize(("shape", "k", "params", "wide", "other"), [
     ((8, 14, 14), 5, "4=2", "rows", "blocks"), ((8, 28, 28), 5, "4=2", "rows", "planes"),
-    ((8, 14, 14), 5, "3=2 4=2", "blocks", "blocks"), ((8, 32, 32), 5, "3=2 4=2", "rows", "planes"),
+    ((8, 14, 14), 5, "3=2 4=2", "rows", "blocks"), ((8, 32, 32), 5, "3=2 4=2", "rows", "planes"),
     ((8, 7, 7), 5, "4=2", "blocks", "blocks"), ((8, 7, 7), 3, "4=1", "rows", "blocks"),
     ((8, 14, 14), 5, "4=2 15=-1 14=2 16=-1", "rows", "planes"), ((8, 9, 9), 5, "2=2 4=4", "planes", "planes"),
     ((8, 20, 20), 7, "4=3", "planes", "planes"), ((8, 12, 12), 3, "3=3 4=1", "blocks", "blocks")])
 def test_depthwise_layers_take_the_path_the_rules_say(tmp_path: Path, shape: tuple[int, int, int], k: int,
                                                       params: str, wide: str, other: str) -> None:
     """On AVX-512 hosts (``wide``) undilated 3x3 and 5x5 depthwise layers at stride 1 and 2 run
-    as row runs (``jit.dwrows``), pads of any sign, but 5x5 ones with outputs up to 8 wide on
-    channel blocks; elsewhere (``other``) 5x5 layers on 14 x 14 (stride 1 or 2) and small
+    as row runs (``jit.dwrows``), pads of any sign, but 5x5 ones at stride 1 with outputs up to
+    8 wide on channel blocks; elsewhere (``other``) 5x5 layers on 14 x 14 (stride 1 or 2) and small
     3x3 maps on channel blocks, wider maps and cropping pads on the planes; dilated and wide
     7x7 layers on the planes everywhere, stride 3 on a small map on blocks. Its fp32 and bf16
     forms agree with its stored bits either way."""

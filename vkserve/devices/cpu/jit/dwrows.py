@@ -45,11 +45,11 @@ def worthwhile(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ow: int,
                wide: bool = SETTINGS.vector_bits == 512) -> bool:
     """An undilated kernel of ``KERNELS`` at stride 1 or 2, on hosts compiled for 512-bit vectors
     (``wide``: AVX-512, whose word masks these loads and stores use); bf16 storage only (the
-    caller checks). Not 5x5 kernels with outputs up to 8 wide, where ``jit.dwblocks``' 16
-    channels a vector did better: one Zen 4 core, ReLU6, ms blocks / rows: 1152 x 7 x 7
-    0.101 / 0.119, 672 x 14 x 14 stride 2 0.102 / 0.127; but 960 x 7 x 7 3x3 0.061 / 0.052,
-    512 x 14 x 14 3x3 stride 2 0.066 / 0.060, 672 x 14 x 14 5x5 0.217 / 0.115."""
-    small5 = kh * kw >= 25 and ow <= 8
+    caller checks). Not 5x5 kernels at stride 1 with outputs up to 8 wide, where
+    ``jit.dwblocks``' 16 channels a vector did better: one Zen 4 core, ReLU6, ms blocks / rows
+    (``benchmarks/depthwise_layers.py``): 1152 x 7 x 7 0.105 / 0.121; but 960 x 7 x 7 3x3
+    0.061 / 0.051, 672 x 14 x 14 5x5 0.223 / 0.115, to 7 x 7 at stride 2 0.102 / 0.092."""
+    small5 = kh * kw >= 25 and (sh, sw) == (1, 1) and ow <= 8
     return wide and (kh, kw) in KERNELS and sh == sw and sh in (1, 2) and (dh, dw) == (1, 1) and not small5
 
 
