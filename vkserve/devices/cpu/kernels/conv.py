@@ -147,7 +147,8 @@ class Convolution(JitKernel):
                                           self.pad_value, self.geo, jit.task_count(self.weight.shape[0]),
                                           out.reshape(oc, oh * ow))
             return
-        if self.rows and x.dtype == np.uint16 and out.dtype == np.uint16:
+        # (the row runs read x flat: the Plan's arena views are contiguous, a strided view is not)
+        if self.rows and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
             jit.dwrows.depthwise_rows(x, self.weight, self.bias, ops, self.pad_value, self.geo, jit.task_count(oc),
                                       out.reshape(oc, oh * ow))
             return

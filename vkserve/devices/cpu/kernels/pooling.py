@@ -105,7 +105,7 @@ class Pooling(Kernel):
         is_max = p.pooling_type == 0
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
         with jit.launch(self.work):
-            if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16:
+            if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
                 jit.poolrows.max_pool_rows(x.reshape(self.view), self.geo, np.float32(BF16_LOWEST),
                                            out.reshape(c, oh * ow), jit.task_count(c))
                 return
