@@ -135,13 +135,13 @@ def test_max_pooling_row_runs_give_the_planes_bits(c: int, h: int, w: int, k: in
     flat[::7], flat[3::11], flat[5::13] = 0x7FC1, 0x8000, 0xFFC3  # NaNs of both signs, -0.0
     geo = jit.geometry(c, 1, 1, k, k, stride, stride, 1, 1, pt, pl, oh, ow)
     planes = np.zeros((c, oh * ow), np.uint16)
-    rows = np.full((c + 1, oh * ow + 3), 7, np.uint16)
+    rows = np.full((c + 1, oh * ow), 7, np.uint16)  # a row past the output (its first rows: contiguous)
     with jit.launch():
         jit.pooling.pool2d(x, geo, True, np.float32(BF16_LOWEST), np.zeros((0, 0), np.float32), np.float32(1.0),
                            planes, parts)
-        jit.poolrows.max_pool_rows(x, geo, np.float32(BF16_LOWEST), rows[:-1, :oh * ow], parts)
-    assert np.array_equal(planes, rows[:-1, :oh * ow])
-    assert (rows[-1] == 7).all() and (rows[:, oh * ow:] == 7).all()
+        jit.poolrows.max_pool_rows(x, geo, np.float32(BF16_LOWEST), rows[:-1], parts)
+    assert np.array_equal(planes, rows[:-1])
+    assert (rows[-1] == 7).all()
 
 
 @pytest.mark.parametrize(("params", "wide"), [("0=0 1=3 2=2", True), ("0=0 1=2 2=2", True), ("0=0 1=3 2=1 3=1", True),
