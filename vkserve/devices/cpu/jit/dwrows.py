@@ -1,17 +1,19 @@
-"""Stride-1 depthwise convolution by runs of 16 outputs of a row held in registers (AVX-512).
+"""Depthwise convolution (3x3 and 5x5, stride 1 and 2) by runs of 16 outputs of a row held in
+registers (AVX-512).
 
 ``conv.depthwise`` widens each input channel into a padded fp32 plane, sums every tap over it
 and narrows the sums in passes of their own: per channel a handful of loops, each with its
 set-up and a scalar remainder, which on small maps cost more than the sums (a 384 x 14 x 14
 3x3 layer 0.092 ms on one Zen 4 core against ncnn's 0.023). Here a channel's output rows are
 summed 16 columns at a time in registers, read straight from the planar bf16 input: each input
-row is loaded once per kernel column (a masked load widened to fp32; lanes left or right of the
-row, and rows above or below the map, read as the pad value) and multiplied into the sums of
-every output row it reaches, ``kh`` sums in flight; an output row's 16 sums are stored as
-soon as its last kernel row is in, through the epilogue and rounded to bf16 in the register
-(``bf16dot.vstore_bf16``: none, ReLU or Clip), or, for other epilogues, into an fp32 row that
-``apply_ops`` finishes. Each sum is the bias, then the taps ky-major, kx ascending, each one
-multiply-add: ``conv.depthwise``'s bits.
+row is loaded once per kernel column (a masked load widened to fp32, at stride 2 32 values and
+the even ones kept; lanes left or right of the row, and rows above or below the map, read as
+the pad value) and multiplied into the sums of every output row it reaches, ceil(kh / stride)
+sums in flight; an output row's 16 sums are stored as soon as its last kernel row is in,
+through the epilogue and rounded to bf16 in the register (``bf16dot.vstore_bf16``: none, ReLU
+or Clip), or, for other epilogues, into an fp32 row that ``apply_ops`` finishes. Each sum is
+the bias, then the taps ky-major, kx ascending, each one multiply-add: ``conv.depthwise``'s
+bits.
 
 Needs 512-bit vectors with byte and word masks (AVX-512BW; elsewhere masked 16-bit loads are
 scalarized): ``worthwhile`` says so.
@@ -213,7 +215,7 @@ _channel5s2 = _compile_channel(5, 5, 2)
 
 @njit(parallel=True, error_model="numpy", cache=True)
 def depthwise_rows(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
-    """Stride-1 depthwise convolution (``worthwhile``): ``x`` (C, H, W) bf16 -> ``out`` (C og,
+    """Depthwise convolution (``worthwhile``): ``x`` (C, H, W) bf16 -> ``out`` (C og,
     OH OW) bf16; ``w16`` bf16 (C og, kh kw); the output channels split into ``parts`` tasks."""
     kh, kw, st, og = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_OG]
     oh, ow, pt, pl = geo[G_OH], geo[G_OW], geo[G_PT], geo[G_PL]
