@@ -27,11 +27,12 @@ import enum
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_RELU
+from vkserve.devices.cpu.jit.generated import compile_source
 
 __all__ = ["LANES", "PairsFrom", "Finish", "compile_dot_micro", "dot_pairs", "element_address", "f32x16", "vload",
            "vstore"]
@@ -342,11 +343,9 @@ def _dot_micro_source(rows: int, strips: int, b_read: PairsFrom, finish: Finish)
 
 def compile_dot_micro(rows: int, strips: int, b_read: PairsFrom = PairsFrom.PANEL,  # noqa: ANN201
                       finish: Finish = Finish.TILE):
-    """The register-tile kernel of ``_dot_micro_source`` compiled (numba does not cache exec'd
-    code; the kernels calling it are cached with it)."""
+    """The register-tile kernel of ``_dot_micro_source`` compiled (``jit.generated``)."""
     ns: dict[str, object] = {"vload": vload, "vstore": vstore, "dot_pairs": dot_pairs, "row_pairs": row_pairs,
                              "dot_rows": dot_rows, "vsplat": vsplat, "vstore_bf16": vstore_bf16,
                              "zero": np.float32(0.0)}
-    name = f"<{__name__} {rows}x{strips * LANES} {b_read.value} {finish.value}>"
-    exec(compile(_dot_micro_source(rows, strips, b_read, finish), name, "exec"), ns)  # noqa: S102
-    return njit(error_model="numpy")(ns["micro"])
+    return compile_source(_dot_micro_source(rows, strips, b_read, finish), "micro",
+                          f"{__name__} {rows}x{strips * LANES} {b_read.value} {finish.value}", ns, inline=False)

@@ -43,14 +43,12 @@ import vkserve.devices.cpu.jit.amx as amx
 from vkserve.devices.cpu.jit.bf16dot import Finish, PairsFrom, compile_dot_micro
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
-    OP_CLIP,
-    OP_NONE,
-    OP_RELU,
     apply_ops,
     as_stored,
     finish_tile,
     scaled_bits,
     store_row_inline,
+    stored_op,
     tile_pass,
     widen,
 )
@@ -478,8 +476,7 @@ def _stores(out, ops):  # noqa: ANN001, ANN201  (numba overload below)
 @overload(_stores, inline="always")
 def _stores_impl(out, ops):  # noqa: ANN001, ANN202
     if DOT and out.dtype == types.uint16:
-        return lambda out, ops: ops.shape[0] == 0 or (ops.shape[0] == 1 and (int(ops[0, 0]) == OP_RELU
-                                                                              or int(ops[0, 0]) == OP_CLIP))
+        return lambda out, ops: stored_op(ops)[0]
     return lambda out, ops: False
 
 
@@ -503,10 +500,7 @@ def _stored_product_impl(  # noqa: ANN202
     def stored(  # noqa: ANN202
         w, w0, kstride, x, direct, c0, panel, p0, n, bias, row0, rows, out, ops, kcb, nb,  # noqa: ANN001
     ):
-        zero = np.float32(0.0)
-        code = int(ops[0, 0]) if ops.shape[0] == 1 else OP_NONE
-        lo = ops[0, 1] if code == OP_CLIP else zero
-        hi = ops[0, 2] if code == OP_CLIP else zero
+        _, code, lo, hi = stored_op(ops)
         npix = x.shape[1] * x.shape[2]
         xf = x.reshape(x.size)
         pf = panel.reshape(panel.size)

@@ -29,7 +29,8 @@ from numba.extending import intrinsic
 
 from vkserve.devices.cpu.jit.bf16dot import LANES, element_address, f32x16, vsplat, vstore_bf16
 from vkserve.devices.cpu.jit.conv import G_KH, G_KW, G_OG, G_OH, G_OW, G_PL, G_PT, G_SH
-from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_NONE, OP_RELU, apply_ops, store_row_inline, widen
+from vkserve.devices.cpu.jit.epilogue import apply_ops, store_row_inline, stored_op, widen
+from vkserve.devices.cpu.jit.generated import compile_source
 from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 __all__ = ["KERNELS", "depthwise_rows", "worthwhile"]
@@ -199,12 +200,11 @@ def _channel_source(kh: int, kw: int, st: int) -> str:
 
 
 def _compile_channel(kh: int, kw: int, st: int):  # noqa: ANN202
-    """``_channel_source`` compiled, inlined into ``depthwise_rows`` (numba does not cache exec'd
-    code; the kernel calling it is cached with it)."""
+    """``_channel_source`` compiled, inlined into ``depthwise_rows`` (``jit.generated``)."""
     ns: dict[str, object] = {"vsplat": vsplat, "vload_bf16": vload_bf16, "vload_bf16_even": vload_bf16_even,
                              "vfma": vfma, "vstore_first": vstore_first, "vstore_bf16": vstore_bf16}
-    exec(compile(_channel_source(kh, kw, st), f"<{__name__} {kh}x{kw} stride {st}>", "exec"), ns)  # noqa: S102
-    return njit(error_model="numpy", inline="always")(ns["channel"])
+    return compile_source(_channel_source(kh, kw, st), "channel", f"{__name__} {kh}x{kw} stride {st}", ns,
+                          inline=True)
 
 
 _channel3 = _compile_channel(3, 3, 1)
@@ -222,11 +222,7 @@ def depthwise_rows(x, w16, bias, ops, padv, geo, parts, out):  # noqa: ANN001
     h, w = x.shape[1], x.shape[2]
     flat = x.reshape(x.shape[0] * h * w)
     n_out = out.shape[0]
-    zero = np.float32(0.0)
-    code = int(ops[0, 0]) if ops.shape[0] == 1 else OP_NONE
-    stores = ops.shape[0] == 0 or (ops.shape[0] == 1 and (code == OP_RELU or code == OP_CLIP))
-    lo = ops[0, 1] if code == OP_CLIP else zero
-    hi = ops[0, 2] if code == OP_CLIP else zero
+    stores, code, lo, hi = stored_op(ops)
     for part in prange(parts):
         fill = vsplat(np.float32(padv))
         wf = np.empty(kh * kw, dtype=np.float32)

@@ -240,6 +240,18 @@ def apply_ops(row: np.ndarray, n: int, ops: np.ndarray) -> None:
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def stored_op(ops):  # noqa: ANN001, ANN201
+    """What a kernel storing its results applies itself of the epilogue ``ops``: (whether it
+    can, ``ops`` being none or a lone ReLU or Clip (the usual epilogues); that op's code,
+    OP_NONE for none; Clip's low and high bounds, 0 for the others)."""
+    zero = np.float32(0.0)
+    code = int(ops[0, 0]) if ops.shape[0] == 1 else OP_NONE
+    lo = ops[0, 1] if code == OP_CLIP else zero
+    hi = ops[0, 2] if code == OP_CLIP else zero
+    return ops.shape[0] == 0 or code == OP_RELU or code == OP_CLIP, code, lo, hi
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def tile_pass(tile, rows, ops):  # noqa: ANN001, ANN201
     """The epilogue ``ops`` that ``finish_tile`` cannot apply while storing (any chain but a
     lone ReLU or Clip), applied in place to the first ``rows`` rows of ``tile``, whole (the
@@ -248,7 +260,7 @@ def tile_pass(tile, rows, ops):  # noqa: ANN001, ANN201
     pieces (``jit.direct``: a block's output rows) took one per piece and row before, and its
     hardswish / sigmoid first layers ran 1.20-1.28x slower (measured on the 2-core VM, same
     bits)."""
-    if ops.shape[0] == 0 or (ops.shape[0] == 1 and (int(ops[0, 0]) == OP_RELU or int(ops[0, 0]) == OP_CLIP)):
+    if stored_op(ops)[0]:
         return ops
     apply_ops(tile.reshape(tile.size), rows * tile.shape[1], ops)
     return ops[:0]
@@ -274,9 +286,7 @@ def finish_tile(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN201
 def _finish_tile(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN202
     def impl(tile, s0, rows, n, dst, row0, col, ops):  # noqa: ANN001, ANN202
         zero = np.float32(0.0)
-        code = int(ops[0, 0]) if ops.shape[0] == 1 else -1
-        lo = ops[0, 1] if code == OP_CLIP else zero
-        hi = ops[0, 2] if code == OP_CLIP else zero
+        _, code, lo, hi = stored_op(ops)
         su, cu, nu = np.uint64(s0), np.uint64(col), np.uint64(n)
         for r in range(rows):
             ru, du = np.uint64(r), np.uint64(row0 + r)

@@ -20,6 +20,7 @@ from vkserve.devices.cpu.jit.bf16dot import f32x16, vsplat, vstore_bf16
 from vkserve.devices.cpu.jit.conv import G_KH, G_OH, G_OW, G_PL, G_PT, G_SH
 from vkserve.devices.cpu.jit.dwrows import vload_bf16, vload_bf16_even
 from vkserve.devices.cpu.jit.epilogue import OP_NONE
+from vkserve.devices.cpu.jit.generated import compile_source
 from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 __all__ = ["max_pool_rows", "worthwhile"]
@@ -86,13 +87,11 @@ def _channel_source(k: int, st: int) -> str:
 
 
 def _compile_channel(k: int, st: int):  # noqa: ANN202
-    """``_channel_source`` compiled, inlined into ``max_pool_rows`` (numba does not cache exec'd
-    code; the kernel calling it is cached with it)."""
+    """``_channel_source`` compiled, inlined into ``max_pool_rows`` (``jit.generated``)."""
     ns: dict[str, object] = {"vload_bf16": vload_bf16, "vload_bf16_even": vload_bf16_even, "vmax": vmax,
                              "vplus_zero": vplus_zero, "vstore_bf16": vstore_bf16, "none": OP_NONE,
                              "zero": np.float32(0.0)}
-    exec(compile(_channel_source(k, st), f"<{__name__} {k}x{k} stride {st}>", "exec"), ns)  # noqa: S102
-    return njit(error_model="numpy", inline="always")(ns["channel"])
+    return compile_source(_channel_source(k, st), "channel", f"{__name__} {k}x{k} stride {st}", ns, inline=True)
 
 
 _max2 = _compile_channel(2, 1)
