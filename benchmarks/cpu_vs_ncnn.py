@@ -17,7 +17,8 @@ beside 16 working ones of the other measured the contention, not the engine.
 
 ``--rss``: peak resident memory per model and engine, each measured in a child process of its
 own (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after loading the model and running it
-twice, its kernels already compiled into numba's cache and loaded first, as the daemon does),
+twice, its kernels already compiled into numba's cache and loaded by the first run, then the
+JIT compiler's pages let go, as the daemon's load of a model does),
 with the child's peak after its imports alone (``base``), so the model's own share is peak -
 base, and its resident memory at the end (``now``: VmRSS, what a serving process holds). They run before this
 process loads anything large: a child's ru_maxrss starts from its parent's peak. The vkserve child imports numba and llvmlite (its JIT), the ncnn child only ncnn
@@ -68,27 +69,27 @@ def resident_kib() -> int:
 def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object], threads: int) -> None:
     """In a child process: load and run one model on one engine (``blobs``: input shapes by
     name, output names); print its peak RSS (KiB), after the imports and at the end, and its
-    RSS at the end. The vkserve child first loads every kernel as the daemon does at start
-    (``compile_kernels``: then the JIT compiler's pages leave the resident set)."""
+    RSS at the end. The vkserve child loads the model's kernels from numba's cache in its first
+    run, as the daemon's warm-up does, and then lets the JIT compiler's pages go
+    (``scheduler.engine.after_warm_up``)."""
     import numpy as np
 
     if engine == "vkserve_bf16":
         from vkserve.devices.cpu.executor import Plan
-        from vkserve.devices.cpu.warm import compile_kernels
+        from vkserve.devices.cpu.jit.residency import release_compiler_pages
         from vkserve.models.graph import load_model
     else:
         import ncnn  # noqa: F401
 
         from vkserve.devices.reference import ncnn_extract, ncnn_mats, ncnn_net
     base = peak_kib()
-    if engine == "vkserve_bf16":
-        compile_kernels()
     rng = np.random.default_rng(0)
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in blobs["inputs"].items()}
     if engine == "vkserve_bf16":
         plan = Plan(load_model(param, bin_path, input_shapes={n: tuple(s) for n, s in blobs["inputs"].items()}))
-        for _ in range(2):
-            plan.run(inputs)
+        plan.run(inputs)  # the warm-up: the kernels load from numba's cache
+        release_compiler_pages()
+        plan.run(inputs)
     else:
         net = ncnn_net(param, bin_path, bf16=engine == "ncnn_bf16", threads=threads)
         for _ in range(2):

@@ -65,6 +65,7 @@ from vkserve.scheduler.devices import DeviceHandle, discover_handles
 from vkserve.scheduler.engine import (
     BatchRun,
     Executor,
+    after_warm_up,
     close_executor,
     executors_nbytes,
     is_device_fault,
@@ -311,6 +312,7 @@ def _compile_and_warm(handle: DeviceHandle, graph: Graph, spec: ModelSpec, insta
                 trio.from_thread.check_cancelled()
                 timings.append(_run_blocking(handle, executor, [inputs], [None],
                                              trio.from_thread.check_cancelled)[1])
+        after_warm_up(handle)
     except BaseException:
         for executor in executors:
             close_executor(executor)

@@ -3,12 +3,12 @@
 numba compiles each kernel at its first call (about 2 minutes for all of them on a 2-core box) and
 keeps the result in its cache folder (``vkserve.devices.cpu.jit``), from where later processes
 load it in well under a second. ``compile_kernels`` runs a small built-in net through every
-kernel path once: the daemon calls it at start (and logs what it cost), `vkserve cache warm`
-too, so no model's first request pays the compilation. A stamp beside numba's cache says
-whether this machine's kernels are all there (``kernels_cached``): where they are not, the
-daemon has a child process compile them first (``vkserve.devices.cpu.compile_child``). Once
-they are loaded, the JIT compiler's pages leave the process's resident memory
-(``jit.residency``): running the kernels reads none of them.
+kernel path once: `vkserve cache warm` calls it, and the daemon's child process on a first
+start (``vkserve.devices.cpu.compile_child``), so no model's load pays the compilation. A stamp
+beside numba's cache says whether this machine's kernels are all there (``kernels_cached``);
+where they are, the daemon loads none at start, each model's warm-up loading those it runs
+(``scheduler.engine.prepare_device``). Once they are loaded, the JIT compiler's pages leave the
+process's resident memory (``jit.residency``): running the kernels reads none of them.
 """
 
 from __future__ import annotations
