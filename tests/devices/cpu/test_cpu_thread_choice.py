@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numba
 import numpy as np
@@ -15,6 +16,7 @@ from tests.support.params import param_text
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.executor import Plan
 from vkserve.devices.cpu.kernels import conv as conv_kernels
+from vkserve.devices.cpu.kernels.base import KernelCall
 from vkserve.devices.cpu.thread_choice import (
     DRIFT_RUNS,
     MARGIN,
@@ -199,13 +201,21 @@ def test_a_plan_launches_its_kernels_on_the_count_it_measures_then_keeps(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(threads, "THREADS", 2)
     launched: list[int] = []
-    launch = conv_kernels.Convolution._launch
+    store_call = conv_kernels.Convolution.store_call
 
-    def spy(self: conv_kernels.Convolution, *args: object) -> None:
-        launched.append(numba.get_num_threads())
-        launch(self, *args)
+    def spy(self: conv_kernels.Convolution, *args: Any) -> KernelCall | None:
+        call = store_call(self, *args)  # the call the Plan makes once: its kernel spied on as it runs
+        assert call is not None
+        run = call.kernel
 
-    monkeypatch.setattr(conv_kernels.Convolution, "_launch", spy)
+        def counted(*kernel_args: object) -> None:
+            launched.append(numba.get_num_threads())
+            run(*kernel_args)
+
+        call.kernel = counted
+        return call
+
+    monkeypatch.setattr(conv_kernels.Convolution, "store_call", spy)
     plan = big_plan(tmp_path)
     x = {"data": np.random.default_rng(4).uniform(-1, 1, SHAPE).astype(np.float32)}
     caplog.set_level(logging.INFO, logger="vkserve.devices.cpu.executor")

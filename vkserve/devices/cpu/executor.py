@@ -49,6 +49,7 @@ from vkserve.devices.cpu import jit, threads
 from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels import REGISTRY, Kernel
+from vkserve.devices.cpu.kernels.base import KernelCall
 from vkserve.devices.cpu.kernels.elementwise import ELEMENT_WORK
 from vkserve.devices.cpu.kernels.shape import Concat
 from vkserve.devices.cpu.scratch import Scratch
@@ -488,6 +489,7 @@ class Plan:
                 self._program.append(_Prepared(kind, k, ins, outs, list(step.post), step.name,
                                                copy_inputs, item))
         self._programs: dict[int, list[_Prepared]] = {self.batch: self._program}
+        self._bound: dict[tuple[int, int], list[tuple[KernelCall | None, _Prepared]]] = {}
 
     # -- run -------------------------------------------------------------------------------
 
@@ -518,9 +520,15 @@ class Plan:
             if self.thread_choice.threads != threads.THREADS:  # the engine's count changed
                 self.thread_choice = ThreadChoice(threads.THREADS)
             n = self.thread_choice.next()
+            grown = self.scratch.nbytes
             with jit.run_threads(n):
-                for step in self._program_for(count):
-                    self._run_step(step, dynamic)
+                for call, step in self._bound_program(count):
+                    if call is not None:
+                        call()
+                    else:
+                        self._run_step(step, dynamic)
+            if self.scratch.nbytes != grown:  # a step grew a work buffer a call holds: make them again
+                self._bound.clear()
             t2 = time.perf_counter()
             choice = self.thread_choice
             if choice.record(n, (t2 - t1) / count) and choice.chosen != choice.previous:
@@ -564,6 +572,26 @@ class Plan:
             self._programs[count] = program
         return program
 
+    def _bound_program(self, count: int) -> list[tuple[KernelCall | None, _Prepared]]:
+        """``_program_for(count)``, each step with the compiled call that stores its results
+        (``Kernel.store_call``) where it has one, else None (``_run_step`` runs it): made once per
+        item count and thread cap (the calls' task counts follow the cap: call it under
+        ``jit.run_threads``), twice where the first making grew a work buffer, so that every call
+        holds the buffer its slot grew to."""
+        key = (count, jit.kernel_threads())
+        bound = self._bound.get(key)
+        if bound is None:
+            size = self.scratch.nbytes
+            bound = self._bind(count)
+            if self.scratch.nbytes != size:
+                bound = self._bind(count)
+            self._bound[key] = bound
+        return bound
+
+    def _bind(self, count: int) -> list[tuple[KernelCall | None, _Prepared]]:
+        return [(step.kernel.store_call(step.ins, [view for view, _ in step.outs], step.post)
+                 if step.kind is StepKind.STORE else None, step) for step in self._program_for(count)]
+
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
         """Each step's wall time, median of ``runs`` runs of a full batch of ``inputs`` after
         one warm-up (a step run per item: its items' sum; alias steps and in-place Concats,
@@ -575,9 +603,12 @@ class Plan:
                 self._load_inputs([inputs] * self.batch)
                 dynamic: dict[str, np.ndarray] = {}
                 took = dict.fromkeys(order, 0.0)
-                for step in self._program:
+                for call, step in self._bound_program(self.batch):
                     t0 = time.perf_counter()
-                    self._run_step(step, dynamic)
+                    if call is not None:
+                        call()
+                    else:
+                        self._run_step(step, dynamic)
                     took[step.name] += time.perf_counter() - t0
                 if r:
                     for name in order:

@@ -18,7 +18,7 @@ import numpy as np
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.kernels.base import register
-from vkserve.devices.cpu.kernels.jitted import JitKernel
+from vkserve.devices.cpu.kernels.jitted import JitCall, JitKernel
 from vkserve.models.layers import Shape
 
 
@@ -139,45 +139,40 @@ class Convolution(JitKernel):
             self._splits[n_threads, direct] = got
         return got
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         x = xs[0]
         oc, oh, ow = self.out_shapes[0]
+        flat_out = out.reshape(oc, oh * ow)
         if self.blocks:
-            jit.dwblocks.depthwise_blocks(x, x.reshape(x.shape[0], -1), self.weight, self.block_bias, ops,
-                                          self.pad_value, self.geo, jit.task_count(self.weight.shape[0]),
-                                          out.reshape(oc, oh * ow))
-            return
+            return jit.dwblocks.depthwise_blocks, (x, x.reshape(x.shape[0], -1), self.weight, self.block_bias, ops,
+                                                   self.pad_value, self.geo, jit.task_count(self.weight.shape[0]),
+                                                   flat_out)
         # (the row runs read x flat: the Plan's arena views are contiguous, a strided view is not)
         if self.rows and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
-            jit.dwrows.depthwise_rows(x, self.weight, self.bias, ops, self.pad_value, self.geo, jit.task_count(oc),
-                                      out.reshape(oc, oh * ow))
-            return
+            return jit.dwrows.depthwise_rows, (x, self.weight, self.bias, ops, self.pad_value, self.geo,
+                                               jit.task_count(oc), flat_out)
         if self.depthwise:
-            parts = jit.task_count(oc)
             xrows = x.reshape(x.shape[0], -1)  # (a copy only if x were not contiguous)
-            jit.depthwise(x, xrows, self.weight, self.bias, ops, self.pad_value, self.geo, parts,
-                          out.reshape(oc, oh * ow))
-            return
+            return jit.depthwise, (x, xrows, self.weight, self.bias, ops, self.pad_value, self.geo,
+                                   jit.task_count(oc), flat_out)
         if self.direct:
             work = self.buf("direct_planes", (jit.direct.planes_size(self.geo, x.shape[0]),))
-            jit.direct.conv_direct(x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
-                                   jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
-            return
+            return jit.direct.conv_direct, (x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
+                                            jit.task_count(oc * oh * ow), flat_out)
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
         pixels, rows, shape = self._split(jit.kernel_threads(), jit.conv.reads_rows(
             self.geo, x.shape, x.dtype == np.uint16, scale.size > 0))
         if self.implicit or self.pairs:
             kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
-            kernel(x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
-                   self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
-                   jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
-        elif self.winograd:
-            jit.winograd.winograd43(x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
-                                    self.buf("winograd", shape), out.reshape(oc, oh * ow))
-        else:
-            shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-            jit.conv_gemm(x, scale, self.channel_scale_act, self.weight, self.bias, ops, self.pad_value, self.geo,
-                          pixels, rows, shared, jit.task_count(oc * oh * ow), out.reshape(oc, oh * ow))
+            return kernel, (x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
+                            self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
+                            jit.task_count(oc * oh * ow), flat_out)
+        if self.winograd:
+            return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+                                             self.buf("winograd", shape), flat_out)
+        shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
+        return jit.conv_gemm, (x, scale, self.channel_scale_act, self.weight, self.bias, ops, self.pad_value, self.geo,
+                               pixels, rows, shared, jit.task_count(oc * oh * ow), flat_out)
 
 
 @register("InnerProduct")
@@ -197,7 +192,7 @@ class InnerProduct(JitKernel):
         self.weight = jit.pack_rows(self.layer.weights[0], p.num_output, self.num_input)
         return out
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
-        x = xs[0]
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         n_out = self.p.num_output
-        jit.inner_product(x.reshape(-1, self.num_input), self.weight, self.bias, ops, out.reshape(-1, n_out))
+        return jit.inner_product, (xs[0].reshape(-1, self.num_input), self.weight, self.bias, ops,
+                                   out.reshape(-1, n_out))

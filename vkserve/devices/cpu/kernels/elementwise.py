@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,8 +12,8 @@ from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.jit import lrn as jit_lrn
-from vkserve.devices.cpu.kernels.base import Kernel, leaky_relu, register
-from vkserve.devices.cpu.kernels.jitted import JitKernel
+from vkserve.devices.cpu.kernels.base import Kernel, KernelCall, leaky_relu, register
+from vkserve.devices.cpu.kernels.jitted import JitCall, JitKernel
 from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 
 #: multiply-adds an element of an element-wise kernel counts as, against ``jit.SMALL_WORK`` (memory-bound:
@@ -46,10 +46,10 @@ class JitActivation(ElementwiseJit):
     def _own_post(self) -> tuple[Kernel, ...]:
         return (self,)
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         rows, cols = jit_elementwise.rows_cols(out.shape, batch=out.ndim > len(self.out_shapes[0]))
-        jit_elementwise.activation(xs[0].reshape(rows, cols), ops, jit.task_count(rows),
-                                   out.reshape(rows, cols))
+        return jit_elementwise.activation, (xs[0].reshape(rows, cols), ops, jit.task_count(rows),
+                                            out.reshape(rows, cols))
 
 
 @register("ReLU")
@@ -229,7 +229,13 @@ class _TwoOperands(ElementwiseJit):
             return self.forward_numpy(xs)
         return super().forward(xs)
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+        f = self.form
+        if f is not None and f.bform == jit_elementwise.B_SCALAR and len(us) > 1:
+            return None  # the one-value tensor is read as a scalar argument: each run's own
+        return super().store_call(us, outs, post)
+
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         f = self.form
         assert f is not None
         a, b = (xs[1], xs[0]) if f.swap else (xs[0], xs[-1])
@@ -244,8 +250,8 @@ class _TwoOperands(ElementwiseJit):
         rows = f.rows * self.items(out)
         b_view = {jit_elementwise.B_PER_ROW: (rows, 1), jit_elementwise.B_ROW: (1, f.cols)}
         b2 = b.reshape(b_view.get(f.bform, (rows, f.cols)))
-        jit_elementwise.binary(a.reshape(rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca), np.float32(f.cb),
-                          ops, jit.task_count(rows), out.reshape(rows, f.cols))
+        return jit_elementwise.binary, (a.reshape(rows, f.cols), b2, f.op, f.bform, bs, np.float32(f.ca),
+                                        np.float32(f.cb), ops, jit.task_count(rows), out.reshape(rows, f.cols))
 
 
 @register("BinaryOp")
@@ -361,12 +367,12 @@ class Softmax(ElementwiseJit):
 
     batched = True
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         axis = self.axis + out.ndim - len(self.out_shapes[0])  # past a batch's item axis
         n, cols = out.shape[axis], math.prod(out.shape[axis + 1:])
         blocks = math.prod(out.shape[:axis])
-        jit_elementwise.softmax(xs[0].reshape(blocks * n, cols), n, ops,
-                                jit.task_count(blocks), out.reshape(blocks * n, cols))
+        return jit_elementwise.softmax, (xs[0].reshape(blocks * n, cols), n, ops, jit.task_count(blocks),
+                                         out.reshape(blocks * n, cols))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
@@ -390,12 +396,12 @@ class LRN(ElementwiseJit):
     def raw_inputs(self) -> bool:  # type: ignore[override]
         return self.p.region_type == 0
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         p = self.p
         c = self.out_shapes[0][0]
-        jit_lrn.lrn_across(xs[0].reshape(c, -1), p.local_size // 2, np.float32(p.alpha / p.local_size),
-                           np.float32(p.bias), np.float32(-p.beta), ops, jit.task_count(c),
-                           out.reshape(c, -1))
+        return jit_lrn.lrn_across, (xs[0].reshape(c, -1), p.local_size // 2, np.float32(p.alpha / p.local_size),
+                                    np.float32(p.bias), np.float32(-p.beta), ops, jit.task_count(c),
+                                    out.reshape(c, -1))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.p

@@ -3,13 +3,17 @@ bf16 arena (or fp32 arrays) and writes bf16 (or fp32) results, fused activations
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from vkserve.devices.cpu import jit
-from vkserve.devices.cpu.kernels.base import Kernel
+from vkserve.devices.cpu.kernels.base import Kernel, KernelCall
 from vkserve.models.layers import Shape
+
+#: a numba kernel and the arguments of one call (``JitKernel._call``)
+JitCall = tuple[Callable[..., None], tuple[Any, ...]]
 
 
 class JitKernel(Kernel):
@@ -19,8 +23,15 @@ class JitKernel(Kernel):
     #: multiply-adds (or elements) of one run (``infer`` sets it): small layers run on one thread
     work: int = jit.SMALL_WORK
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
+        """The numba kernel computing ``out`` from ``xs`` with the epilogue ``ops``, and its
+        arguments: views of these arrays, work buffers, weights, task counts for the calling
+        thread's cap; none read from the inputs' values (``KernelCall``)."""
         raise NotImplementedError
+
+    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+        kernel, args = self._call(xs, out, ops)
+        kernel(*args)
 
     def _activation(self) -> tuple[int, Sequence[float]]:
         """The layer's own fused activation (ncnn's activation_type and params)."""
@@ -43,10 +54,15 @@ class JitKernel(Kernel):
         self._epilogues: dict[tuple[int, ...], np.ndarray] = {}
         return super().infer(in_shapes)
 
+    def _store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall:
+        return KernelCall(*self._call(us, outs[0], self._ops(post)), self.work * self.items(outs[0]))
+
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+        return self._store_call(us, outs, post)
+
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> None:
         """bf16 arena input -> bf16 arena output, ``post`` activations fused (the Plan's path)."""
-        with jit.launch(self.work * self.items(outs[0])):
-            self._launch(us, outs[0], self._ops(post))
+        self._store_call(us, outs, post)()
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
         out = self.buf("out", self.out_shapes[0])

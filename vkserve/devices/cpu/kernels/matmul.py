@@ -20,7 +20,7 @@ from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import linear as jit_linear
 from vkserve.devices.cpu.kernels.base import register
-from vkserve.devices.cpu.kernels.jitted import JitKernel
+from vkserve.devices.cpu.kernels.jitted import JitCall, JitKernel
 from vkserve.models.layers import Shape, gemm_matrix
 
 #: broadcast types of a constant C that the Linear form takes: none, a scalar, per column
@@ -77,10 +77,11 @@ class Gemm(JitKernel):
     def _activation(self) -> tuple[int, tuple[float, ...]]:
         return 0, ()
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         m, n, k = self.m, self.n, self.k
         rb, cols = jit_linear.split(m, n, jit.kernel_threads())
-        jit_linear.linear(xs[0].reshape(m, k), self.linear_b, self.linear_bias, ops, rb, cols, out.reshape(m, n))
+        return jit_linear.linear, (xs[0].reshape(m, k), self.linear_b, self.linear_bias, ops, rb, cols,
+                                   out.reshape(m, n))
 
     def _operand(self, x: np.ndarray, trans: int) -> np.ndarray:
         rows, cols = gemm_matrix("Gemm", x.shape)
@@ -141,14 +142,14 @@ class MatMul(JitKernel):
     def _activation(self) -> tuple[int, tuple[float, ...]]:
         return 0, ()
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         m, n, k = self.m, self.n, self.k
         b_shape = (n, k) if self.b_transposed else (k, n)
         bp = self.buf("matmul_b", (self.b_items, *jit_linear.packed_b_shape(k, n)), np.uint16)
         rb, cols = jit_linear.split(m, n, -(-jit.kernel_threads() // self.items_out))
-        jit_linear.matmul(xs[0].reshape(self.a_items, m, k), xs[1].reshape(self.b_items, *b_shape),
-                          self.b_transposed, self.a_of, self.b_of, bp, ops, rb, cols,
-                          out.reshape(self.items_out, m, n))
+        return jit_linear.matmul, (xs[0].reshape(self.a_items, m, k), xs[1].reshape(self.b_items, *b_shape),
+                                   self.b_transposed, self.a_of, self.b_of, bp, ops, rb, cols,
+                                   out.reshape(self.items_out, m, n))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         a = np.asarray(xs[0], np.float32)

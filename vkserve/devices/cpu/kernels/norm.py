@@ -16,6 +16,7 @@ from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.jit import norm as jit_norm
 from vkserve.devices.cpu.kernels.base import Kernel, register
 from vkserve.devices.cpu.kernels.elementwise import ElementwiseJit
+from vkserve.devices.cpu.kernels.jitted import JitCall
 from vkserve.models.layers import Shape, affine_channels, batchnorm_affine, bias_channels
 
 
@@ -43,10 +44,10 @@ class BatchNorm(ElementwiseJit):
         self.channels = affine_channels(out[0])
         return out
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         rows = self.channels
-        jit_elementwise.affine(xs[0].reshape(rows, -1), self.scale, self.shift, ops, jit.task_count(rows),
-                               out.reshape(rows, -1))
+        return jit_elementwise.affine, (xs[0].reshape(rows, -1), self.scale, self.shift, ops, jit.task_count(rows),
+                                        out.reshape(rows, -1))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = np.array(xs[0], dtype=np.float32)
@@ -105,12 +106,12 @@ class _LastDims(ElementwiseJit):
         self.beta = self.fp32_bias(1) if (self.p.affine and self.centered) else None
         return out
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         none = np.empty(0, np.float32)
         rows = out.size // self.run
-        jit_norm.last_dims(xs[0].reshape(rows, self.run), none if self.gamma is None else self.gamma,
-                           none if self.beta is None else self.beta, np.float32(self.p.eps), self.centered,
-                           ops, jit.task_count(rows), out.reshape(rows, self.run))
+        return jit_norm.last_dims, (xs[0].reshape(rows, self.run), none if self.gamma is None else self.gamma,
+                                    none if self.beta is None else self.beta, np.float32(self.p.eps), self.centered,
+                                    ops, jit.task_count(rows), out.reshape(rows, self.run))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = np.array(xs[0], dtype=np.float32)

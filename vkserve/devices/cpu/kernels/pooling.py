@@ -15,12 +15,13 @@ scratch buffer and run numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import BF16_LOWEST, narrow_exact_into, to_bf16, widen_into
-from vkserve.devices.cpu.kernels.base import Kernel, register
+from vkserve.devices.cpu.kernels.base import Kernel, KernelCall, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
 from vkserve.models.layers import Shape
 
@@ -84,11 +85,10 @@ class Pooling(Kernel):
         self.row_runs = jit.poolrows.worthwhile(kh, kw, sh, sw, p.pooling_type == 0)
         return out
 
-    def _global_avg_jit(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _global_avg(self, x: np.ndarray, out: np.ndarray) -> KernelCall:
         """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
         c = self.view[0]
-        with jit.launch(self.work):
-            jit.pooling.global_avg(x.reshape(c, -1), jit.task_count(c), out.reshape(1, c))
+        return KernelCall(jit.pooling.global_avg, (x.reshape(c, -1), jit.task_count(c), out.reshape(1, c)), self.work)
 
     @property
     def global_avg(self) -> bool:
@@ -98,29 +98,33 @@ class Pooling(Kernel):
     def windowed(self) -> bool:
         return not (self.p.global_pooling or self.adaptive)
 
-    def _pool_jit(self, x: np.ndarray, out: np.ndarray) -> None:
-        """``jit.pooling.pool2d`` of ``x`` (bf16 or fp32) into ``out`` (same dtype rules)."""
+    def _pool(self, x: np.ndarray, out: np.ndarray) -> KernelCall:
+        """``jit.pooling.pool2d`` of ``x`` (bf16 or fp32) into ``out`` (same dtype rules), or
+        ``jit.poolrows``' row runs where they apply."""
         p = self.p
         c, oh, ow = self.out_shapes[0]
         is_max = p.pooling_type == 0
+        if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
+            return KernelCall(jit.poolrows.max_pool_rows, (x.reshape(self.view), self.geo, np.float32(BF16_LOWEST),
+                                                           out.reshape(c, oh * ow), jit.task_count(c)), self.work)
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
-        with jit.launch(self.work):
-            if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
-                jit.poolrows.max_pool_rows(x.reshape(self.view), self.geo, np.float32(BF16_LOWEST),
-                                           out.reshape(c, oh * ow), jit.task_count(c))
-                return
-            jit.pooling.pool2d(x.reshape(self.view), self.geo, is_max,
-                               np.float32(BF16_LOWEST if is_max else 0.0), divisor,
-                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
-                               jit.task_count(c))
+        return KernelCall(jit.pooling.pool2d, (x.reshape(self.view), self.geo, is_max,
+                                               np.float32(BF16_LOWEST if is_max else 0.0), divisor,
+                                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
+                                               jit.task_count(c)), self.work)
+
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+        if self.windowed:
+            return self._pool(us[0], outs[0])
+        if self.global_avg:
+            return self._global_avg(us[0], outs[0])
+        return None
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: list[Kernel]) -> None:
         """bf16 arena in and out (the Plan's path; no activation is ever fused into Pooling)."""
-        if self.windowed:
-            self._pool_jit(us[0], outs[0])
-            return
-        if self.global_avg:
-            self._global_avg_jit(us[0], outs[0])
+        call = self.store_call(us, outs, post)
+        if call is not None:
+            call()
             return
         y = self.forward([widen_into(us[0], self.buf("in", us[0].shape))])[0]
         if self.exact_store:
@@ -131,11 +135,11 @@ class Pooling(Kernel):
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
         if self.windowed:
             out = self.buf("out", self.out_shapes[0])
-            self._pool_jit(np.ascontiguousarray(us[0]), out)
+            self._pool(np.ascontiguousarray(us[0]), out)()
             return [out]
         if self.global_avg:
             out = self.buf("out", self.view[0])
-            self._global_avg_jit(np.ascontiguousarray(us[0]), out)
+            self._global_avg(np.ascontiguousarray(us[0]), out)()
             return [out]
         x = us[0]  # bf16 from the arena, or fp32 (a data-dependent blob)
         return self.forward([widen_into(x, self.buf("in", x.shape)) if x.dtype == np.uint16 else x])
@@ -148,7 +152,7 @@ class Pooling(Kernel):
             return [self.adaptive_pool(x, is_max).reshape(self.out_shapes[0])]
         if p.global_pooling and not is_max:
             out = self.buf("out", self.view[0])
-            self._global_avg_jit(np.ascontiguousarray(x), out)
+            self._global_avg(np.ascontiguousarray(x), out)()
             return [out]
         if p.global_pooling:
             return [x.reshape(x.shape[0], -1).max(axis=1)]

@@ -15,7 +15,7 @@ import numpy as np
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.jit import interp as jit_interp
 from vkserve.devices.cpu.kernels.base import Kernel, register, widen
-from vkserve.devices.cpu.kernels.jitted import JitKernel
+from vkserve.devices.cpu.kernels.jitted import JitCall, JitKernel
 from vkserve.models.layers import Shape, positive_axis
 
 
@@ -275,11 +275,11 @@ class Interp(JitKernel):
     def _activation(self) -> tuple[int, tuple[float, ...]]:
         return 0, ()
 
-    def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
+    def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         x = xs[0].reshape((1, *xs[0].shape)) if xs[0].ndim == 2 else xs[0]
         rows = x.shape[0] * self.ty.shape[0]
-        jit_interp.resize(x, self.tx, self.wx, self.ty, self.wy, ops, jit.task_count(rows),
-                          out.reshape(rows, self.tx.shape[0]))
+        return jit_interp.resize, (x, self.tx, self.wx, self.ty, self.wy, ops, jit.task_count(rows),
+                                   out.reshape(rows, self.tx.shape[0]))
 
     def forward(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         x = xs[0]
