@@ -69,9 +69,9 @@ def resident_kib() -> int:
 def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object], threads: int) -> None:
     """In a child process: load and run one model on one engine (``blobs``: input shapes by
     name, output names); print its peak RSS (KiB), after the imports and at the end, and its
-    RSS at the end. The vkserve child loads the model's kernels from numba's cache in its first
-    run, as the daemon's warm-up does, and then lets the JIT compiler's pages go
-    (``scheduler.engine.after_warm_up``)."""
+    RSS at the end. The vkserve child lets the pages of LLVM's library its imports read go, as
+    the daemon's start does, loads the model's kernels from numba's cache in its first run, as
+    the daemon's warm-up does, and then lets them go again (``scheduler.engine.after_warm_up``)."""
     import numpy as np
 
     if engine == "vkserve_bf16":
@@ -83,6 +83,8 @@ def rss_child(engine: str, param: Path, bin_path: Path, blobs: dict[str, object]
 
         from vkserve.devices.reference import ncnn_extract, ncnn_mats, ncnn_net
     base = peak_kib()
+    if engine == "vkserve_bf16":
+        release_compiler_pages()  # as the daemon's start does (``scheduler.engine.prepare_device``)
     rng = np.random.default_rng(0)
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in blobs["inputs"].items()}
     if engine == "vkserve_bf16":
