@@ -1,13 +1,13 @@
-"""A CPU Plan's storing steps as calls made once against made each run, side by side.
+"""A CPU Plan's steps as calls made once against made each run, side by side.
 
     python benchmarks/plan_calls.py [--threads T] [--rounds N] [--only NAME,...]
 
 For each test model (random weights): a Plan, which makes each storing step's compiled call
-once (``Kernel.store_call``) and repeats it, and its sibling made to go through
-``forward_store`` each run (the views, the epilogue, the task counts made again, as before the
-calls were kept), run alternating in this process on the same input, T threads; printed: the
-median of N runs each, ms, their ratio, how many steps have a call, and whether the outputs are
-the same bits.
+(``Kernel.store_call``) and each copying step's copies (``Kernel.view_copies``) once and
+repeats them, and its sibling made to run every step through ``_run_step`` each run (the views,
+the epilogue, the task counts made again, as before the calls were kept), run alternating in
+this process on the same input, T threads; printed: the median of N runs each, ms, their
+ratio, how many steps have a call, and whether the outputs are the same bits.
 """
 
 from __future__ import annotations

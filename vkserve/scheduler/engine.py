@@ -168,7 +168,7 @@ async def prepare_device(device: DeviceHandle) -> str | None:
         said = f"{compiled.describe()}, in a child process; each model loads those it runs"
     # the pages of LLVM's library that importing numba read: out of the resident set until a
     # model's load reads some again (a daemon serving from GPUs alone never does)
-    release_compiler_pages()
+    await trio.to_thread.run_sync(release_compiler_pages)
     return said
 
 

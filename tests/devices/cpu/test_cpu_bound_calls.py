@@ -1,8 +1,9 @@
 """A CPU Plan makes each storing step's compiled call once (``Kernel.store_call``, a
-``KernelCall``: the kernel and its arguments, views of the arena and work buffers) and repeats
-it run after run: the same bits as making it each run, each run's own data (a value read from
-an input is never frozen into a call), task counts for the run's thread cap, and no call
-holding a work buffer its slot has outgrown."""
+``jit.KernelCall``: the kernel and its arguments, views of the arena and work buffers), and each
+copying step's copies from views of its input (``Kernel.view_copies``, a ``CopyCall``), and
+repeats them run after run: the same bits as making them each run, each run's own data (a
+value read from an input is never frozen into a call), task counts for the run's thread cap,
+and no call holding a work buffer its slot has outgrown."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from tests.support.paths import MODELS_DIR
 from vkserve.devices.cpu import jit, threads
 from vkserve.devices.cpu.executor import Plan, StepKind
+from vkserve.devices.cpu.jit import KernelCall
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
-from vkserve.devices.cpu.kernels.base import KernelCall
+from vkserve.devices.cpu.kernels.base import CopyCall
 from vkserve.devices.cpu.scratch import Scratch
 from vkserve.models.graph import build_graph, load_model, parse_param_text
 from vkserve.models.randinit import random_weights
@@ -31,7 +33,7 @@ def unbound(plan: Plan) -> Plan:
     return twin
 
 
-@pytest.mark.parametrize("model", ["mobilenet_v2", "squeezenet"])
+@pytest.mark.parametrize("model", ["mobilenet_v2", "squeezenet", "shufflenet_v2"])
 def test_calls_made_once_give_each_runs_bits(model: str) -> None:
     plan = Plan(load_model(MODELS_DIR / f"{model}.param", None))
     twin = unbound(plan)
@@ -43,9 +45,12 @@ def test_calls_made_once_give_each_runs_bits(model: str) -> None:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{model} seed {seed}")
     bound = next(program for (count, _), program in plan._bound.items() if count == 1)
     stores = [step for _, step in bound if step.kind is StepKind.STORE]
-    calls = [call for call, _ in bound if call is not None]
-    assert calls and len(calls) == len(stores), (len(calls), len(stores))  # every storing step here has one
-    assert all(isinstance(call, KernelCall) for call in calls)
+    calls = [call for call, step in bound if step.kind is StepKind.STORE]
+    assert all(isinstance(call, KernelCall) for call in calls) and len(calls) == len(stores) > 0  # every one here
+    # shufflenet_v2's channel shuffles: copies of views of their input, made once (its Slices'
+    # outputs reuse their input's bytes: their input is copied first each run, no call)
+    copies = {step.kernel.layer.type for call, step in bound if isinstance(call, CopyCall)}
+    assert copies == ({"ShuffleChannel"} if model == "shufflenet_v2" else set()), copies
 
 
 def test_a_value_read_from_an_input_is_read_each_run() -> None:
@@ -79,7 +84,7 @@ def test_calls_follow_the_runs_thread_cap() -> None:
     programs = {}
     for n in (1, 2):
         with jit.run_threads(n):
-            programs[n] = [call.args for call, _ in plan._bound_program(1) if call is not None]
+            programs[n] = [call.args for call, _ in plan._bound_program(1) if isinstance(call, KernelCall)]
     assert set(plan._bound) == {(1, 1), (1, 2)}
     counts = [[a for a in args if isinstance(a, int) and not isinstance(a, bool)] for args in programs[1]]
     counts2 = [[a for a in args if isinstance(a, int) and not isinstance(a, bool)] for args in programs[2]]
@@ -118,6 +123,6 @@ def test_no_call_holds_a_work_buffer_its_slot_outgrew(monkeypatch: pytest.Monkey
     assert stale, "no slot grew: the check below checks nothing"
     for bound in plan._bound.values():
         for call, step in bound:
-            for arg in call.args if call is not None else ():
+            for arg in call.args if isinstance(call, KernelCall) else ():
                 if isinstance(arg, np.ndarray):
                     assert not any(np.shares_memory(arg, b) for b in stale), step.name

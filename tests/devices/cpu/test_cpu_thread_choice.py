@@ -15,8 +15,8 @@ import pytest
 from tests.support.params import param_text
 from vkserve.devices.cpu import threads
 from vkserve.devices.cpu.executor import Plan
+from vkserve.devices.cpu.jit import KernelCall
 from vkserve.devices.cpu.kernels import conv as conv_kernels
-from vkserve.devices.cpu.kernels.base import KernelCall
 from vkserve.devices.cpu.thread_choice import (
     DRIFT_RUNS,
     MARGIN,

@@ -49,7 +49,7 @@ from vkserve.devices.cpu import jit, threads
 from vkserve.devices.cpu.bf16 import from_bf16, narrow_exact_into, to_bf16, widen_into
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.kernels import REGISTRY, Kernel
-from vkserve.devices.cpu.kernels.base import KernelCall
+from vkserve.devices.cpu.kernels.base import CopyCall, StepCall
 from vkserve.devices.cpu.kernels.elementwise import ELEMENT_WORK
 from vkserve.devices.cpu.kernels.shape import Concat
 from vkserve.devices.cpu.scratch import Scratch
@@ -489,7 +489,7 @@ class Plan:
                 self._program.append(_Prepared(kind, k, ins, outs, list(step.post), step.name,
                                                copy_inputs, item))
         self._programs: dict[int, list[_Prepared]] = {self.batch: self._program}
-        self._bound: dict[tuple[int, int], list[tuple[KernelCall | None, _Prepared]]] = {}
+        self._bound: dict[tuple[int, int], list[tuple[StepCall | None, _Prepared]]] = {}
 
     # -- run -------------------------------------------------------------------------------
 
@@ -572,9 +572,9 @@ class Plan:
             self._programs[count] = program
         return program
 
-    def _bound_program(self, count: int) -> list[tuple[KernelCall | None, _Prepared]]:
-        """``_program_for(count)``, each step with the compiled call that stores its results
-        (``Kernel.store_call``) where it has one, else None (``_run_step`` runs it): made once per
+    def _bound_program(self, count: int) -> list[tuple[StepCall | None, _Prepared]]:
+        """``_program_for(count)``, each step with the call that is its run where it has one
+        (``_call``), else None (``_run_step`` runs it): made once per
         item count and thread cap (the calls' task counts follow the cap: call it under
         ``jit.run_threads``), twice where the first making grew a work buffer, so that every call
         holds the buffer its slot grew to."""
@@ -588,9 +588,25 @@ class Plan:
             self._bound[key] = bound
         return bound
 
-    def _bind(self, count: int) -> list[tuple[KernelCall | None, _Prepared]]:
-        return [(step.kernel.store_call(step.ins, [view for view, _ in step.outs], step.post)
-                 if step.kind is StepKind.STORE else None, step) for step in self._program_for(count)]
+    def _bind(self, count: int) -> list[tuple[StepCall | None, _Prepared]]:
+        return [(self._call(step), step) for step in self._program_for(count)]
+
+    @staticmethod
+    def _call(step: _Prepared) -> StepCall | None:
+        """The step's run as one call made once: the compiled call storing its results
+        (``Kernel.store_call``), or the copies of a bf16-native step whose results are views of
+        its input (``Kernel.view_copies``; where its outputs may overlap its inputs, none: the
+        inputs are copied first each run)."""
+        outs = [view for view, _ in step.outs]
+        if step.kind is StepKind.STORE:
+            return step.kernel.store_call(step.ins, outs, step.post)
+        if step.kind is not StepKind.BF16_NATIVE or step.copy_inputs:
+            return None
+        pairs = step.kernel.view_copies(step.ins, outs)
+        if pairs is None or not all(any(np.may_share_memory(src, x) for x in step.ins)
+                                    and any(np.may_share_memory(dst, o) for o in outs) for dst, src in pairs):
+            return None  # a copy made by a reshape, not a view: it would be this run's data
+        return CopyCall(pairs)
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
         """Each step's wall time, median of ``runs`` runs of a full batch of ``inputs`` after

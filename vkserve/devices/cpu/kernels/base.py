@@ -3,34 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16, to_bf16
 from vkserve.models.layers import Shape, activation_values
 
 
-class KernelCall:
-    """One compiled kernel's call with its arguments, made once: what a Plan repeats for a
-    step each run (``Kernel.store_call``). Its arguments are arrays (the step's arena views,
-    work buffers, weights) and values fixed at compile time, never values read from an input,
-    so a later run's data flows through the same call. Made once, a step costs the kernel's
-    call and ``jit.launch`` (the thread settings) alone: measured on the 2-core VM, a 64-value
-    ReLU step 6.5-11 us through ``forward_store`` (its views, epilogue and task counts made
-    each run), of which the numba call took 2.5 and ``jit.launch`` 0.85."""
+class StepCall(Protocol):
+    """A Plan's step as one call made once and repeated run after run (``Kernel.store_call``:
+    ``jit.KernelCall``; ``Kernel.view_copies``: ``CopyCall``)."""
 
-    __slots__ = ("args", "kernel", "work")
+    def __call__(self) -> None: ...
 
-    def __init__(self, kernel: Callable[..., None], args: tuple[Any, ...], work: int) -> None:
-        self.kernel = kernel  # a numba dispatcher
-        self.args = args
-        self.work = work  # multiply-adds (or elements): one thread below ``jit.small_work``
+
+class CopyCall:
+    """A ``bf16_native`` step whose results are views of its input (a slice, a transposition,
+    a window), as the copies from those views into its outputs' views, made once by a Plan
+    (``Kernel.view_copies``) and repeated run after run."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.pairs = pairs  # (output view, input view)
 
     def __call__(self) -> None:
-        with jit.launch(self.work):
-            self.kernel(*self.args)
+        for dst, src in self.pairs:
+            np.copyto(dst, src)
 
 
 class Kernel:
@@ -51,6 +51,9 @@ class Kernel:
     #: ``forward`` only moves values (any dtype in, the same dtype out): the executor hands it
     #: the bf16 arena views and copies its uint16 results, with no widening or narrowing
     bf16_native: bool = False
+    #: ``forward`` returns views of its inputs, computing nothing (a slice, a transposition, a
+    #: window): the Plan copies them into the outputs (``view_copies``)
+    forward_views: ClassVar[bool] = False
     #: every fp32 result is a bf16 value already (maxima, ReLU, copies): the executor stores
     #: the high halves instead of rounding (an exact shortcut, same bits)
     exact_store: bool = False
@@ -94,9 +97,14 @@ class Kernel:
         batched kernel's batch), else 1."""
         return int(out.shape[0]) if out.ndim > len(self.out_shapes[0]) else 1
 
-    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+    def view_copies(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """For a ``bf16_native`` kernel whose results are views of its inputs: (output view,
+        input view) pairs whose copies are its step (``CopyCall``); None for the others."""
+        return list(zip(outs, self.forward(xs))) if self.forward_views else None
+
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
         """``forward_store`` of these arena views (``post`` fused) as one compiled call that a
-        Plan makes once, under a run's thread cap, and repeats (``KernelCall``); None where
+        Plan makes once, under a run's thread cap, and repeats (``jit.KernelCall``); None where
         the kernel has none for them (a numpy path, or arguments read from an input's values):
         then the Plan calls ``forward_store`` each run."""
         return None

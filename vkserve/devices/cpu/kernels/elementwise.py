@@ -12,7 +12,7 @@ from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import from_bf16
 from vkserve.devices.cpu.jit import elementwise as jit_elementwise
 from vkserve.devices.cpu.jit import lrn as jit_lrn
-from vkserve.devices.cpu.kernels.base import Kernel, KernelCall, leaky_relu, register
+from vkserve.devices.cpu.kernels.base import Kernel, StepCall, leaky_relu, register
 from vkserve.devices.cpu.kernels.jitted import JitCall, JitKernel
 from vkserve.models.layers import Shape, binary_broadcast_shape, positive_axis
 
@@ -229,7 +229,7 @@ class _TwoOperands(ElementwiseJit):
             return self.forward_numpy(xs)
         return super().forward(xs)
 
-    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
         f = self.form
         if f is not None and f.bform == jit_elementwise.B_SCALAR and len(us) > 1:
             return None  # the one-value tensor is read as a scalar argument: each run's own

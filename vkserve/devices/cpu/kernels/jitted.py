@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from vkserve.devices.cpu import jit
-from vkserve.devices.cpu.kernels.base import Kernel, KernelCall
+from vkserve.devices.cpu.kernels.base import Kernel, StepCall
 from vkserve.models.layers import Shape
 
 #: a numba kernel and the arguments of one call (``JitKernel._call``)
@@ -26,7 +26,7 @@ class JitKernel(Kernel):
     def _call(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> JitCall:
         """The numba kernel computing ``out`` from ``xs`` with the epilogue ``ops``, and its
         arguments: views of these arrays, work buffers, weights, task counts for the calling
-        thread's cap; none read from the inputs' values (``KernelCall``)."""
+        thread's cap; none read from the inputs' values (``jit.KernelCall``)."""
         raise NotImplementedError
 
     def _launch(self, xs: list[np.ndarray], out: np.ndarray, ops: np.ndarray) -> None:
@@ -54,10 +54,10 @@ class JitKernel(Kernel):
         self._epilogues: dict[tuple[int, ...], np.ndarray] = {}
         return super().infer(in_shapes)
 
-    def _store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall:
-        return KernelCall(*self._call(us, outs[0], self._ops(post)), self.work * self.items(outs[0]))
+    def _store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> jit.KernelCall:
+        return jit.KernelCall(*self._call(us, outs[0], self._ops(post)), self.work * self.items(outs[0]))
 
-    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
         return self._store_call(us, outs, post)
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> None:

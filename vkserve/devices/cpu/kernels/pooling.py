@@ -21,7 +21,7 @@ import numpy as np
 
 from vkserve.devices.cpu import jit
 from vkserve.devices.cpu.bf16 import BF16_LOWEST, narrow_exact_into, to_bf16, widen_into
-from vkserve.devices.cpu.kernels.base import Kernel, KernelCall, register
+from vkserve.devices.cpu.kernels.base import Kernel, StepCall, register
 from vkserve.devices.cpu.kernels.conv import border, fill_border
 from vkserve.models.layers import Shape
 
@@ -85,10 +85,11 @@ class Pooling(Kernel):
         self.row_runs = jit.poolrows.worthwhile(kh, kw, sh, sw, p.pooling_type == 0)
         return out
 
-    def _global_avg(self, x: np.ndarray, out: np.ndarray) -> KernelCall:
+    def _global_avg(self, x: np.ndarray, out: np.ndarray) -> jit.KernelCall:
         """``jit.pooling.global_avg`` of ``x`` (the image view) into ``out`` (C values)."""
         c = self.view[0]
-        return KernelCall(jit.pooling.global_avg, (x.reshape(c, -1), jit.task_count(c), out.reshape(1, c)), self.work)
+        return jit.KernelCall(jit.pooling.global_avg, (x.reshape(c, -1), jit.task_count(c), out.reshape(1, c)),
+                              self.work)
 
     @property
     def global_avg(self) -> bool:
@@ -98,22 +99,22 @@ class Pooling(Kernel):
     def windowed(self) -> bool:
         return not (self.p.global_pooling or self.adaptive)
 
-    def _pool(self, x: np.ndarray, out: np.ndarray) -> KernelCall:
+    def _pool(self, x: np.ndarray, out: np.ndarray) -> jit.KernelCall:
         """``jit.pooling.pool2d`` of ``x`` (bf16 or fp32) into ``out`` (same dtype rules), or
         ``jit.poolrows``' row runs where they apply."""
         p = self.p
         c, oh, ow = self.out_shapes[0]
         is_max = p.pooling_type == 0
         if self.row_runs and x.dtype == np.uint16 and out.dtype == np.uint16 and x.flags.c_contiguous:
-            return KernelCall(jit.poolrows.max_pool_rows, (x.reshape(self.view), self.geo, np.float32(BF16_LOWEST),
-                                                           out.reshape(c, oh * ow), jit.task_count(c)), self.work)
+            return jit.KernelCall(jit.poolrows.max_pool_rows, (
+                x.reshape(self.view), self.geo, np.float32(BF16_LOWEST), out.reshape(c, oh * ow), jit.task_count(c)),
+                self.work)
         divisor = self.divisor if self.divisor is not None else np.zeros((0, 0), dtype=np.float32)
-        return KernelCall(jit.pooling.pool2d, (x.reshape(self.view), self.geo, is_max,
-                                               np.float32(BF16_LOWEST if is_max else 0.0), divisor,
-                                               np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow),
-                                               jit.task_count(c)), self.work)
+        return jit.KernelCall(jit.pooling.pool2d, (
+            x.reshape(self.view), self.geo, is_max, np.float32(BF16_LOWEST if is_max else 0.0), divisor,
+            np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow), jit.task_count(c)), self.work)
 
-    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> KernelCall | None:
+    def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
         if self.windowed:
             return self._pool(us[0], outs[0])
         if self.global_avg:

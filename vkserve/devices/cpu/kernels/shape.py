@@ -82,6 +82,7 @@ class Concat(Kernel):
 @register("Slice")
 class Slice(Kernel):
     bf16_native = True
+    forward_views = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -99,6 +100,7 @@ class Slice(Kernel):
 @register("Permute")
 class Permute(Kernel):
     bf16_native = True
+    forward_views = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         self.axes = self.p.numpy_axes(len(in_shapes[0]))
@@ -122,10 +124,15 @@ class ShuffleChannel(Kernel):
         x = xs[0].reshape(self.groups, c // self.groups, h, w)
         return [np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(c, h, w)]
 
-    def forward_into(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+    def view_copies(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The output as (C / g, g, H, W) from the input's (g, C / g, H, W) swapped."""
         c, h, w = xs[0].shape
         x = xs[0].reshape(self.groups, c // self.groups, h, w)
-        np.copyto(outs[0].reshape(c // self.groups, self.groups, h, w), x.transpose(1, 0, 2, 3))
+        return [(outs[0].reshape(c // self.groups, self.groups, h, w), x.transpose(1, 0, 2, 3))]
+
+    def forward_into(self, xs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        for dst, src in self.view_copies(xs, outs):
+            np.copyto(dst, src)
 
 
 @register("Crop")
@@ -133,6 +140,7 @@ class Crop(Kernel):
     """A copy of the layer's window (``CropParams.window_of``: every form of it)."""
 
     bf16_native = True
+    forward_views = True
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         offsets, sizes = self.p.window_of(in_shapes)
