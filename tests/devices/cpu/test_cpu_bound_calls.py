@@ -126,3 +126,15 @@ def test_no_call_holds_a_work_buffer_its_slot_outgrew(monkeypatch: pytest.Monkey
             for arg in call.args if isinstance(call, KernelCall) else ():
                 if isinstance(arg, np.ndarray):
                     assert not any(np.shares_memory(arg, b) for b in stale), step.name
+
+
+def test_a_strided_view_gets_no_call() -> None:
+    """A reshape of a strided view is a copy: a call made once from one would read (or write)
+    that run's copy ever after, so such a step keeps its per-run path."""
+    plan = Plan(load_model(MODELS_DIR / "shufflenet_v2.param", None))
+    for kind, layer in ((StepKind.STORE, "Convolution"), (StepKind.BF16_NATIVE, "ShuffleChannel")):
+        step = next(s for s in plan._program if s.kind is kind and s.kernel.layer.type == layer)
+        assert Plan._call(step) is not None
+        x = step.ins[0]
+        strided = np.zeros((2 * x.shape[0], *x.shape[1:]), x.dtype)[::2]  # the same shape, every other row
+        assert Plan._call(step._replace(ins=[strided, *step.ins[1:]])) is None, layer

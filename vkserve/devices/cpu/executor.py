@@ -596,17 +596,17 @@ class Plan:
         """The step's run as one call made once: the compiled call storing its results
         (``Kernel.store_call``), or the copies of a bf16-native step whose results are views of
         its input (``Kernel.view_copies``; where its outputs may overlap its inputs, none: the
-        inputs are copied first each run)."""
+        inputs are copied first each run). None where a view is strided: a reshape of it would
+        be a copy, and the call would hold one run's data."""
+        if step.kind is not StepKind.STORE and (step.kind is not StepKind.BF16_NATIVE or step.copy_inputs):
+            return None
         outs = [view for view, _ in step.outs]
+        if not all(view.flags.c_contiguous for view in (*step.ins, *outs)):
+            return None
         if step.kind is StepKind.STORE:
             return step.kernel.store_call(step.ins, outs, step.post)
-        if step.kind is not StepKind.BF16_NATIVE or step.copy_inputs:
-            return None
         pairs = step.kernel.view_copies(step.ins, outs)
-        if pairs is None or not all(any(np.may_share_memory(src, x) for x in step.ins)
-                                    and any(np.may_share_memory(dst, o) for o in outs) for dst, src in pairs):
-            return None  # a copy made by a reshape, not a view: it would be this run's data
-        return CopyCall(pairs)
+        return None if pairs is None else CopyCall(pairs)
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
         """Each step's wall time, median of ``runs`` runs of a full batch of ``inputs`` after
