@@ -574,10 +574,10 @@ class Plan:
 
     def _bound_program(self, count: int) -> list[tuple[StepCall | None, _Prepared]]:
         """``_program_for(count)``, each step with the call that is its run where it has one
-        (``_call``), else None (``_run_step`` runs it): made once per
-        item count and thread cap (the calls' task counts follow the cap: call it under
-        ``jit.run_threads``), twice where the first making grew a work buffer, so that every call
-        holds the buffer its slot grew to."""
+        (``_call``), else None (``_run_step`` runs it): made once per item count and thread cap
+        (the calls' task counts follow the cap: call it under ``jit.run_threads``), twice where
+        the first making grew a work buffer, so that every call holds the buffer its slot grew
+        to."""
         key = (count, jit.kernel_threads())
         bound = self._bound.get(key)
         if bound is None:

@@ -71,11 +71,10 @@ from vkserve.devices.cpu.jit.epilogue import epilogue_ops, scale_act
 from vkserve.devices.cpu.jit.innerproduct import inner_product, pack_rows
 
 __all__ = ["SMALL_WORK", "SMALL_WORK_SPINNING", "VECTORS", "Dispatcher", "KernelCall", "cap_threads", "conv_gemm",
-           "depthwise",
-           "direct", "dwblocks", "dwrows", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry", "implicit",
-           "implicit_pairs", "inner_product", "kernel_threads", "launch", "task_count", "pack_gemm_weights",
-           "pack_rows", "pinning", "pooling", "poolrows", "run_threads", "scale_act", "small_work", "use_threads",
-           "winograd"]
+           "depthwise", "direct", "dwblocks", "dwrows", "epilogue_ops", "gemm_row_chunks", "gemm_split", "geometry",
+           "implicit", "implicit_pairs", "inner_product", "kernel_threads", "launch", "task_count",
+           "pack_gemm_weights", "pack_rows", "pinning", "pooling", "poolrows", "run_threads", "scale_act",
+           "small_work", "use_threads", "winograd"]
 
 
 _pool_started = False

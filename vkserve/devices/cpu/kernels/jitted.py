@@ -55,6 +55,8 @@ class JitKernel(Kernel):
         return super().infer(in_shapes)
 
     def _store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> jit.KernelCall:
+        """``forward_store``'s call, whether or not a Plan may make it once (``store_call``, which
+        a kernel reading a value from an input turns down)."""
         return jit.KernelCall(*self._call(us, outs[0], self._ops(post)), self.work * self.items(outs[0]))
 
     def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
