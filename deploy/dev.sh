@@ -34,6 +34,8 @@ cmd=${1:-serve}
 shift || true
 case "$cmd" in
   serve) exec .venv/bin/vkserve serve "$@" ;;
-  test) exec .venv/bin/python -m pytest "$@" ;;
+  # two workers, each test file on one (its module fixtures and daemons stay together); the
+  # CPU kernels are compiled once before they start (tests/conftest.py). `-n 0`: one process.
+  test) exec .venv/bin/python -m pytest -n "${VKSERVE_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *) echo "usage: $0 serve|test [args]" >&2; exit 2 ;;
 esac

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -10,6 +12,20 @@ from tests.support.daemon import Daemon, Launch, running_daemon
 from vkserve.devices.capabilities import DeviceCaps, DeviceKind
 from vkserve.devices.cpu.kernel_cache import default_numba_dir
 from vkserve.devices.discovery import discover_devices
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist the controller compiles the CPU kernels into numba's cache once, before
+    its workers start: each worker's first CPU test, and each daemon it starts (a first start
+    compiles them all in a child), would otherwise compile them again side by side. (Run in one
+    process, the suite's first folder, ``tests/cache``, compiles them through `vkserve cache
+    warm`.) Where they are cached already, the child only loads them: a few seconds."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None):
+        return
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(default_numba_dir()))
+    print(f"compiling the CPU kernels into {os.environ['NUMBA_CACHE_DIR']} for the workers", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "vkserve.devices.cpu.compile_child", str(os.getpid())],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="session")
