@@ -520,14 +520,14 @@ class Plan:
             if self.thread_choice.threads != threads.THREADS:  # the engine's count changed
                 self.thread_choice = ThreadChoice(threads.THREADS)
             n = self.thread_choice.next()
-            grown = self.scratch.nbytes
+            grown = self.scratch.grown
             with jit.run_threads(n):
                 for call, step in self._bound_program(count):
                     if call is not None:
                         call()
                     else:
                         self._run_step(step, dynamic)
-            if self.scratch.nbytes != grown:  # a step grew a work buffer a call holds: make them again
+            if self.scratch.grown != grown:  # a step grew a work buffer a call may hold: make them again
                 self._bound.clear()
             t2 = time.perf_counter()
             choice = self.thread_choice
@@ -581,9 +581,9 @@ class Plan:
         key = (count, jit.kernel_threads())
         bound = self._bound.get(key)
         if bound is None:
-            size = self.scratch.nbytes
+            grown = self.scratch.grown
             bound = self._bind(count)
-            if self.scratch.nbytes != size:
+            if self.scratch.grown != grown:
                 bound = self._bind(count)
             self._bound[key] = bound
         return bound

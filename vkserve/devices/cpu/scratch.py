@@ -20,6 +20,9 @@ class Scratch:
 
     def __init__(self) -> None:
         self._bufs: dict[str, np.ndarray] = {}
+        #: how many times a slot was made or grown: a call made once (``jit.KernelCall``) that
+        #: holds a slot's buffer is stale once this moves
+        self.grown = 0
 
     def get(self, slot: str, shape: tuple[int, ...] | int, dtype: type = np.float32) -> np.ndarray:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -32,8 +35,5 @@ class Scratch:
         if buf is None or buf.nbytes < nbytes:
             buf = np.empty(nbytes // 4, dtype=np.float32)
             self._bufs[slot] = buf
+            self.grown += 1
         return buf.view(dtype)[:n].reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._bufs.values())
