@@ -47,10 +47,17 @@ def test_calls_made_once_give_each_runs_bits(model: str) -> None:
     stores = [step for _, step in bound if step.kind is StepKind.STORE]
     calls = [call for call, step in bound if step.kind is StepKind.STORE]
     assert all(isinstance(call, KernelCall) for call in calls) and len(calls) == len(stores) > 0  # every one here
-    # shufflenet_v2's channel shuffles: copies of views of their input, made once (its Slices'
-    # outputs reuse their input's bytes: their input is copied first each run, no call)
+    # shufflenet_v2's channel shuffles and Slices: copies of views of their input, made once;
+    # a Slice's outputs reuse its input's bytes, so its call copies the input into a work
+    # buffer first and takes the views from there
     copies = {step.kernel.layer.type for call, step in bound if isinstance(call, CopyCall)}
-    assert copies == ({"ShuffleChannel"} if model == "shufflenet_v2" else set()), copies
+    assert copies == ({"ShuffleChannel", "Slice"} if model == "shufflenet_v2" else set()), copies
+    for call, step in bound:
+        if isinstance(call, CopyCall) and step.copy_inputs:
+            (buffer, source), *views = call.pairs
+            assert source is step.ins[0] and any(np.may_share_memory(source, view) for view, _ in step.outs)
+            assert all(np.may_share_memory(src, buffer) for _, src in views)
+    assert any(step.copy_inputs for call, step in bound if isinstance(call, CopyCall)) == (model == "shufflenet_v2")
 
 
 def test_a_value_read_from_an_input_is_read_each_run() -> None:
@@ -134,7 +141,7 @@ def test_a_strided_view_gets_no_call() -> None:
     plan = Plan(load_model(MODELS_DIR / "shufflenet_v2.param", None))
     for kind, layer in ((StepKind.STORE, "Convolution"), (StepKind.BF16_NATIVE, "ShuffleChannel")):
         step = next(s for s in plan._program if s.kind is kind and s.kernel.layer.type == layer)
-        assert Plan._call(step) is not None
+        assert plan._call(step) is not None
         x = step.ins[0]
         strided = np.zeros((2 * x.shape[0], *x.shape[1:]), x.dtype)[::2]  # the same shape, every other row
-        assert Plan._call(step._replace(ins=[strided, *step.ins[1:]])) is None, layer
+        assert plan._call(step._replace(ins=[strided, *step.ins[1:]])) is None, layer

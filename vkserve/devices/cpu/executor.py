@@ -591,22 +591,27 @@ class Plan:
     def _bind(self, count: int) -> list[tuple[StepCall | None, _Prepared]]:
         return [(self._call(step), step) for step in self._program_for(count)]
 
-    @staticmethod
-    def _call(step: _Prepared) -> StepCall | None:
+    def _call(self, step: _Prepared) -> StepCall | None:
         """The step's run as one call made once: the compiled call storing its results
         (``Kernel.store_call``), or the copies of a bf16-native step whose results are views of
-        its input (``Kernel.view_copies``; where its outputs may overlap its inputs, none: the
-        inputs are copied first each run). None where a view is strided: a reshape of it would
-        be a copy, and the call would hold one run's data."""
-        if step.kind is not StepKind.STORE and (step.kind is not StepKind.BF16_NATIVE or step.copy_inputs):
+        its input (``Kernel.view_copies``; where its outputs may overlap its inputs, the views
+        are of a work buffer the inputs are copied into first, as ``_run_step`` copies them).
+        None where a view is strided: a reshape of it would be a copy, and the call would hold
+        one run's data."""
+        if step.kind is not StepKind.STORE and step.kind is not StepKind.BF16_NATIVE:
             return None
         outs = [view for view, _ in step.outs]
         if not all(view.flags.c_contiguous for view in (*step.ins, *outs)):
             return None
         if step.kind is StepKind.STORE:
             return step.kernel.store_call(step.ins, outs, step.post)
-        pairs = step.kernel.view_copies(step.ins, outs)
-        return None if pairs is None else CopyCall(pairs)
+        ins = step.ins
+        if step.copy_inputs:  # the work buffers' slots: "copy0", "copy1", ... (grown: made again)
+            ins = [self.scratch.get(f"copy{i}", x.shape, x.dtype.type) for i, x in enumerate(step.ins)]
+        pairs = step.kernel.view_copies(ins, outs)
+        if pairs is None:
+            return None
+        return CopyCall([*zip(ins, step.ins), *pairs] if step.copy_inputs else pairs)
 
     def profile(self, inputs: Mapping[str, np.ndarray], runs: int = 10) -> list[StepTime]:
         """Each step's wall time, median of ``runs`` runs of a full batch of ``inputs`` after
