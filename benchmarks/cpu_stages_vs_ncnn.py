@@ -5,9 +5,11 @@
 ncnn computes only what an extracted blob needs, so the time to extract a stage's last blob,
 less the time to extract the previous stage's, is that stage's time in ncnn (bf16 storage,
 T threads; the stages' extractions interleaved, round after round). vkserve's is the sum of
-its Plan's steps up to that blob's producer (``Plan.profile``), less the previous stage's. Both take the same seeded random weights and
-input; printed: each stage's median ms of N runs and the ratio (a stage whose ncnn time comes
-out at or under zero is within this machine's spread of its neighbour: read the two together).
+its Plan's steps up to that blob's producer (``Plan.profile``), less the previous stage's.
+Both take the same seeded random weights and input; printed: each stage's median ms of N runs
+and the ratio. Extracting a blob includes converting it out of ncnn's packed layout, so a stage
+whose last blob is much smaller than the one before comes out short, even under zero (resnet18's
+pool1 after conv1): read the two together.
 """
 
 from __future__ import annotations
