@@ -50,7 +50,7 @@ Convolution pw 1 1 a out 0=16 1=1 5=1 6=128
     data = np.random.default_rng(0).standard_normal((8, 12, 12)).astype(np.float32)
     return Plan(build_graph(layers, "residency net")).run({"data": data})["out"].tobytes().hex()
 
-import llvmlite, os, sys
+import llvmlite, os
 assert llvmlite.__file__.startswith(os.environ["PYTHONPATH"]), llvmlite.__file__  # the private copy
 got = {"mapped": len(compiler_mappings()), "imported": compiler_rss_kib()}
 compile_kernels()
