@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-MODELS = Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import interleaved_ms  # noqa: E402
+
+MODELS = ROOT / "tests" / "data" / "models"
 #: each stage's last blob: the residual stages of resnet18, the pooled blocks of vgg16
 STAGES = {
     "resnet18": "conv1_conv1_relu,pool1,res2b_res2b_relu,res3b_res3b_relu,res4b_res4b_relu,res5b_res5b_relu,fc1000",
     "vgg16": "pool1,pool2,pool3,pool4,pool5,fc8",
 }
-
-
-def interleaved_ms(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Each function's median ms over ``rounds`` rounds that call every one of them in turn (after
-    one untimed round): a drift of the machine's speed reaches every stage alike, where timing
-    the stages one after another gave differences of several ms, some below zero."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(rounds + 1):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            fn()
-            if r:
-                times[name].append(time.perf_counter() - t0)
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
+from functools import partial
 from pathlib import Path
 
-MODELS = Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import interleaved_ms  # noqa: E402
+
+MODELS = ROOT / "tests" / "data" / "models"
 SMALL = "shufflenet_v2,mobilenet_v2,mobilenet_v3,efficientnet_b0,squeezenet,mobilenet,nanodet_m"
 
 
@@ -47,17 +52,10 @@ def main() -> None:
         for _ in range(5):
             got, want = plan.run(x), each.run(x)
         same = all(np.array_equal(got[k], want[k]) for k in want)
-        once, again = [], []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            plan.run(x)
-            t1 = time.perf_counter()
-            each.run(x)
-            once.append(t1 - t0)
-            again.append(time.perf_counter() - t1)
+        ms = interleaved_ms({"once": partial(plan.run, x), "each": partial(each.run, x)}, args.rounds, warmup=0)
         calls = max(sum(call is not None for call, _ in bound) for bound in plan._bound.values())
-        a, b = statistics.median(once), statistics.median(again)
-        print(f"| {name} | {1e3 * a:.3f} | {1e3 * b:.3f} | {b / a:.3f}x | {calls} of {len(plan._program)} | "
+        a, b = ms["once"], ms["each"]
+        print(f"| {name} | {a:.3f} | {b:.3f} | {b / a:.3f}x | {calls} of {len(plan._program)} | "
               f"{'yes' if same else 'NO'} |", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""The one timing loop the benchmarks share."""
+"""The timing loops the benchmarks share."""
 
 from __future__ import annotations
 
@@ -17,3 +17,17 @@ def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Each function's median wall time in milliseconds over ``rounds`` rounds that call every
+    one of them in turn, after ``warmup`` untimed rounds: a drift of the machine's speed reaches
+    each alike, where timing them one after another compares different moments."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(warmup + rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
