@@ -50,19 +50,24 @@ def test_outputs_table_csv_plot(tmp_path):
 
 
 class FakeClient:
-    """Answers after a fixed delay; records concurrency."""
+    """Answers after a fixed delay (the first call after `first_delay`, when given: a model's
+    cold first run); records concurrency and calls."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, first_delay: float | None = None) -> None:
         self.delay = delay
+        self.first_delay = first_delay
         self.outstanding = 0
         self.max_outstanding = 0
+        self.calls = 0
 
     async def infer_detailed(self, model, inputs, timeout=None):
         from vkserve.client.messages import InferReply
 
         self.outstanding += 1
+        self.calls += 1
         self.max_outstanding = max(self.max_outstanding, self.outstanding)
-        await trio.sleep(self.delay)
+        first = self.calls == 1 and self.first_delay is not None
+        await trio.sleep(self.first_delay if first else self.delay)
         self.outstanding -= 1
         return InferReply({"y": np.zeros(1)}, "fake", 0.0, self.delay)
 
@@ -80,6 +85,16 @@ async def test_concurrency_level_keeps_n_outstanding(autojump_clock):
     assert fake.max_outstanding == 4
     assert r.stable and r.throughput == pytest.approx(400, rel=0.05)
     assert r.p50_ms == pytest.approx(10, rel=0.05) and r.server_run_ms == pytest.approx(10)
+
+
+async def test_a_cold_first_request_is_not_measured(autojump_clock):
+    """The first request takes longer than both windows: it is the level's untimed warm-up, so
+    the windows hold the model's steady answers, not nothing (a NaN p99 before)."""
+    fake = FakeClient(0.01, first_delay=3.0)
+    settings = BenchSettings("m", {}, window_seconds=1.0, max_windows=2, stable_windows=2)
+    r = await measure_level(lambda: fake, settings, concurrency=1)
+    assert r.stable and r.requests == pytest.approx(200, rel=0.05) and fake.calls >= r.requests + 1
+    assert r.p99_ms == pytest.approx(10, rel=0.05)
 
 
 async def test_rate_level_paces_requests(autojump_clock):

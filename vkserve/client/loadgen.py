@@ -5,6 +5,10 @@ rate: requests started at fixed intervals) it measures in windows and stops once
 `stable_windows` windows agree on throughput and p50 latency within `tolerance` (or after
 `max_windows`). Reported per level: throughput, client-side p50/p90/p95/p99 latency, and
 the server-side split (queue vs execution seconds from the daemon's infer replies).
+
+Each level first sends one untimed request on its new connection, as perf_analyzer warms up:
+the connection's set-up and a model's first run (pipelines or kernels loaded on first use) are
+not load, and on a slow box could otherwise fill a short window with nothing answered.
 """
 
 from __future__ import annotations
@@ -153,33 +157,38 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
         current.samples.append(Sample(trio.current_time() - t0, reply.queue_seconds,
                                       reply.run_seconds, reply.batch_size))
 
-    async with connect() as client, trio.open_nursery() as nursery:
-        if concurrency:
-            async def worker() -> None:
-                while True:
-                    await one(client)
+    async with connect() as client:
+        try:
+            await client.infer_detailed(settings.model, inputs, timeout=settings.timeout)
+        except ServerError as exc:  # counted against the level's first window
+            current.errors[exc.code] = current.errors.get(exc.code, 0) + 1
+        async with trio.open_nursery() as nursery:
+            if concurrency:
+                async def worker() -> None:
+                    while True:
+                        await one(client)
 
-            for _ in range(concurrency):
-                nursery.start_soon(worker)
-        else:
-            async def pacer() -> None:
-                interval = 1.0 / rate
-                next_at = trio.current_time()
-                while True:
-                    nursery.start_soon(one, client)
-                    next_at += interval
-                    await trio.sleep_until(next_at)
+                for _ in range(concurrency):
+                    nursery.start_soon(worker)
+            else:
+                async def pacer() -> None:
+                    interval = 1.0 / rate
+                    next_at = trio.current_time()
+                    while True:
+                        nursery.start_soon(one, client)
+                        next_at += interval
+                        await trio.sleep_until(next_at)
 
-            nursery.start_soon(pacer)
-        while len(windows) < settings.max_windows:
-            await trio.sleep(settings.window_seconds)
-            windows.append(current)
-            current = Window(settings.window_seconds)
-            if progress:
-                progress(mode, level, len(windows), windows[-1])
-            if stable(windows, settings.stable_windows, settings.tolerance):
-                break
-        nursery.cancel_scope.cancel()
+                nursery.start_soon(pacer)
+            while len(windows) < settings.max_windows:
+                await trio.sleep(settings.window_seconds)
+                windows.append(current)
+                current = Window(settings.window_seconds)
+                if progress:
+                    progress(mode, level, len(windows), windows[-1])
+                if stable(windows, settings.stable_windows, settings.tolerance):
+                    break
+            nursery.cancel_scope.cancel()
     was_stable = stable(windows, settings.stable_windows, settings.tolerance)
     used = windows[-settings.stable_windows:] if was_stable else windows
     return LevelResult.from_windows(mode, level, used, was_stable, settings.batch)
