@@ -140,13 +140,16 @@ def test_winograd_only_where_it_wins(tmp_path: Path, shape: tuple[int, int, int]
 def test_winograd_leaves_most_layers_to_the_planes_bf16_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside the bf16 pairs from the input's planes (``jit.implicit_pairs``) F(4, 3) keeps the
     layers of 128 input channels and more on maps of 36 tiles and more (resnet18's 128 -> 128
-    at 28x28, vgg16's), not widening 4x; the rest (squeezenet's expanding 16 -> 64 at 55x55 and
-    32 -> 128 at 27x27, resnet18's 64 -> 64 at 56x56, 96 channels) run from the planes. Beside
-    the fp32 GEMM all of these are Winograd's."""
-    for cin, og, hw in ((16, 64, 55), (32, 128, 27), (64, 64, 56), (96, 96, 28), (128, 512, 28), (128, 128, 20)):
+    at 28x28, vgg16's), and of 64 on maps of 112x112 and more (vgg16's first two blocks), not
+    widening 4x; the rest (squeezenet's expanding 16 -> 64 at 55x55 and 32 -> 128 at 27x27,
+    resnet18's 64 -> 64 at 56x56, 64 channels at 80x80, 32 at 112x112, 96 channels) run from the
+    planes. Beside the fp32 GEMM all of these are Winograd's."""
+    for cin, og, hw in ((16, 64, 55), (32, 128, 27), (64, 64, 56), (64, 64, 80), (32, 32, 112), (96, 96, 28),
+                        (128, 512, 28), (128, 128, 20), (64, 256, 112)):
         assert not winograd.worthwhile(cin, og, hw, hw, planes_pairs=True)
         assert winograd.worthwhile(cin, og, hw, hw, planes_pairs=False)
-    for cin, og, hw in ((128, 128, 28), (128, 256, 56), (256, 256, 24), (512, 512, 28)):
+    for cin, og, hw in ((128, 128, 28), (128, 256, 56), (256, 256, 24), (512, 512, 28), (64, 64, 224),
+                        (64, 128, 112), (64, 64, 112)):
         assert winograd.worthwhile(cin, og, hw, hw, planes_pairs=True)
     monkeypatch.undo()  # a layer takes the rule of the kernels this process runs
     assert winograd.worthwhile(64, 64, 56, 56) == (not (jit.conv.DOT or jit.conv.AMX))

@@ -83,6 +83,13 @@ MIN_TILES_FP32 = 9
 MIN_IN_WITH_PAIRS = 128
 MIN_TILES = 36
 MAX_WIDENING_WITH_PAIRS = 4
+#: and, since its output transform stores rows without a copy (thirty-fourth session), the
+#: 64-channel layers on maps of 112x112 and more: measured the same way (median of 25; Winograd's
+#: time over the planes', one thread / two): 64 -> 64 at 224x224 0.87-0.89 / 0.89-0.94, 64 -> 128
+#: at 112x112 0.80-0.85 / 0.91-0.94, 64 -> 64 at 112x112 0.99 / 0.70; smaller maps mixed or lost:
+#: 64 -> 64 at 80x80 0.92 / 1.06, at 56x56 0.87-1.04 / 1.03-1.19, at 28x28 0.98-1.04 / 1.03-1.09
+MIN_IN_LARGE_MAPS = 64
+MIN_TILES_LARGE_MAPS = 28 * 28
 #: beside AMX tiles (``conv.AMX``) F(4, 3) never wins: ``jit.implicit`` runs these layers
 #: from the input's planes. Measured on the 2-core Intel VM (one thread, ``Plan.profile``, ms,
 #: Winograd / implicit): vgg16's 64 -> 64 at 224x224 17.1 / 12.3, 128 -> 128 at 112x112 11.1 /
@@ -97,7 +104,9 @@ def worthwhile(cin: int, og: int, oh: int, ow: int, planes_pairs: bool = DOT, ge
         return False
     tiles = -(-oh // 4) * -(-ow // 4)
     if planes_pairs:
-        return cin >= MIN_IN_WITH_PAIRS and MIN_OUT <= og < MAX_WIDENING_WITH_PAIRS * cin and tiles >= MIN_TILES
+        deep = cin >= MIN_IN_WITH_PAIRS and tiles >= MIN_TILES
+        large = cin >= MIN_IN_LARGE_MAPS and tiles >= MIN_TILES_LARGE_MAPS
+        return (deep or large) and MIN_OUT <= og < MAX_WIDENING_WITH_PAIRS * cin
     return cin >= MIN_IN and og >= MIN_OUT and tiles >= MIN_TILES_FP32
 
 
