@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,15 +44,6 @@ DEFAULT_MODELS = HERE.parent / "tests" / "data" / "models"
 ENGINES = ("vkserve_bf16", "ncnn_fp32", "ncnn_bf16")
 #: seconds between engine blocks (see the timing loop)
 QUIET_S = 0.1
-
-
-def timed(fn: Callable[[], object], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def peak_kib() -> int:
@@ -159,6 +149,7 @@ def main() -> int:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VKSERVE_CPU_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(HERE.parent))
+    from benchmarks.timing import interleaved_ms  # noqa: PLC0415
     from vkserve.cli.commands._inputs import parse_shapes  # noqa: PLC0415 (light: no numba in this process yet)
 
     only = {n for n in args.only.split(",") if n}
@@ -205,21 +196,12 @@ def main() -> int:
                 "ncnn_fp32": lambda: ncnn_extract(nets[False], mats, plan.output_names),
                 "ncnn_bf16": lambda: ncnn_extract(nets[True], mats, plan.output_names),
             }
-            times: dict[str, list[float]] = {e: [] for e in ENGINES}
-            for fn in runs.values():
-                fn()  # warm-up
-            for _ in range(args.rounds):
-                for engine, fn in runs.items():
-                    # each block on a quiet machine: the other engine's OpenMP workers stop
-                    # spinning first (ncnn's for up to its 20 ms blocktime, vkserve's ~0.3 ms),
-                    # and one untimed run brings this engine's own pool and caches back
-                    time.sleep(QUIET_S)
-                    fn()
-                    times[engine] += timed(fn, args.repeat)
+            # each engine's runs in blocks on a quiet machine: the other engine's OpenMP workers
+            # stop spinning first (ncnn's for up to its 20 ms blocktime, vkserve's ~0.3 ms)
+            ms = interleaved_ms(runs, args.rounds, warmup=0, repeat=args.repeat, quiet_s=QUIET_S)
             for net in nets.values():
                 net.clear()
             row: dict[str, object] = {"model": param.stem}
-            ms = {e: statistics.median(t) * 1e3 for e, t in times.items()}
             row.update({f"{e}_ms": round(v, 2) for e, v in ms.items()})
             row["vkserve_threads"] = plan.thread_choice.chosen
             row["vkserve_choice_ms"] = choice_ms

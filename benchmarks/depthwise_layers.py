@@ -13,10 +13,15 @@ rule; this measures what the rule is built on.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.timing import interleaved_ms  # noqa: E402
 
 #: (channels, map, kernel, stride)
 SHAPES = [(384, 14, 3, 1), (576, 14, 3, 1), (960, 7, 3, 1), (192, 28, 3, 1), (144, 56, 3, 1), (32, 112, 3, 1),
@@ -54,18 +59,14 @@ def main() -> None:
             pw, pb = jit.dwblocks.pack_weights(w16, c, k * k), jit.dwblocks.pack_bias(bias)
             runs["blocks"] = lambda out: jit.dwblocks.depthwise_blocks(x, x.reshape(c, -1), pw, pb, clip, padv, geo,
                                                                       args.threads, out)
-        times: dict[str, list[float]] = {name: [] for name in runs}
         with jit.launch():
             for name, run in runs.items():
                 outs[name] = np.empty((c, o * o), np.uint16)
                 run(outs[name])
-            for _ in range(args.repeat):
-                for name, run in runs.items():
-                    t0 = time.perf_counter()
-                    run(outs[name])
-                    times[name].append(time.perf_counter() - t0)
+            ms = interleaved_ms({name: functools.partial(run, outs[name]) for name, run in runs.items()},
+                                args.repeat, warmup=0)
         same = all(np.array_equal(outs["planes"], out) for out in outs.values())
-        cells = "  ".join(f"{name} {statistics.median(ts) * 1e3:.4f}" for name, ts in times.items())
+        cells = "  ".join(f"{name} {t:.4f}" for name, t in ms.items())
         print(f"{c} x {hw} x {hw} {k}x{k} stride {st}: {cells}  same bits: {same}", flush=True)
 
 

@@ -19,15 +19,23 @@ def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 3) -> float:
     return statistics.median(times) * 1e3
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, float]:
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1, repeat: int = 1,
+                   quiet_s: float = 0.0) -> dict[str, float]:
     """Each function's median wall time in milliseconds over ``rounds`` rounds that call every
-    one of them in turn, after ``warmup`` untimed rounds: a drift of the machine's speed reaches
-    each alike, where timing them one after another compares different moments."""
+    one of them in turn (``repeat`` timed calls a turn), after ``warmup`` untimed rounds: a
+    drift of the machine's speed reaches each alike, where timing them one after another
+    compares different moments. With ``quiet_s`` each turn starts with that pause and one
+    untimed call: engines with thread pools of their own find the machine quiet (the other's
+    workers stopped spinning) and their own pool and caches back."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(warmup + rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if r >= warmup:
-                times[name].append(time.perf_counter() - t0)
+            if quiet_s:
+                time.sleep(quiet_s)
+                fn()
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                if r >= warmup:
+                    times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
