@@ -147,6 +147,15 @@ def _at(m0, m1, m2, m3, m4, m5):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _put4(y, p, x, bias, s0, s1, s2, s3):  # noqa: ANN001
+    """Output row p's four values at columns x .. x + 3, the bias added."""
+    y[p, x] = bias + s0
+    y[p, x + 1] = bias + s1
+    y[p, x + 2] = bias + s2
+    y[p, x + 3] = bias + s3
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _untransform_row(m, r, bias, half, y):  # noqa: ANN001
     """y[p, 4 q + s] = bias + (A^T M A)[p, s] of output row r's sums ``m[e, r, q]`` for the
     block's TB tiles at once (A^T down the columns into ``half``, then along the rows), each
@@ -169,22 +178,10 @@ def _untransform_row(m, r, bias, half, y):  # noqa: ANN001
         c0, c1, c2, c3 = _at(half[12, q], half[13, q], half[14, q], half[15, q], half[16, q], half[17, q])
         d0, d1, d2, d3 = _at(half[18, q], half[19, q], half[20, q], half[21, q], half[22, q], half[23, q])
         x = 4 * q
-        y[0, x] = bias + a0
-        y[0, x + 1] = bias + b0
-        y[0, x + 2] = bias + c0
-        y[0, x + 3] = bias + d0
-        y[1, x] = bias + a1
-        y[1, x + 1] = bias + b1
-        y[1, x + 2] = bias + c1
-        y[1, x + 3] = bias + d1
-        y[2, x] = bias + a2
-        y[2, x + 1] = bias + b2
-        y[2, x + 2] = bias + c2
-        y[2, x + 3] = bias + d2
-        y[3, x] = bias + a3
-        y[3, x + 1] = bias + b3
-        y[3, x + 2] = bias + c3
-        y[3, x + 3] = bias + d3
+        _put4(y, 0, x, bias, a0, b0, c0, d0)
+        _put4(y, 1, x, bias, a1, b1, c1, d1)
+        _put4(y, 2, x, bias, a2, b2, c2, d2)
+        _put4(y, 3, x, bias, a3, b3, c3, d3)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
