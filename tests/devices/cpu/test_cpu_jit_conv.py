@@ -246,6 +246,55 @@ def test_depthwise_layers_take_the_path_the_rules_say(tmp_path: Path, shape: tup
     assert stored.tobytes() == to_bf16(wide).tobytes()
 
 
+# (input shape, out channels, strides and activation): 1x1 unpadded strided layers
+STRIDED_1X1 = [
+    ((19, 13, 17), 21, "3=2"),  # odd sizes: the last row and column read
+    ((40, 28, 28), 150, "3=2 9=1"),  # 150 rows: several row chunks on 16 threads
+    ((300, 9, 9), 40, "3=2"),  # K = 300 > KC
+    ((8, 15, 22), 16, "3=3 13=2"),  # strides per axis
+    ((64, 57, 57), 40, "3=2 9=2 -23310=1,0.1"),  # several pixel blocks, a fused LeakyReLU
+]
+
+
+@pytest.mark.parametrize("shape,out,params", STRIDED_1X1, ids=[f"{s}-{o}-{p}" for s, o, p in STRIDED_1X1])
+def test_strided_1x1_layers_decimate_with_the_strided_gemms_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 shape: tuple[int, int, int], out: int,
+                                                                 params: str) -> None:
+    """A 1x1 unpadded strided layer runs as the stride-1 GEMM on its input's decimation
+    (``jit.conv.conv_gemm_decimated``, on ``DOT`` hosts; forced here on any host): the bits of
+    the strided GEMM's panels, on 1 to 16 threads' splits, and ncnn's result."""
+    line = conv("Convolution", shape[0], out, (1, 1), params)
+    param = tmp_path / "one.param"
+    param.write_text(param_text({"data": shape}, [line]))
+    layer = next(lay for lay in load_model(param, None, {"data": shape}, seed=5).layers if lay.type == "Convolution")
+    kernels = {}
+    for decimate in (True, False):
+        monkeypatch.setattr(jit.conv, "decimates", lambda geo, groups, d=decimate: d)
+        kernels[decimate] = REGISTRY[layer.type](layer, [shape])
+    assert kernels[True].decimated_geo is not None and kernels[False].decimated_geo is None
+    u = to_bf16(np.random.default_rng(6).uniform(-2, 2, shape).astype(np.float32))
+    outs = []
+    for n in (1, 2, 16):
+        monkeypatch.setattr(threads, "THREADS", n)
+        for kernel in kernels.values():
+            outs.append(np.full(kernel.out_shapes[0], 7, dtype=np.uint16))
+            kernel.forward_store([u], [outs[-1]], [])
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+    monkeypatch.undo()
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(7))
+
+
+def test_strided_1x1_layers_decimate_where_the_rule_says() -> None:
+    """On ``DOT`` hosts (where measured) a dense 1x1 unpadded layer strided along either axis;
+    never 3x3, padded, grouped or stride-1 layers."""
+    def geo(k: int, sh: int, sw: int, pad: int) -> np.ndarray:
+        return jit.geometry(1, 8, 8, k, k, sh, sw, 1, 1, pad, pad, 5, 5)
+
+    assert jit.conv.decimates(geo(1, 2, 2, 0), 1) == jit.conv.decimates(geo(1, 1, 3, 0), 1) == jit.conv.DOT
+    assert not any(jit.conv.decimates(g, groups) for g, groups in (
+        (geo(1, 1, 1, 0), 1), (geo(3, 2, 2, 0), 1), (geo(1, 2, 2, 1), 1), (geo(1, 2, 2, 0), 2)))
+
+
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("kind", ["conv", "direct", "dw", "fc"])
 def test_fused_activation_types_match_ncnn(tmp_path: Path, kind: str, act: str) -> None:

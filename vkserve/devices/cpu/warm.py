@@ -66,13 +66,13 @@ KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, dwblocks, dwrows, eleme
                   winograd)
 
 #: dense 3x3 (direct, Winograd, from the input's planes where this host has those kernels) and
-#: 1x1 convolutions, depthwise at strides 1 and 2 (row runs where this host has them, the planes,
+#: 1x1 convolutions (a strided one decimating its input, on the hosts where it does), depthwise at strides 1 and 2 (row runs where this host has them, the planes,
 #: a small map's channel blocks; dilated), grouped,
 #: windowed max and average and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
 #: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, MatMul, element-wise (Eltwise, BinaryOp, an activation on its own),
 #: Softmax, fused activations; the detection layers' NMS is called on its own
 _NET = """7767517
-34 38
+36 40
 Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=128 1=3 4=1 5=1 6=4608 9=1
 Convolution wino 1 1 a a1 0=16 1=3 4=1 5=1 6=18432 9=1
@@ -83,7 +83,9 @@ ConvolutionDepthWise dw5 1 1 c c5 0=16 1=5 4=2 5=1 6=400 7=16
 ConvolutionDepthWise dw7 1 1 c5 c7 0=16 1=7 4=3 5=1 6=784 7=16
 ConvolutionDepthWise dwd 1 1 c7 c9 0=16 1=3 2=2 4=2 5=1 6=144 7=16
 Convolution conv1 1 1 c9 d 0=8 1=1 5=1 6=128 9=6 -23310=2,0.2,0.5
-ConvolutionDepthWise group 1 1 d e 0=8 1=3 4=1 5=1 6=144 7=4
+Convolution conv1s2 1 1 d d2 0=8 1=1 3=2 5=1 6=64
+Interp nearest 1 1 d2 d3 0=1 1=2.0 2=2.0
+ConvolutionDepthWise group 1 1 d3 e 0=8 1=3 4=1 5=1 6=144 7=4
 Split split 1 3 e e1 e2 e5
 HardSigmoid hs 1 1 e5 h
 Eltwise sum 2 1 e1 e2 e3 0=1

@@ -57,7 +57,9 @@ class Convolution(JitKernel):
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
     layer's bf16 weight bytes); on AMX hosts the other dense layers of 16 input channels or
     more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load);
-    the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels packed at load."""
+    the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels packed at load (a
+    strided unpadded 1x1 layer on ``DOT`` hosts on its input's decimation,
+    ``jit.conv.conv_gemm_decimated``)."""
 
     def infer(self, in_shapes: list[Shape]) -> list[Shape]:
         out = super().infer(in_shapes)
@@ -94,6 +96,10 @@ class Convolution(JitKernel):
                 and tuple(p.pads(h, w)) == (0, 0, 0, 0))
         gemm = not (self.depthwise or self.direct or self.winograd or self.implicit or self.pairs)
         self.channel_scale = self.implicit or self.pairs or (gemm and g == 1 and flat)
+        #: a strided 1x1 layer's GEMM on its input's decimation (``jit.conv.conv_gemm_decimated``),
+        #: with this stride-1 geometry
+        self.decimated_geo = (jit.geometry(1, cg, og, 1, 1, 1, 1, 1, 1, 0, 0, oh, ow)
+                              if gemm and jit.conv.decimates(self.geo, g) else None)
         if self.blocks:
             self.weight = jit.dwblocks.pack_weights(w16, oc, p.kernel_h * p.kernel_w)
             self.block_bias = jit.dwblocks.pack_bias(self.bias)
@@ -171,6 +177,12 @@ class Convolution(JitKernel):
             return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                              self.buf("winograd", shape), flat_out)
         shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
+        if self.decimated_geo is not None and x.dtype == np.uint16:
+            dec = self.buf("decimated", (x.shape[0], oh, ow), np.uint16)
+            return jit.conv.conv_gemm_decimated, (x, self.p.stride_h, self.p.stride_w, dec, scale,
+                                                  self.channel_scale_act, self.weight, self.bias, ops, self.pad_value,
+                                                  self.decimated_geo, pixels, rows, shared,
+                                                  jit.task_count(oc * oh * ow), flat_out)
         return jit.conv_gemm, (x, scale, self.channel_scale_act, self.weight, self.bias, ops, self.pad_value, self.geo,
                                pixels, rows, shared, jit.task_count(oc * oh * ow), flat_out)
 
