@@ -285,14 +285,15 @@ def test_strided_1x1_layers_decimate_with_the_strided_gemms_bits(tmp_path: Path,
 
 
 def test_strided_1x1_layers_decimate_where_the_rule_says() -> None:
-    """On ``DOT`` hosts (where measured) a dense 1x1 unpadded layer strided along either axis;
-    never 3x3, padded, grouped or stride-1 layers."""
-    def geo(k: int, sh: int, sw: int, pad: int) -> np.ndarray:
-        return jit.geometry(1, 8, 8, k, k, sh, sw, 1, 1, pad, pad, 5, 5)
+    """On ``DOT`` hosts (where measured) a dense 1x1 unpadded layer strided along either axis
+    with 14x14 outputs or more (resnet50's 28x28 and 14x14 ones); never 3x3, padded, grouped or
+    stride-1 layers, nor 7x7 outputs (resnet50's last stage)."""
+    def geo(k: int, sh: int, sw: int, pad: int, out: int = 14) -> np.ndarray:
+        return jit.geometry(1, 8, 8, k, k, sh, sw, 1, 1, pad, pad, out, out)
 
-    assert jit.conv.decimates(geo(1, 2, 2, 0), 1) == jit.conv.decimates(geo(1, 1, 3, 0), 1) == jit.conv.DOT
+    assert jit.conv.decimates(geo(1, 2, 2, 0), 1) == jit.conv.decimates(geo(1, 1, 3, 0, 28), 1) == jit.conv.DOT
     assert not any(jit.conv.decimates(g, groups) for g, groups in (
-        (geo(1, 1, 1, 0), 1), (geo(3, 2, 2, 0), 1), (geo(1, 2, 2, 1), 1), (geo(1, 2, 2, 0), 2)))
+        (geo(1, 1, 1, 0), 1), (geo(3, 2, 2, 0), 1), (geo(1, 2, 2, 1), 1), (geo(1, 2, 2, 0), 2), (geo(1, 2, 2, 0, 7), 1)))
 
 
 @pytest.mark.parametrize("act", ACTS)

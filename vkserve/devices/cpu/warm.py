@@ -77,15 +77,15 @@ Input data 0 1 data 0=24 1=24 2=4
 Convolution conv3 1 1 data a 0=128 1=3 4=1 5=1 6=4608 9=1
 Convolution wino 1 1 a a1 0=16 1=3 4=1 5=1 6=18432 9=1
 Convolution planes 1 1 a1 a2 0=16 1=3 4=1 5=1 6=2304
-ConvolutionDepthWise dw1 1 1 a2 b 0=16 1=3 4=1 5=1 6=144 7=16 9=2 -23310=1,0.1
+Convolution conv1s2 1 1 a2 a3 0=16 1=1 3=2 13=1 5=1 6=256
+Interp nearest 1 1 a3 a4 0=1 1=1.0 2=2.0
+ConvolutionDepthWise dw1 1 1 a4 b 0=16 1=3 4=1 5=1 6=144 7=16 9=2 -23310=1,0.1
 ConvolutionDepthWise dw2 1 1 b c 0=16 1=3 3=2 4=1 5=1 6=144 7=16
 ConvolutionDepthWise dw5 1 1 c c5 0=16 1=5 4=2 5=1 6=400 7=16
 ConvolutionDepthWise dw7 1 1 c5 c7 0=16 1=7 4=3 5=1 6=784 7=16
 ConvolutionDepthWise dwd 1 1 c7 c9 0=16 1=3 2=2 4=2 5=1 6=144 7=16
 Convolution conv1 1 1 c9 d 0=8 1=1 5=1 6=128 9=6 -23310=2,0.2,0.5
-Convolution conv1s2 1 1 d d2 0=8 1=1 3=2 5=1 6=64
-Interp nearest 1 1 d2 d3 0=1 1=2.0 2=2.0
-ConvolutionDepthWise group 1 1 d3 e 0=8 1=3 4=1 5=1 6=144 7=4
+ConvolutionDepthWise group 1 1 d e 0=8 1=3 4=1 5=1 6=144 7=4
 Split split 1 3 e e1 e2 e5
 HardSigmoid hs 1 1 e5 h
 Eltwise sum 2 1 e1 e2 e3 0=1

@@ -1022,11 +1022,23 @@ def _axpy1(acc, p, b, cnt, w0):  # noqa: ANN001
         acc[q] += w0 * p[i0 + q]
 
 
+#: output pixels a strided 1x1 layer needs for ``conv_gemm_decimated``: inside resnet50 on the
+#: Zen 4 VM (``Plan.profile``, median of 10, ms, decimated / strided, one thread then two) its
+#: 28x28 outputs gain (256 -> 512 1.12-1.14 / 1.22-1.23, 0.73-0.74 / 0.82-0.83; 256 -> 128 0.38 /
+#: 0.50, 0.26 / 0.34), 14x14 gain or tie (512 -> 1024 1.26 / 1.31-1.34, 0.67-0.68 / 0.67-0.68;
+#: 512 -> 256 0.41 / 0.45, 0.25-0.26 / 0.26), 7x7 lose (1024 -> 2048 1.76-1.78 / 1.70-1.72,
+#: 0.96-0.97 / 0.85-0.87; 1024 -> 512 0.57 / 0.52, 0.33 / 0.27: the decimation's pass over
+#: 1024 small planes costs more than the panels' gather saves)
+DECIMATE_MIN_PIXELS = 14 * 14
+
+
 def decimates(geo: np.ndarray, groups: int) -> bool:
     """Does a dense layer of this geometry run as ``conv_gemm_decimated``? 1x1, strided,
-    unpadded, one group, on ``DOT`` hosts (where it was measured)."""
+    unpadded, one group, at least DECIMATE_MIN_PIXELS outputs, on ``DOT`` hosts (where it was
+    measured)."""
     return bool(DOT and groups == 1 and geo[G_KH] * geo[G_KW] == 1 and (geo[G_SH], geo[G_SW]) != (1, 1)
-                and geo[G_DH] == 1 and geo[G_DW] == 1 and geo[G_PT] == 0 and geo[G_PL] == 0)
+                and geo[G_DH] == 1 and geo[G_DW] == 1 and geo[G_PT] == 0 and geo[G_PL] == 0
+                and geo[G_OH] * geo[G_OW] >= DECIMATE_MIN_PIXELS)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
@@ -1036,10 +1048,7 @@ def conv_gemm_decimated(x, sy, sx, dec, scale, act, wp, bias, ops, padv, geo, pi
     (``geo``) on ``dec`` (C, OH, OW): every ``sy``-th row's every ``sx``-th value of ``x``,
     copied in a first parallel pass over the channels. The GEMM then packs its panels from
     whole rows (its flat path) instead of gathering each pixel of a strided panel: the same
-    bits, measured on the Zen 4 VM (one thread, each layer alone, ms, strided / decimated):
-    resnet50's 256 -> 128 at 56x56 0.497 / 0.350, 256 -> 512 1.206 / 1.062, 512 -> 256 at 28x28
-    0.409 / 0.334, 1024 -> 2048 at 14x14 1.390 / 1.332 (numpy's strided copy; two threads
-    0.321 / 0.265 ... 0.697 / 0.681)."""
+    bits (``DECIMATE_MIN_PIXELS`` says where it is faster)."""
     for c in prange(dec.shape[0]):
         _fill_plane(x, c, 0, 0, sy, sx, padv, dec[c])
     conv_gemm(dec, scale, act, wp, bias, ops, padv, geo, pixels, rb_per_task, shared, max_parts, out)
