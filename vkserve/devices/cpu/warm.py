@@ -66,7 +66,8 @@ KERNEL_MODULES = (amx, attention, bf16dot, conv, direct, dwblocks, dwrows, eleme
                   winograd)
 
 #: dense 3x3 (direct, Winograd, from the input's planes where this host has those kernels) and
-#: 1x1 convolutions (a strided one decimating its input, on the hosts where it does), depthwise at strides 1 and 2 (row runs where this host has them, the planes,
+#: 1x1 convolutions (a strided one decimating its input, on the hosts where it does),
+#: depthwise at strides 1 and 2 (row runs where this host has them, the planes,
 #: a small map's channel blocks; dilated), grouped,
 #: windowed max and average and global average pooling, LRN across channels, BatchNorm, bilinear Interp,
 #: LayerNorm, InnerProduct, a Linear Gemm, self- and cross-attention, MatMul, element-wise (Eltwise, BinaryOp, an activation on its own),

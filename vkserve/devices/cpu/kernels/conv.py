@@ -166,8 +166,11 @@ class Convolution(JitKernel):
             return jit.direct.conv_direct, (x, self.weight, self.bias, ops, self.pad_value, self.geo, work,
                                             jit.task_count(oc * oh * ow), flat_out)
         scale = xs[1].reshape(-1) if len(xs) > 1 else x[:0, 0, 0]  # a fused channel scale, or none
+        decimated = self.decimated_geo is not None and x.dtype == np.uint16
+        # (the GEMM's input: the decimation, if any, which it may read by rows as a stride-1 layer's)
+        geo, in_shape = (self.decimated_geo, (x.shape[0], oh, ow)) if decimated else (self.geo, x.shape)
         pixels, rows, shape = self._split(jit.kernel_threads(), jit.conv.reads_rows(
-            self.geo, x.shape, x.dtype == np.uint16, scale.size > 0))
+            geo, in_shape, x.dtype == np.uint16, scale.size > 0))
         if self.implicit or self.pairs:
             kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
             return kernel, (x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
@@ -177,12 +180,11 @@ class Convolution(JitKernel):
             return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
                                              self.buf("winograd", shape), flat_out)
         shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
-        if self.decimated_geo is not None and x.dtype == np.uint16:
-            dec = self.buf("decimated", (x.shape[0], oh, ow), np.uint16)
+        if decimated:
+            dec = self.buf("decimated", in_shape, np.uint16)
             return jit.conv.conv_gemm_decimated, (x, self.p.stride_h, self.p.stride_w, dec, scale,
                                                   self.channel_scale_act, self.weight, self.bias, ops, self.pad_value,
-                                                  self.decimated_geo, pixels, rows, shared,
-                                                  jit.task_count(oc * oh * ow), flat_out)
+                                                  geo, pixels, rows, shared, jit.task_count(oc * oh * ow), flat_out)
         return jit.conv_gemm, (x, scale, self.channel_scale_act, self.weight, self.bias, ops, self.pad_value, self.geo,
                                pixels, rows, shared, jit.task_count(oc * oh * ow), flat_out)
 
