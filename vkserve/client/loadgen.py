@@ -40,6 +40,10 @@ class Window:
     samples: list[Sample] = dataclasses.field(default_factory=list)
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
 
+    def count_error(self, exc: ServerError) -> None:
+        """One more request answered with ``exc``'s error code in this window."""
+        self.errors[exc.code] = self.errors.get(exc.code, 0) + 1
+
     @property
     def throughput(self) -> float:
         """Requests answered per second in this window."""
@@ -152,7 +156,7 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
         try:
             reply = await client.infer_detailed(settings.model, inputs, timeout=settings.timeout)
         except ServerError as exc:
-            current.errors[exc.code] = current.errors.get(exc.code, 0) + 1
+            current.count_error(exc)
             return
         current.samples.append(Sample(trio.current_time() - t0, reply.queue_seconds,
                                       reply.run_seconds, reply.batch_size))
@@ -161,7 +165,7 @@ async def measure_level(connect: Callable[[], Any], settings: BenchSettings, *,
         try:
             await client.infer_detailed(settings.model, inputs, timeout=settings.timeout)
         except ServerError as exc:  # counted against the level's first window
-            current.errors[exc.code] = current.errors.get(exc.code, 0) + 1
+            current.count_error(exc)
         async with trio.open_nursery() as nursery:
             if concurrency:
                 async def worker() -> None:
