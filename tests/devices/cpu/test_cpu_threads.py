@@ -69,6 +69,32 @@ def test_small_kernels_run_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> Non
         assert numba.get_num_threads() == n
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs numba's pool of 2 or more threads")
+def test_a_call_made_once_runs_on_the_team_launch_would_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``KernelCall`` skips ``launch`` only where it would change nothing: after another call
+    (a small one, on one thread), a cap, or the engine's count changing, its kernel runs on the
+    team ``launch`` chooses for it."""
+    monkeypatch.setattr(threads, "THREADS", 2)
+    jit.use_threads()  # the pool started: the threshold is known
+    seen: list[int] = []
+
+    def kernel() -> None:
+        seen.append(numba.get_num_threads())
+
+    big = jit.KernelCall(kernel, (), jit.small_work())
+    small = jit.KernelCall(kernel, (), jit.small_work() - 1)
+    big(), big(), small(), big()
+    jit.cap_threads(1)
+    big()
+    jit.cap_threads(0)
+    big()
+    monkeypatch.setattr(threads, "THREADS", 1)
+    big()
+    monkeypatch.setattr(threads, "THREADS", 2)
+    big()
+    assert seen == [2, 2, 1, 2, 1, 2, 1, 2]
+
+
 def test_daemon_applies_the_config_key(tmp_path: Path, launch_daemon: Launch) -> None:
     """A real daemon: ``[cpu] threads = 1`` wins over the environment, is logged at start, and
     the daemon serves CPU jobs with it."""
