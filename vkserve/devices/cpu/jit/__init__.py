@@ -248,9 +248,10 @@ class KernelCall:
     step each run (``kernels.base.Kernel.store_call``). Its arguments are arrays (the step's
     arena views, work buffers, weights) and values fixed at compile time, never values read
     from an input, so a later run's data flows through the same call. Made once, a step costs
-    the kernel's call and ``launch`` (the thread settings) alone: measured on the 2-core VM, a
-    64-value ReLU step 6.5-11 us through ``forward_store`` (its views, epilogue and task counts
-    made each run), of which the numba call took 2.5 and ``launch`` 0.85."""
+    the kernel's call alone, and ``launch`` (the thread settings) where they change: measured
+    on the 2-core VM, a 64-value ReLU step 6.5-11 us through ``forward_store`` (its views,
+    epilogue and task counts made each run), of which the numba call took 2.5 and ``launch``
+    0.85."""
 
     __slots__ = ("_cap", "_team", "_threads", "args", "kernel", "work")
 
