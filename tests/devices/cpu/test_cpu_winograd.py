@@ -107,22 +107,31 @@ def test_winograd_is_fp32_accurate(tmp_path: Path, shape: tuple[int, int, int], 
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = kernel_for(tmp_path, (40, 40, 40), conv_line(40, 150, "4=1 9=1"))
-    assert kernel.winograd
-    u = to_bf16(np.random.default_rng(15).uniform(-2, 2, (40, 40, 40)).astype(np.float32))
+@pytest.mark.parametrize("shape,out", [((40, 40, 40), 150), ((24, 36, 36), 40)])  # 100 tiles: 4 blocks; 81: 3
+def test_winograd_same_bits_with_one_and_more_threads_and_run_to_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int, int], out: int) -> None:
+    """Whatever the threads, and with one tile block a task or several (``GROUP``; the deep
+    layers' rule, ``GROUP_U_BYTES``, forced here on small ones), the same bits."""
+    u = to_bf16(np.random.default_rng(15).uniform(-2, 2, shape).astype(np.float32))
     runs = []
-    for n in (1, max(2, threads.available_cores()), 3, 16):  # 3 and 16: inputs transformed once, shared by row chunks
-        monkeypatch.setattr(threads, "THREADS", n)
-        out = np.empty(kernel.out_shapes[0], dtype=np.uint16)
-        kernel.forward_store([u], [out], [])
-        runs.append(out.tobytes())
-    assert runs[0] == runs[1] == runs[2] == runs[3]
-    # 16 threads split the 150 rows into chunks: the shared transformed inputs are used
-    rows = jit.gemm_row_chunks(1, 150, 100, 16, jit.winograd.TB, jit.winograd.MIN_TASK_ROWS)
-    assert jit.winograd.transformed_shape(kernel.geo, 40, rows, kernel.weight.shape[1])[0] == 4
-    assert jit.winograd.transformed_shape(kernel.geo, 40, kernel.weight.shape[1], kernel.weight.shape[1])[0] == 0
+    for group_bytes in (winograd.GROUP_U_BYTES, 0):
+        monkeypatch.setattr(winograd, "GROUP_U_BYTES", group_bytes)
+        kernel = kernel_for(tmp_path, shape, conv_line(shape[0], out, "4=1 9=1"))
+        assert kernel.winograd
+        assert winograd.blocks_per_task(kernel.weight) == (1 if group_bytes else winograd.GROUP)
+        for n in (1, max(2, threads.available_cores()), 3, 16):  # 3, 16: inputs transformed once, shared by row chunks
+            monkeypatch.setattr(threads, "THREADS", n)
+            got = np.empty(kernel.out_shapes[0], dtype=np.uint16)
+            kernel.forward_store([u], [got], [])
+            runs.append(got.tobytes())
+    assert len(set(runs)) == 1
+    # 16 threads split the rows into chunks: the shared transformed inputs are used
+    tiles = (shape[1] // 4) ** 2
+    rows = jit.gemm_row_chunks(1, out, tiles, 16, jit.winograd.TB, jit.winograd.MIN_TASK_ROWS)
+    nrb = kernel.weight.shape[1]
+    assert rows < nrb
+    assert jit.winograd.transformed_shape(kernel.geo, shape[0], rows, nrb)[0] == -(-tiles // jit.winograd.TB)
+    assert jit.winograd.transformed_shape(kernel.geo, shape[0], nrb, nrb)[0] == 0
 
 
 @pytest.mark.parametrize("shape,out,params", [

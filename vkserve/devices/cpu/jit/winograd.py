@@ -50,6 +50,15 @@ TB = 32
 #: output rows a task computes at least (the tile block's transformed inputs are shared by its
 #: row chunks; a chunk reads them again and transforms its own outputs)
 MIN_TASK_ROWS = 16
+#: a layer whose transformed weights U exceed this many bytes multiplies ``GROUP`` tile blocks a
+#: task, each weight panel loaded once for all of them: U is read from memory once per task, and
+#: the deep layers' U (13.5-36 MiB) made their products wait on it. Measured on the Zen 4 VM (one
+#: thread, the products and output transforms of a layer's blocks, ms, one block a task / two):
+#: 512 -> 512 at 28x28 (U 36 MiB) 14.2-14.6 / 11.8-12.1, 384 -> 256 at 26x26 (13.5 MiB) 4.7-5.5 /
+#: 4.4-4.7; from 9 MiB down within the runs' spread (256 -> 256 at 56x56 10.2-11.9 / 10.6-12.4);
+#: four blocks a task no better than two (``benchmarks/RESULTS.md``, thirty-fifth session)
+GROUP_U_BYTES = 12 << 20
+GROUP = 2
 
 #: G (6 x 3): the kernel transform of F(4, 3) (interpolation points 0, +-1, +-2, infinity)
 G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
@@ -108,6 +117,12 @@ def worthwhile(cin: int, og: int, oh: int, ow: int, planes_pairs: bool = DOT, ge
         large = cin >= MIN_IN_LARGE_MAPS and tiles >= MIN_TILES_LARGE_MAPS
         return (deep or large) and MIN_OUT <= og < MAX_WIDENING_WITH_PAIRS * cin
     return cin >= MIN_IN and og >= MIN_OUT and tiles >= MIN_TILES_FP32
+
+
+def blocks_per_task(u: np.ndarray) -> int:
+    """Tile blocks a task multiplies (``GROUP_U_BYTES``), for the weights ``u`` of
+    ``transform_weights``. Which task computes a tile does not change its sums."""
+    return GROUP if u.nbytes > GROUP_U_BYTES else 1
 
 
 def transform_weights(w16: np.ndarray, og: int, cin: int) -> np.ndarray:
@@ -247,36 +262,42 @@ def _transform_inputs(x, padv, geo, t0, n, c_lo, c_hi, v):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True)
-def _multiply_and_store(v, u, bias, ops, geo, t0, n, rb0, nb, out):  # noqa: ANN001
-    """The 36 GEMMs of row blocks rb0 <= b < rb0 + nb over tiles t0 + q (q < n, ``v`` from
-    ``_transform_inputs``), then A^T M A plus the bias, the epilogue and the narrowing store."""
+def _multiply_and_store(v, u, bias, ops, geo, t0, ntiles, rb0, nb, out):  # noqa: ANN001
+    """The 36 GEMMs of row blocks rb0 <= b < rb0 + nb over the tiles of ``v``'s blocks (``v``
+    (blocks, 36, cin, TB) from ``_transform_inputs``, the first at tile t0, of ``ntiles``), each
+    weight panel multiplied by every block's inputs in turn, then A^T M A plus the bias, the
+    epilogue and the narrowing store, block by block."""
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
     cin = u.shape[2]
+    nblk = v.shape[0]
     ntx = (ow + 3) // 4
-    ty0 = t0 // ntx
-    ty1 = (t0 + n - 1) // ntx
     rows = nb * MR
-    m = np.zeros((36, rows, TB), dtype=np.float32)
+    m = np.zeros((nblk, 36, rows, TB), dtype=np.float32)
     for e in range(36):
-        ve = v[e]
-        me = m[e]
         for i in range(nb):
             ue = u[e, rb0 + i]
-            strips_fp32(ue, ve, me, cin, i * MR, n)
+            for g in range(nblk):
+                strips_fp32(ue, v[g, e], m[g, e], cin, i * MR, min(TB, ntiles - t0 - g * TB))
     half = np.empty((24, TB), dtype=np.float32)
     y = np.empty((4, 4 * TB), dtype=np.float32)
-    for r in range(min(rows, og - rb0 * MR)):
-        o = rb0 * MR + r
-        _untransform_row(m, r, bias[o], half, y)
-        for p in range(4):
-            apply_ops(y[p], 4 * n, ops)
-        for ty in range(ty0, ty1 + 1):  # the block's tiles of each tile row: a run of each output row
-            a = max(0, t0 - ty * ntx)
-            b = min(ntx, t0 + n - ty * ntx)
-            q0 = ty * ntx + a - t0
-            cnt = min(4 * b, ow) - 4 * a
-            for p in range(min(4, oh - 4 * ty)):
-                store_row(y[p], 4 * q0, out, o, (4 * ty + p) * ow + 4 * a, cnt)
+    for g in range(nblk):
+        tb = t0 + g * TB
+        n = min(TB, ntiles - tb)
+        ty0 = tb // ntx
+        ty1 = (tb + n - 1) // ntx
+        mg = m[g]
+        for r in range(min(rows, og - rb0 * MR)):
+            o = rb0 * MR + r
+            _untransform_row(mg, r, bias[o], half, y)
+            for p in range(4):
+                apply_ops(y[p], 4 * n, ops)
+            for ty in range(ty0, ty1 + 1):  # the block's tiles of each tile row: a run of each output row
+                a = max(0, tb - ty * ntx)
+                b = min(ntx, tb + n - ty * ntx)
+                q0 = ty * ntx + a - tb
+                cnt = min(4 * b, ow) - 4 * a
+                for p in range(min(4, oh - 4 * ty)):
+                    store_row(y[p], 4 * q0, out, o, (4 * ty + p) * ow + 4 * a, cnt)
 
 
 def transformed_shape(geo: np.ndarray, cin: int, rb_per_task: int, nrb: int) -> tuple[int, int, int, int]:
@@ -287,28 +308,32 @@ def transformed_shape(geo: np.ndarray, cin: int, rb_per_task: int, nrb: int) -> 
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def winograd43(x, u, bias, ops, padv, geo, rb_per_task, v, out):  # noqa: ANN001
+def winograd43(x, u, bias, ops, padv, geo, rb_per_task, blocks, v, out):  # noqa: ANN001
     """3x3 stride-1 convolution ``x`` (C, H, W) -> ``out`` (og, OH * OW); ``u`` from
     ``transform_weights``; ``bias`` fp32; ``ops`` the epilogue; ``rb_per_task`` row blocks
-    (of MR) per task; ``v`` work space of ``transformed_shape``.
+    (of MR) per task; ``blocks`` tile blocks per task (``blocks_per_task``); ``v`` work space
+    of ``transformed_shape``.
 
-    One row chunk: a task per tile block transforms its inputs and multiplies. Several: the
-    inputs of every block are transformed first (tasks over blocks and channel ranges), then
-    each (block, row chunk) task multiplies, so no chunk repeats the input transform (measured
-    on a 16-core Xeon: resnet50's 7x7 3x3 layers, each chunk transforming all 512 channels
-    again, ran no faster on 16 threads than on 4)."""
+    One row chunk: a task per group of tile blocks transforms its inputs and multiplies.
+    Several: the inputs of every block are transformed first (tasks over blocks and channel
+    ranges), then each (group, row chunk) task multiplies, so no chunk repeats the input
+    transform (measured on a 16-core Xeon: resnet50's 7x7 3x3 layers, each chunk transforming
+    all 512 channels again, ran no faster on 16 threads than on 4)."""
     oh, ow = geo[G_OH], geo[G_OW]
     nrb, cin = u.shape[1], u.shape[2]
     ntiles = ((ow + 3) // 4) * ((oh + 3) // 4)
     n_blocks = (ntiles + TB - 1) // TB
+    n_groups = (n_blocks + blocks - 1) // blocks
     n_chunks = (nrb + rb_per_task - 1) // rb_per_task
     if n_chunks == 1:
-        for blk in prange(n_blocks):
-            t0 = blk * TB
-            n = min(TB, ntiles - t0)
-            vb = np.empty((36, cin, TB), dtype=np.float32)
-            _transform_inputs(x, padv, geo, t0, n, 0, cin, vb)
-            _multiply_and_store(vb, u, bias, ops, geo, t0, n, 0, nrb, out)
+        for grp in prange(n_groups):
+            b0 = grp * blocks
+            nblk = min(blocks, n_blocks - b0)
+            vb = np.empty((nblk, 36, cin, TB), dtype=np.float32)
+            for g in range(nblk):
+                t0 = (b0 + g) * TB
+                _transform_inputs(x, padv, geo, t0, min(TB, ntiles - t0), 0, cin, vb[g])
+            _multiply_and_store(vb, u, bias, ops, geo, b0 * TB, ntiles, 0, nrb, out)
     else:
         parts = min(cin, n_chunks)
         for task in prange(n_blocks * parts):
@@ -317,10 +342,9 @@ def winograd43(x, u, bias, ops, padv, geo, rb_per_task, v, out):  # noqa: ANN001
             t0 = blk * TB
             _transform_inputs(x, padv, geo, t0, min(TB, ntiles - t0), part * cin // parts,
                               (part + 1) * cin // parts, v[blk])
-        for task in prange(n_blocks * n_chunks):
-            rc = task // n_blocks
-            blk = task - rc * n_blocks
-            t0 = blk * TB
+        for task in prange(n_groups * n_chunks):
+            rc = task // n_groups
+            b0 = (task - rc * n_groups) * blocks
             rb0 = rc * rb_per_task
-            _multiply_and_store(v[blk], u, bias, ops, geo, t0, min(TB, ntiles - t0), rb0,
+            _multiply_and_store(v[b0:min(n_blocks, b0 + blocks)], u, bias, ops, geo, b0 * TB, ntiles, rb0,
                                 min(nrb, rb0 + rb_per_task) - rb0, out)

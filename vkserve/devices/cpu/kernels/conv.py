@@ -119,18 +119,19 @@ class Convolution(JitKernel):
 
     def _split(self, n_threads: int, direct: bool = False) -> tuple[int, int, tuple[int, ...]]:
         """How the work is split on ``n_threads`` threads, worked out once per thread count:
-        Winograd (0, row blocks a task, its work space's shape); from the input's planes (0, row
+        Winograd (tile blocks a task, row blocks a task, its work space's shape); from the input's planes (0, row
         blocks a task, the planes' shape); GEMM (pixels a task, row blocks a task, the shared
         input panels' shape; none where it reads its input rows ``direct``ly,
         ``jit.conv.reads_rows``)."""
         got = self._splits.get((n_threads, direct))
         if got is None:
             oc, oh, ow = self.out_shapes[0]
-            if self.winograd:
-                rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), n_threads, jit.winograd.TB,
+            if self.winograd:  # (the tile blocks a task multiplies: its pixels, to the row split)
+                blocks = jit.winograd.blocks_per_task(self.weight)
+                rows = jit.gemm_row_chunks(1, oc, -(-oh // 4) * -(-ow // 4), n_threads, blocks * jit.winograd.TB,
                                            jit.winograd.MIN_TASK_ROWS)
-                got = 0, rows, jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
-                                                               self.weight.shape[1])
+                got = blocks, rows, jit.winograd.transformed_shape(self.geo, self.in_shapes[0][0], rows,
+                                                                    self.weight.shape[1])
             elif self.implicit:
                 got = 0, jit.implicit.split(oc, self.geo, n_threads), jit.implicit.planes_shape(self.geo,
                                                                                                   self.in_shapes[0][0])
@@ -177,7 +178,7 @@ class Convolution(JitKernel):
                             self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                             jit.task_count(oc * oh * ow), flat_out)
         if self.winograd:
-            return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows,
+            return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, pixels,
                                              self.buf("winograd", shape), flat_out)
         shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
         if decimated:
