@@ -119,10 +119,10 @@ class Convolution(JitKernel):
 
     def _split(self, n_threads: int, direct: bool = False) -> tuple[int, int, tuple[int, ...]]:
         """How the work is split on ``n_threads`` threads, worked out once per thread count:
-        Winograd (tile blocks a task, row blocks a task, its work space's shape); from the input's planes (0, row
-        blocks a task, the planes' shape); GEMM (pixels a task, row blocks a task, the shared
-        input panels' shape; none where it reads its input rows ``direct``ly,
-        ``jit.conv.reads_rows``)."""
+        Winograd (tile blocks a task, row blocks a task, its work space's shape); from the
+        input's planes (0, row blocks a task, the planes' shape); GEMM (pixels a task, row
+        blocks a task, the shared input panels' shape; none where it reads its input rows
+        ``direct``ly, ``jit.conv.reads_rows``)."""
         got = self._splits.get((n_threads, direct))
         if got is None:
             oc, oh, ow = self.out_shapes[0]
@@ -177,7 +177,7 @@ class Convolution(JitKernel):
             return kernel, (x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
                             self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
                             jit.task_count(oc * oh * ow), flat_out)
-        if self.winograd:
+        if self.winograd:  # (its split's first value: tile blocks a task)
             return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, pixels,
                                              self.buf("winograd", shape), flat_out)
         shared = self.buf("gemm_panels", shape, jit.conv.PANEL) if shape[0] else np.empty(shape, jit.conv.PANEL)
