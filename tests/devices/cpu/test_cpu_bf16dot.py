@@ -192,3 +192,35 @@ def test_the_gemm_convolutions_sums_are_one_of_the_two_orders(code: int, params:
     ascending = np.array_equal(out, to_bf16(act(_sums(from_bf16(w16), cols, bias, False))))
     odd_first = np.array_equal(out, to_bf16(act(_sums(from_bf16(w16), cols, bias, True))))
     assert ascending or (BF16_PRODUCTS and odd_first)
+
+
+@pytest.mark.parametrize(("channels", "out", "tail", "code"), [(45, 40, 1, 1), (45, 200, 4, 0), (300, 72, 2, 3),
+                                                               (300, 140, 3, 1)])
+def test_a_maps_last_pixels_have_the_bits_of_a_whole_strip(channels: int, out: int, tail: int, code: int) -> None:
+    """A block's last pixels, up to ``conv.TAIL_MAX`` past its whole strips, are multiplied with
+    the rows as the lanes (``bf16dot.tail_pixels``, on pair-product hosts), each lane's
+    arithmetic the strip kernels': a 1x1 layer over 32 + ``tail`` pixels gives bitwise the
+    outputs of the same layer over those pixels and more (computed as a whole strip), whether
+    its sums go through the epilogue from the registers (K = 45, one block) or into the fp32
+    tile (K = 300, two blocks), for more row blocks than one group of ``TAIL_BLOCKS``, in one or
+    several row chunks."""
+    rng = np.random.default_rng(out)
+    x = to_bf16(rng.standard_normal((channels, 1, 48)).astype(np.float32))
+    w16 = to_bf16(rng.standard_normal((out, channels)).astype(np.float32))
+    bias = rng.standard_normal(out).astype(np.float32)
+    wp = jit.pack_gemm_weights(w16, 1, out, channels)
+    ops = jit.epilogue_ops(code, [-0.5, 0.7] if code == 3 else [])
+
+    def conv(n: int, rows: int, parts: int) -> np.ndarray:
+        geo = jit.geometry(1, channels, out, 1, 1, 1, 1, 1, 1, 0, 0, 1, n)
+        shared = np.empty(jit.conv.shared_panels_shape(1, out, n, channels, 128, rows), jit.conv.PANEL)
+        y = np.empty((out, n), np.uint16)
+        jit.conv_gemm(np.ascontiguousarray(x[:, :, :n]), x[:0, 0, 0], jit.epilogue.NO_SCALE_ACT, wp, bias, ops,
+                      np.float32(0), geo, 128, rows, shared, parts, y)
+        return y
+
+    n = 32 + tail
+    assert jit.conv.TAIL_MAX >= tail and jit.conv._strips_before_tail(n) * 16 < n
+    whole = conv(48, -(-out // jit.conv.MR), 1)
+    for rows, parts in ((-(-out // jit.conv.MR), 1), (4, 3)):
+        assert np.array_equal(conv(n, rows, parts), whole[:, :n])

@@ -34,8 +34,8 @@ from numba.extending import intrinsic, models, register_model
 from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_RELU
 from vkserve.devices.cpu.jit.generated import compile_source
 
-__all__ = ["LANES", "PairsFrom", "Finish", "compile_dot_micro", "dot_pairs", "element_address", "f32x16", "vload",
-           "vstore"]
+__all__ = ["LANES", "PairsFrom", "Finish", "block_pairs", "compile_dot_micro", "dot_pairs", "dot_regs", "element_address",
+           "f32x16", "pair_splat", "tail_pixels", "vload", "vstore", "TAIL_COL", "TAIL_PIXELS"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
 LANES = 16
@@ -211,6 +211,53 @@ def dot_rows(typingctx, acc, a, ia, pairs):  # noqa: ARG001, ANN001, ANN201
 
 
 @intrinsic
+def block_pairs(typingctx, a, i0, i1):  # noqa: ARG001, ANN001, ANN201
+    """Two row blocks' weights for one k pair as one operand: the 8 pairs a[i0:i0 + 16] in lanes
+    0-7 and the 8 pairs a[i1:i1 + 16] in lanes 8-15 (``tail_pixels``: rows as the lanes)."""
+    if not (_is_1d(a, types.uint16) and isinstance(i0, types.Integer) and isinstance(i1, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        halves = []
+        for index in (args[1], args[2]):
+            p = element_address(context, builder, signature.args[0], args[0], index)
+            halves.append(builder.load(builder.bitcast(p, _VH.as_pointer()), align=2))
+        return builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 2 * LANES),
+                                                                        list(range(2 * LANES))))
+
+    return pairs16(a, i0, i1), codegen
+
+
+@intrinsic
+def pair_splat(typingctx, lo, hi):  # noqa: ARG001, ANN001, ANN201
+    """The pair (lo, hi) of bf16 bits (uint16) in every lane: one pixel's two depths."""
+    if not (lo == types.uint16 and hi == types.uint16):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        low = builder.zext(args[0], _I32)
+        high = builder.shl(builder.zext(args[1], _I32), ir.Constant(_I32, 16))
+        one = builder.insert_element(ir.Constant(_VI, ir.Undefined), builder.or_(low, high), ir.Constant(_I32, 0))
+        splat = builder.shuffle_vector(one, ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+        return builder.bitcast(splat, _VP)
+
+    return pairs16(lo, hi), codegen
+
+
+@intrinsic
+def dot_regs(typingctx, acc, a, b):  # noqa: ARG001, ANN001, ANN201
+    """acc + per lane j: a's pair j times b's pair j (both in registers), as ``dot_pairs``."""
+    if not (acc == f32x16 and a == pairs16 and b == pairs16):
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VB, _VB]), _DPBF16)
+        return builder.call(fn, [args[0], builder.bitcast(args[1], _VB), builder.bitcast(args[2], _VB)])
+
+    return f32x16(acc, a, b), codegen
+
+
+@intrinsic
 def vsplat(typingctx, value):  # noqa: ARG001, ANN001, ANN201
     """``value`` (float32) in every lane."""
     if value != types.float32:
@@ -272,6 +319,51 @@ def vstore_bf16(typingctx, out, row, col, value, count, code, lo, hi):  # noqa: 
         return context.get_dummy_value()
 
     return types.none(out, row, col, value, count, code, lo, hi), codegen
+
+
+#: rows of a block of packed weights (``conv.pack_gemm_weights``: k pair p of a block is its
+#: rows' 8 pairs, 16 values at 16 p), where ``tail_pixels`` reads them
+BLOCK_ROWS = LANES // 2
+#: row blocks and pixels ``tail_pixels`` multiplies at once (four registers of two blocks per
+#: pixel, each weight register loaded once for every pixel), and the values of ``col`` a pixel
+#: needs per such group of blocks
+TAIL_BLOCKS = 8
+TAIL_PIXELS = 4
+TAIL_COL = TAIL_BLOCKS * BLOCK_ROWS
+
+
+def _tail_source() -> str:
+    """``tail_pixels`` written out: TAIL_PIXELS pixels x TAIL_BLOCKS / 2 registers of sums."""
+    regs = TAIL_BLOCKS // 2
+    acc = [[f"a{j}_{q}" for q in range(regs)] for j in range(TAIL_PIXELS)]
+    lines = ["def tail(w, w0, kstride, nb, b, ib, sp, kc2, m, col, ldcol):", "    last = nb - 1",
+             "    for g0 in range(0, nb, TAIL_BLOCKS):"]
+    lines += [f"        i{i} = w0 + min(g0 + {i}, last) * kstride" for i in range(TAIL_BLOCKS)]
+    lines += [f"        c{j} = min({j}, m - 1) * ldcol + g0 * BLOCK_ROWS" for j in range(TAIL_PIXELS)]
+    lines += [f"        b{j} = ib + min({j}, m - 1) * 2" for j in range(TAIL_PIXELS)]
+    lines += [f"        {acc[j][q]} = vload(col, c{j} + {q * LANES})" for j in range(TAIL_PIXELS) for q in range(regs)]
+    lines += ["        for p in range(kc2):", "            at = p * sp", "            o = p * 2 * BLOCK_ROWS"]
+    lines += [f"            x{j} = pair_splat(b[b{j} + at], b[b{j} + at + 1])" for j in range(TAIL_PIXELS)]
+    for q in range(regs):
+        lines.append(f"            v = block_pairs(w, i{2 * q} + o, i{2 * q + 1} + o)")
+        lines += [f"            {acc[j][q]} = dot_regs({acc[j][q]}, v, x{j})" for j in range(TAIL_PIXELS)]
+    # (pixels past m repeat the last one's and store the same sums in its place, last)
+    lines += [f"        vstore(col, c{j} + {q * LANES}, {acc[j][q]})" for j in range(TAIL_PIXELS) for q in range(regs)]
+    return "\n".join(lines) + "\n"
+
+
+#: col[j ldcol + 8 i + r] += the pair products of row r of weight block i < nb (blocks from
+#: w[w0:], one every ``kstride`` values) with pixel j < m's input pairs (b[ib + 2 j + p sp],
+#: b[ib + 2 j + p sp + 1]) for k pairs p < kc2 ascending (a packed panel's pixels), m <=
+#: TAIL_PIXELS. The rows are the lanes (two blocks a register), a pixel's pair in every lane: for
+#: a map's last few pixels, where a strip kernel (pixels as the lanes) would compute a whole
+#: strip for them. Each lane's arithmetic is ``dot_pairs``'s for the same row, pixel and pairs in
+#: the same order, so the sums are the strip kernels' bits. A pixel's ``col`` holds TAIL_COL
+#: values per TAIL_BLOCKS blocks (nb rounded up; ``ldcol`` apart): lanes of blocks past nb repeat
+#: the last block's and land past 8 nb.
+tail_pixels = compile_source(_tail_source(), "tail", f"{__name__} tail", {
+    "vload": vload, "vstore": vstore, "pair_splat": pair_splat, "block_pairs": block_pairs, "dot_regs": dot_regs,
+    "TAIL_BLOCKS": TAIL_BLOCKS, "BLOCK_ROWS": BLOCK_ROWS}, inline=True)
 
 
 class PairsFrom(enum.Enum):

@@ -40,7 +40,15 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 import vkserve.devices.cpu.jit.amx as amx
-from vkserve.devices.cpu.jit.bf16dot import Finish, PairsFrom, compile_dot_micro
+from vkserve.devices.cpu.jit.bf16dot import (
+    TAIL_BLOCKS,
+    TAIL_COL,
+    TAIL_PIXELS,
+    Finish,
+    PairsFrom,
+    compile_dot_micro,
+    tail_pixels,
+)
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
     apply_ops,
@@ -506,22 +514,45 @@ def _stored_product_impl(  # noqa: ANN202
         pf = panel.reshape(panel.size)
         sb = panel.shape[1] * panel.shape[2]  # a strip
         ns = (n + NR - 1) // NR
+        strips = ns if direct else _strips_before_tail(n)
+        kc2 = (kcb + 1) // 2
         for i in range(nb):
             a0 = w0 + i * kstride
             r = row0 + i * MR
             nv = min(MR, rows - i * MR)
-            for t in range(0, ns, 2):
+            for t in range(0, strips, 2):
                 q = t * NR
                 if direct:
                     _dot2_rows_store(w, a0, xf, c0 * npix + p0 + q, npix, kcb % 2, n - q, bias, r, nv, out, r, p0 + q,
                                      code, lo, hi, kcb // 2)
-                elif t + 1 < ns:
-                    _dot2_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi,
-                                (kcb + 1) // 2)
+                elif t + 1 < strips:
+                    _dot2_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi, kc2)
                 else:
-                    _dot1_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi,
-                                (kcb + 1) // 2)
+                    _dot1_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi, kc2)
+        if strips < ns:  # the last pixels, rows as the lanes (``tail_pixels``), stored from their sums
+            m = n - strips * NR
+            ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
+            col = np.empty(m * ldcol, dtype=np.float32)
+            valid = min(rows, nb * MR)
+            for j in range(m):
+                for k in range(ldcol):
+                    col[j * ldcol + k] = bias[row0 + k] if k < valid else np.float32(0.0)
+            tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, ldcol)
+            finish_tile(col.reshape((m, ldcol)).T, 0, valid, m, out, row0, p0 + strips * NR, ops)
     return stored
+
+
+#: pixels of a block's last strip up to which ``tail_pixels`` computes them (rows as the lanes)
+#: instead of a strip kernel computing NR: a 7 x 7 map's 49th pixel, a 14 x 14 map's last 4
+TAIL_MAX = TAIL_PIXELS
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _strips_before_tail(n):  # noqa: ANN001, ANN202
+    """Strips of NR pixels a strip kernel computes of a block of ``n`` pixels on ``DOT`` hosts:
+    all, or all but a last one of at most TAIL_MAX pixels (``tail_pixels`` computes those)."""
+    ns = (n + NR - 1) // NR
+    return ns - 1 if n - (ns - 1) * NR <= TAIL_MAX else ns
 
 
 def _pack_flat(xf, scale, act, c0, kcb, p0, n, panel):  # noqa: ANN001, ANN201  (numba overload below)
@@ -738,9 +769,22 @@ def _rows_product_impl(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: 
     if panel.dtype == types.uint16:
         def pairs(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
             sb = panel.shape[1] * panel.shape[2]  # a strip
+            pf = panel.reshape(panel.size)
+            strips = _strips_before_tail(n)
+            kc2 = (kcb + 1) // 2
             for i in range(nb):
-                strips_dot(w, w0 + i * kstride, panel.reshape(panel.size), 0, sb, tile, i * MR, (n + NR - 1) // NR,
-                           (kcb + 1) // 2)
+                strips_dot(w, w0 + i * kstride, pf, 0, sb, tile, i * MR, strips, kc2)
+            if strips * NR < n:  # the last pixels, rows as the lanes (``tail_pixels``)
+                m = n - strips * NR
+                ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
+                col = np.zeros(m * ldcol, dtype=np.float32)
+                for j in range(m):
+                    for k in range(nb * MR):
+                        col[j * ldcol + k] = tile[k, strips * NR + j]
+                tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, ldcol)
+                for j in range(m):
+                    for k in range(nb * MR):
+                        tile[k, strips * NR + j] = col[j * ldcol + k]
         return pairs
 
     def fp32(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
