@@ -220,7 +220,7 @@ def test_a_maps_last_pixels_have_the_bits_of_a_whole_strip(channels: int, out: i
         return y
 
     n = 32 + tail
-    assert jit.conv.TAIL_MAX >= tail and jit.conv._strips_before_tail(n) * 16 < n
+    assert jit.conv.TAIL_MAX >= tail and jit.conv.strips_before_tail(n) * 16 < n
     whole = conv(48, -(-out // jit.conv.MR), 1)
     for rows, parts in ((-(-out // jit.conv.MR), 1), (4, 3)):
         assert np.array_equal(conv(n, rows, parts), whole[:, :n])

@@ -31,7 +31,9 @@ def from_planes(kernel) -> bool:  # noqa: ANN001
 
 
 def split_of(kernel):  # noqa: ANN001, ANN201
-    return (jit.implicit if kernel.implicit else jit.implicit_pairs).split
+    if kernel.implicit:
+        return jit.implicit.split
+    return lambda og, geo, threads: jit.implicit_pairs.split(og, geo, threads, kernel.columns)
 
 
 def conv_line(c: int, out: int, k: tuple[int, int], params: str) -> str:
@@ -110,3 +112,36 @@ def test_implicit_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
         runs.append(out.tobytes())
     assert len(set(runs)) == 1
     assert split_of(kernel)(150, kernel.geo, 16) < split_of(kernel)(150, kernel.geo, 1)  # row chunks split
+
+
+#: stride-1 layers on narrow maps: (input shape, out channels, (kh, kw), params); their positions
+#: end in a whole strip, an odd strip, or 1-4 left for the tail kernel
+COLUMN_CASES = [((64, 7, 7), 40, (3, 3), "4=1"),  # 49 positions: three strips and one
+                ((33, 10, 10), 70, (3, 3), "4=1 9=3 -23310=2,-0.5,0.7"),  # 100: six strips and four
+                ((20, 12, 12), 19, (3, 3), "2=2 4=2 18=0.5"),  # dilation, pad_value
+                ((17, 10, 13), 24, (5, 3), "4=1 14=2 15=0 16=1"),  # asymmetric pads, 5 x 3
+                ((18, 4, 5), 16, (3, 3), "4=-1 15=-1 14=-1 16=-1"),  # crops: 2 x 3 outputs, a tail alone
+                ((40, 14, 28), 24, (3, 3), "4=1")]  # as wide as the column planes go
+
+
+@pytest.mark.skipif(not jit.implicit_pairs.worthwhile(1, 9), reason="the column planes are the pair products'")
+@pytest.mark.parametrize("shape,out,k,params", COLUMN_CASES, ids=[f"{s}-{o}-{k}-{p}" for s, o, k, p in COLUMN_CASES])
+def test_column_planes_give_the_bits_of_the_padded_planes(tmp_path: Path, shape: tuple[int, int, int], out: int,
+                                                          k: tuple[int, int], params: str) -> None:
+    """Narrow stride-1 layers read one plane per kernel column, OW wide (no positions between
+    output rows), where wider ones read the padded planes: the same layer both ways gives the
+    same bits, on one thread and in several tasks."""
+    kernel = kernel_for(tmp_path, shape, conv_line(shape[0], out, k, params))
+    assert kernel.pairs and kernel.columns
+    u = to_bf16(np.random.default_rng(24).uniform(-2, 2, shape).astype(np.float32))
+    outs = set()
+    for columns in (True, False):
+        for threads_, parts in ((1, 1), (16, 5)):
+            planes = np.zeros(jit.implicit_pairs.pairs_planes_shape(kernel.geo, shape[0], columns), np.uint16)
+            y = np.empty((out, int(np.prod(kernel.out_shapes[0][1:]))), np.uint16)
+            jit.implicit_pairs.conv_pairs(u, u.reshape(shape[0], -1), u[:0, 0, 0], jit.epilogue.NO_SCALE_ACT,
+                                          kernel.weight, kernel.bias, jit.epilogue_ops(1, []), kernel.pad_value,
+                                          kernel.geo, columns, jit.implicit_pairs.split(out, kernel.geo, threads_,
+                                                                                        columns), planes, parts, y)
+            outs.add(y.tobytes())
+    assert len(outs) == 1

@@ -35,7 +35,8 @@ from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_RELU
 from vkserve.devices.cpu.jit.generated import compile_source
 
 __all__ = ["LANES", "PairsFrom", "Finish", "block_pairs", "compile_dot_micro", "dot_pairs", "dot_regs", "element_address",
-           "f32x16", "pair_splat", "tail_pixels", "vload", "vstore", "TAIL_COL", "TAIL_PIXELS"]
+           "f32x16", "pair_splat", "tail_pixels", "tail_pixels_table", "vload", "vstore", "TAIL_COL",
+           "TAIL_PIXELS"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
 LANES = 16
@@ -332,17 +333,21 @@ TAIL_PIXELS = 4
 TAIL_COL = TAIL_BLOCKS * BLOCK_ROWS
 
 
-def _tail_source() -> str:
-    """``tail_pixels`` written out: TAIL_PIXELS pixels x TAIL_BLOCKS / 2 registers of sums."""
+def _tail_source(b_read: PairsFrom) -> str:
+    """``tail_pixels`` written out: TAIL_PIXELS pixels x TAIL_BLOCKS / 2 registers of sums, k
+    pair p's input at ``p sp`` (``PairsFrom.PANEL``) or ``offs[p]`` (``PairsFrom.TABLE``) past
+    the pixel's."""
     regs = TAIL_BLOCKS // 2
     acc = [[f"a{j}_{q}" for q in range(regs)] for j in range(TAIL_PIXELS)]
-    lines = ["def tail(w, w0, kstride, nb, b, ib, sp, kc2, m, col, ldcol):", "    last = nb - 1",
+    step = "sp" if b_read == PairsFrom.PANEL else "offs"
+    lines = [f"def tail(w, w0, kstride, nb, b, ib, {step}, kc2, m, col, ldcol):", "    last = nb - 1",
              "    for g0 in range(0, nb, TAIL_BLOCKS):"]
     lines += [f"        i{i} = w0 + min(g0 + {i}, last) * kstride" for i in range(TAIL_BLOCKS)]
     lines += [f"        c{j} = min({j}, m - 1) * ldcol + g0 * BLOCK_ROWS" for j in range(TAIL_PIXELS)]
     lines += [f"        b{j} = ib + min({j}, m - 1) * 2" for j in range(TAIL_PIXELS)]
     lines += [f"        {acc[j][q]} = vload(col, c{j} + {q * LANES})" for j in range(TAIL_PIXELS) for q in range(regs)]
-    lines += ["        for p in range(kc2):", "            at = p * sp", "            o = p * 2 * BLOCK_ROWS"]
+    lines += ["        for p in range(kc2):", "            at = " + ("p * sp" if b_read == PairsFrom.PANEL else "offs[p]"),
+              "            o = p * 2 * BLOCK_ROWS"]
     lines += [f"            x{j} = pair_splat(b[b{j} + at], b[b{j} + at + 1])" for j in range(TAIL_PIXELS)]
     for q in range(regs):
         lines.append(f"            v = block_pairs(w, i{2 * q} + o, i{2 * q + 1} + o)")
@@ -350,20 +355,6 @@ def _tail_source() -> str:
     # (pixels past m repeat the last one's and store the same sums in its place, last)
     lines += [f"        vstore(col, c{j} + {q * LANES}, {acc[j][q]})" for j in range(TAIL_PIXELS) for q in range(regs)]
     return "\n".join(lines) + "\n"
-
-
-#: col[j ldcol + 8 i + r] += the pair products of row r of weight block i < nb (blocks from
-#: w[w0:], one every ``kstride`` values) with pixel j < m's input pairs (b[ib + 2 j + p sp],
-#: b[ib + 2 j + p sp + 1]) for k pairs p < kc2 ascending (a packed panel's pixels), m <=
-#: TAIL_PIXELS. The rows are the lanes (two blocks a register), a pixel's pair in every lane: for
-#: a map's last few pixels, where a strip kernel (pixels as the lanes) would compute a whole
-#: strip for them. Each lane's arithmetic is ``dot_pairs``'s for the same row, pixel and pairs in
-#: the same order, so the sums are the strip kernels' bits. A pixel's ``col`` holds TAIL_COL
-#: values per TAIL_BLOCKS blocks (nb rounded up; ``ldcol`` apart): lanes of blocks past nb repeat
-#: the last block's and land past 8 nb.
-tail_pixels = compile_source(_tail_source(), "tail", f"{__name__} tail", {
-    "vload": vload, "vstore": vstore, "pair_splat": pair_splat, "block_pairs": block_pairs, "dot_regs": dot_regs,
-    "TAIL_BLOCKS": TAIL_BLOCKS, "BLOCK_ROWS": BLOCK_ROWS}, inline=True)
 
 
 class PairsFrom(enum.Enum):
@@ -441,3 +432,23 @@ def compile_dot_micro(rows: int, strips: int, b_read: PairsFrom = PairsFrom.PANE
                              "zero": np.float32(0.0)}
     return compile_source(_dot_micro_source(rows, strips, b_read, finish), "micro",
                           f"{__name__} {rows}x{strips * LANES} {b_read.value} {finish.value}", ns, inline=False)
+
+
+def _compile_tail(b_read: PairsFrom):  # noqa: ANN202
+    return compile_source(_tail_source(b_read), "tail", f"{__name__} tail {b_read.value}", {
+        "vload": vload, "vstore": vstore, "pair_splat": pair_splat, "block_pairs": block_pairs, "dot_regs": dot_regs,
+        "TAIL_BLOCKS": TAIL_BLOCKS, "BLOCK_ROWS": BLOCK_ROWS}, inline=True)
+
+
+#: col[j ldcol + 8 i + r] += the pair products of row r of weight block i < nb (blocks from
+#: w[w0:], one every ``kstride`` values) with pixel j < m's input pairs (b[ib + 2 j + at],
+#: b[ib + 2 j + at + 1]) for k pairs p < kc2 ascending, at = p sp (a packed panel's pixels),
+#: m <= TAIL_PIXELS. The rows are the lanes (two blocks a register), a pixel's pair in every
+#: lane: for a map's last few pixels, where a strip kernel (pixels as the lanes) would compute a
+#: whole strip for them. Each lane's arithmetic is ``dot_pairs``'s for the same row, pixel and
+#: pairs in the same order, so the sums are the strip kernels' bits. A pixel's ``col`` holds
+#: TAIL_COL values per TAIL_BLOCKS blocks (nb rounded up; ``ldcol`` apart): lanes of blocks past
+#: nb repeat the last block's and land past 8 nb.
+tail_pixels = _compile_tail(PairsFrom.PANEL)
+#: the same with k pair p's input at at = offs[p] (an offset table: ``jit.implicit_pairs``)
+tail_pixels_table = _compile_tail(PairsFrom.TABLE)

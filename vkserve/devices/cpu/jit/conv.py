@@ -514,7 +514,7 @@ def _stored_product_impl(  # noqa: ANN202
         pf = panel.reshape(panel.size)
         sb = panel.shape[1] * panel.shape[2]  # a strip
         ns = (n + NR - 1) // NR
-        strips = ns if direct else _strips_before_tail(n)
+        strips = ns if direct else strips_before_tail(n)
         kc2 = (kcb + 1) // 2
         for i in range(nb):
             a0 = w0 + i * kstride
@@ -542,13 +542,35 @@ def _stored_product_impl(  # noqa: ANN202
     return stored
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def tail_start(tile, c0, m, nb):  # noqa: ANN001, ANN202
+    """What ``tail_pixels`` adds the products of pixels c0 .. c0 + m - 1 of an fp32 ``tile``'s
+    first nb row blocks to: their sums so far, a pixel's rows in a run (its ``col``), zeros
+    past the blocks."""
+    ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
+    col = np.zeros(m * ldcol, dtype=np.float32)
+    for j in range(m):
+        for k in range(nb * MR):
+            col[j * ldcol + k] = tile[k, c0 + j]
+    return col
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def tail_end(col, tile, c0, m, nb):  # noqa: ANN001
+    """The sums of ``tail_start``'s pixels back into their tile columns."""
+    ldcol = col.size // m
+    for j in range(m):
+        for k in range(nb * MR):
+            tile[k, c0 + j] = col[j * ldcol + k]
+
+
 #: pixels of a block's last strip up to which ``tail_pixels`` computes them (rows as the lanes)
 #: instead of a strip kernel computing NR: a 7 x 7 map's 49th pixel, a 14 x 14 map's last 4
 TAIL_MAX = TAIL_PIXELS
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def _strips_before_tail(n):  # noqa: ANN001, ANN202
+def strips_before_tail(n):  # noqa: ANN001, ANN202
     """Strips of NR pixels a strip kernel computes of a block of ``n`` pixels on ``DOT`` hosts:
     all, or all but a last one of at most TAIL_MAX pixels (``tail_pixels`` computes those)."""
     ns = (n + NR - 1) // NR
@@ -770,21 +792,15 @@ def _rows_product_impl(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: 
         def pairs(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202
             sb = panel.shape[1] * panel.shape[2]  # a strip
             pf = panel.reshape(panel.size)
-            strips = _strips_before_tail(n)
+            strips = strips_before_tail(n)
             kc2 = (kcb + 1) // 2
             for i in range(nb):
                 strips_dot(w, w0 + i * kstride, pf, 0, sb, tile, i * MR, strips, kc2)
             if strips * NR < n:  # the last pixels, rows as the lanes (``tail_pixels``)
                 m = n - strips * NR
-                ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
-                col = np.zeros(m * ldcol, dtype=np.float32)
-                for j in range(m):
-                    for k in range(nb * MR):
-                        col[j * ldcol + k] = tile[k, strips * NR + j]
-                tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, ldcol)
-                for j in range(m):
-                    for k in range(nb * MR):
-                        tile[k, strips * NR + j] = col[j * ldcol + k]
+                col = tail_start(tile, strips * NR, m, nb)
+                tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, col.size // m)
+                tail_end(col, tile, strips * NR, m, nb)
         return pairs
 
     def fp32(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: ANN001, ANN202

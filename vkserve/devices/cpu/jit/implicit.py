@@ -91,6 +91,19 @@ def phase_geometry(geo):  # noqa: ANN001, ANN201
     return wq, hq, blocks * BLOCK + (kh - 1) * dh // sh * wq + (kw - 1) * dw // sw
 
 
+@njit(cache=True)
+def column_geometry(geo):  # noqa: ANN001, ANN201
+    """(rows Hc, length Lc) of a stride-1 layer's column planes (``fill_planes`` with
+    ``columns``): plane kx holds padded position (y, x + kx dw) at y OW + x, so that output
+    position q = y OW + x reads tap (ky, kx) at q + ky dh OW in plane kx, no position between
+    output rows; zeros past its Hc rows up to Lc, as far as the last block of positions' taps
+    read."""
+    ow, dh = geo[G_OW], geo[G_DH]
+    hc = geo[G_OH] + (geo[G_KH] - 1) * dh
+    blocks = (geo[G_OH] * ow + BLOCK - 1) // BLOCK
+    return hc, blocks * BLOCK + (geo[G_KH] - 1) * dh * ow
+
+
 def planes_shape(geo: np.ndarray, cg: int, channels: int = CHANNELS) -> tuple[int, int, int]:
     """``planes``' shape: (channel pairs, stride phases x Lq, 2), the channels rounded up to a
     multiple of ``channels`` (a step's)."""
@@ -122,19 +135,12 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
     sh, sw, pt, pl = geo[G_SH], geo[G_SW], geo[G_PT], geo[G_PL]
     wq, hq, lq = phase_geometry(geo)
     zero = np.uint32(0)
-    c0 = 2 * p
-    if c0 >= c_in:
+    if 2 * p >= c_in:
         for q in range(words.shape[1]):
             words[p, q] = zero
         return
-    two = c0 + 1 < c_in
-    high = np.uint32(0xFFFF0000) if two else zero  # the second channel's half, or zero past the input
-    half = np.uint32(bf16_bits(padv))
-    pad = half | ((half << np.uint32(16)) & high)
-    pu, c0u, c1u = _U(p), _U(c0), _U(c0 + 1 if two else c0)
-    scaled = scale.size > 0
-    s0 = widen(scale[c0u]) if scaled else np.float32(1.0)
-    s1 = widen(scale[c1u]) if scaled else np.float32(1.0)
+    high, pad, c0u, c1u, scaled, s0, s1 = _pair_source(x, scale, p, padv)
+    pu = _U(p)
     if sh == 1 and sw == 1 and pt == 0 and pl == 0 and wq == w and hq == h:
         for q in range(_U(h * w)):
             words[pu, q] = _pair(xrows[c0u, q], xrows[c1u, q], high, scaled, s0, s1, act)
@@ -166,6 +172,59 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _pair_source(x, scale, p, padv):  # noqa: ANN001, ANN202
+    """For channel pair p (its first channel in ``x``): the second channel's half of a word
+    (``high``: zero past the input's channels), the padding's word, the two channels (the
+    first twice where it is the last), whether each value is first scaled, and the two scales."""
+    c0 = 2 * p
+    two = c0 + 1 < x.shape[0]
+    high = np.uint32(0xFFFF0000) if two else np.uint32(0)
+    half = np.uint32(bf16_bits(padv))
+    pad = half | ((half << np.uint32(16)) & high)
+    c0u, c1u = _U(c0), _U(c0 + 1 if two else c0)
+    scaled = scale.size > 0
+    s0 = widen(scale[c0u]) if scaled else np.float32(1.0)
+    s1 = widen(scale[c1u]) if scaled else np.float32(1.0)
+    return high, pad, c0u, c1u, scaled, s0, s1
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _fill_columns(x, scale, act, p, geo, padv, words):  # noqa: ANN001
+    """Channel pair p of a stride-1 layer's column planes (``column_geometry``), a word a
+    position as ``_fill_pair`` writes them."""
+    c_in, h, w = x.shape
+    kw, dw, pt, pl, ow = geo[G_KW], geo[G_DW], geo[G_PT], geo[G_PL], geo[G_OW]
+    hc, lc = column_geometry(geo)
+    zero = np.uint32(0)
+    if 2 * p >= c_in:
+        for q in range(words.shape[1]):
+            words[p, q] = zero
+        return
+    high, pad, c0u, c1u, scaled, s0, s1 = _pair_source(x, scale, p, padv)
+    pu = _U(p)
+    for kx in range(kw):
+        start = kx * lc
+        shift = kx * dw - pl  # input column of output column 0
+        lo, hi = _valid(ow, shift, 1, w)
+        for y in range(hc):
+            iy = y - pt
+            base = start + y * ow
+            if iy < 0 or iy >= h:
+                for q in range(ow):
+                    words[p, base + q] = pad
+                continue
+            for q in range(lo):
+                words[p, base + q] = pad
+            yu, bu, src = _U(iy), _U(base + lo), _U(lo + shift)
+            for q in range(_U(hi - lo)):
+                words[pu, bu + q] = _pair(x[c0u, yu, src + q], x[c1u, yu, src + q], high, scaled, s0, s1, act)
+            for q in range(hi, ow):
+                words[p, base + q] = pad
+        for q in range(start + hc * ow, start + lc):
+            words[p, q] = zero
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _pair(a, b, high, scaled, sa, sb, act):  # noqa: ANN001, ANN202
     """One word of the planes: ``a``'s bf16 bits low, ``b``'s high (masked by ``high``); with
     ``scaled``, those of a sa and b sb (then the activation ``act``: ``scaled_bits``)."""
@@ -177,30 +236,39 @@ def _pair(a, b, high, scaled, sa, sb, act):  # noqa: ANN001, ANN202
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
-def fill_planes(x, xrows, scale, act, geo, padv, planes, max_parts):  # noqa: ANN001
-    """``planes`` (pairs, length, 2) filled from ``x`` by ``_fill_pair``, pair by pair, in at
-    most ``max_parts`` contiguous runs of pairs (prange hands out each index apart)."""
+def fill_planes(x, xrows, scale, act, geo, padv, columns, planes, max_parts):  # noqa: ANN001
+    """``planes`` (pairs, length, 2) filled from ``x`` by ``_fill_pair`` (the stride phases),
+    or with ``columns`` by ``_fill_columns`` (the column planes), pair by pair, in at most
+    ``max_parts`` contiguous runs of pairs (prange hands out each index apart)."""
     pairs, length = planes.shape[0], planes.shape[1]
     words = planes.reshape(planes.size).view(np.uint32).reshape(pairs, length)
     fills = min(pairs, max_parts)
     for part in prange(fills):
         for p in range(part * pairs // fills, (part + 1) * pairs // fills):
-            _fill_pair(x, xrows, scale, act, p, geo, padv, words)
+            if columns:
+                _fill_columns(x, scale, act, p, geo, padv, words)
+            else:
+                _fill_pair(x, xrows, scale, act, p, geo, padv, words)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
-def step_offsets(geo, steps, pairs, length):  # noqa: ANN001, ANN201
+def step_offsets(geo, steps, pairs, length, columns):  # noqa: ANN001, ANN201
     """Where each K step's B operand starts in the planes (uint16 offsets): steps (channel step
-    s of ``pairs`` pairs, tap t), taps inner; tap (ky, kx) reads its phase's plane, shifted."""
+    s of ``pairs`` pairs, tap t), taps inner; tap (ky, kx) reads its phase's plane, shifted,
+    or with ``columns`` its column's plane (``column_geometry``), ky dh rows on."""
     kh, kw, sh, sw, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DH], geo[G_DW]
     wp, _, lq = phase_geometry(geo)
+    lc = column_geometry(geo)[1]
     taps = kh * kw
     boffs = np.empty(steps, dtype=np.int64)
     for s in range(steps // taps):
         for t in range(taps):
             ky, kx = t // kw * dh, t % kw * dw
-            phase = (ky % sh) * sw + kx % sw
-            boffs[s * taps + t] = 2 * (s * pairs * length + phase * lq + ky // sh * wp + kx // sw)
+            if columns:
+                at = t % kw * lc + ky * geo[G_OW]
+            else:
+                at = ((ky % sh) * sw + kx % sw) * lq + ky // sh * wp + kx // sw
+            boffs[s * taps + t] = 2 * (s * pairs * length + at)
     return boffs
 
 
@@ -229,9 +297,9 @@ def conv_planes(x, xrows, scale, act, wt, bias, ops, padv, geo, rb_per_task, pla
     og, oh, ow = geo[G_OG], geo[G_OH], geo[G_OW]
     wp = phase_geometry(geo)[0]
     length = planes.shape[1]
-    fill_planes(x, xrows, scale, act, geo, padv, planes, max_parts)
+    fill_planes(x, xrows, scale, act, geo, padv, False, planes, max_parts)
     steps = wt.shape[1]
-    boffs = step_offsets(geo, steps, ROWS, length)
+    boffs = step_offsets(geo, steps, ROWS, length, False)
     nrb = wt.shape[0]
     wstride = steps * ROWS * CHANNELS
     wflat = wt.reshape(wt.size)

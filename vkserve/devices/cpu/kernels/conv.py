@@ -90,6 +90,8 @@ class Convolution(JitKernel):
                          and jit.implicit.worthwhile(g, cg))
         self.pairs = (not (self.depthwise or self.direct or self.winograd)
                       and jit.implicit_pairs.worthwhile(g, p.kernel_h * p.kernel_w))
+        #: the pairs read column planes (``jit.implicit_pairs.column_planes``)
+        self.columns = self.pairs and jit.implicit_pairs.column_planes(self.geo)
         # a per-channel multiply of the input folded in (``Plan._fuse_channel_scales``): by the
         # AMX convolution's fill, or by the GEMM's panels where the layer reads them flat
         flat = ((p.kernel_h, p.kernel_w, p.stride_h, p.stride_w) == (1, 1, 1, 1)
@@ -136,8 +138,8 @@ class Convolution(JitKernel):
                 got = 0, jit.implicit.split(oc, self.geo, n_threads), jit.implicit.planes_shape(self.geo,
                                                                                                   self.in_shapes[0][0])
             elif self.pairs:
-                got = (0, jit.implicit_pairs.split(oc, self.geo, n_threads),
-                       jit.implicit.planes_shape(self.geo, self.in_shapes[0][0], 2))
+                got = (0, jit.implicit_pairs.split(oc, self.geo, n_threads, self.columns),
+                       jit.implicit_pairs.pairs_planes_shape(self.geo, self.in_shapes[0][0], self.columns))
             else:
                 g = self.p.group_count()
                 pixels, rows = jit.gemm_split(g, oc // g, oh * ow, n_threads)
@@ -173,10 +175,13 @@ class Convolution(JitKernel):
         pixels, rows, shape = self._split(jit.kernel_threads(), jit.conv.reads_rows(
             geo, in_shape, x.dtype == np.uint16, scale.size > 0))
         if self.implicit or self.pairs:
-            kernel = jit.implicit.conv_planes if self.implicit else jit.implicit_pairs.conv_pairs
-            return kernel, (x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
-                            self.pad_value, self.geo, rows, self.buf("implicit_planes", shape, np.uint16),
-                            jit.task_count(oc * oh * ow), flat_out)
+            planes = self.buf("implicit_planes", shape, np.uint16)
+            head = (x, x.reshape(x.shape[0], -1), scale, self.channel_scale_act, self.weight, self.bias, ops,
+                    self.pad_value, self.geo)
+            tail = (rows, planes, jit.task_count(oc * oh * ow), flat_out)
+            if self.implicit:
+                return jit.implicit.conv_planes, (*head, *tail)
+            return jit.implicit_pairs.conv_pairs, (*head, self.columns, *tail)
         if self.winograd:  # (its split's first value: tile blocks a task)
             return jit.winograd.winograd43, (x, self.weight, self.bias, ops, self.pad_value, self.geo, rows, pixels,
                                              self.buf("winograd", shape), flat_out)
