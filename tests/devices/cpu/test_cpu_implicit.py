@@ -114,23 +114,27 @@ def test_implicit_same_bits_with_one_and_more_threads_and_run_to_run(tmp_path: P
     assert split_of(kernel)(150, kernel.geo, 16) < split_of(kernel)(150, kernel.geo, 1)  # row chunks split
 
 
-#: stride-1 layers on narrow maps: (input shape, out channels, (kh, kw), params); their positions
-#: end in a whole strip, an odd strip, or 1-4 left for the tail kernel
+#: layers on narrow maps: (input shape, out channels, (kh, kw), params); their positions end in a
+#: whole strip, an odd strip, or 1-4 left for the tail kernel
 COLUMN_CASES = [((64, 7, 7), 40, (3, 3), "4=1"),  # 49 positions: three strips and one
                 ((33, 10, 10), 70, (3, 3), "4=1 9=3 -23310=2,-0.5,0.7"),  # 100: six strips and four
                 ((20, 12, 12), 19, (3, 3), "2=2 4=2 18=0.5"),  # dilation, pad_value
                 ((17, 10, 13), 24, (5, 3), "4=1 14=2 15=0 16=1"),  # asymmetric pads, 5 x 3
                 ((18, 4, 5), 16, (3, 3), "4=-1 15=-1 14=-1 16=-1"),  # crops: 2 x 3 outputs, a tail alone
-                ((40, 14, 28), 24, (3, 3), "4=1")]  # as wide as the column planes go
+                ((40, 14, 28), 24, (3, 3), "4=1"),  # as wide as the column planes go
+                ((32, 15, 17), 48, (3, 3), "3=2 4=1"),  # stride 2: a plane per row phase and column
+                ((18, 17, 19), 21, (3, 3), "3=3 2=2 4=2"),  # stride 3, dilation 2
+                ((20, 16, 13), 24, (3, 3), "13=2 3=1 4=1"),  # stride 2 on rows alone
+                ((24, 27, 27), 32, (3, 3), "3=2 4=1")]  # as wide as a strided layer's go
 
 
 @pytest.mark.skipif(not jit.implicit_pairs.worthwhile(1, 9), reason="the column planes are the pair products'")
 @pytest.mark.parametrize("shape,out,k,params", COLUMN_CASES, ids=[f"{s}-{o}-{k}-{p}" for s, o, k, p in COLUMN_CASES])
 def test_column_planes_give_the_bits_of_the_padded_planes(tmp_path: Path, shape: tuple[int, int, int], out: int,
                                                           k: tuple[int, int], params: str) -> None:
-    """Narrow stride-1 layers read one plane per kernel column, OW wide (no positions between
-    output rows), where wider ones read the padded planes: the same layer both ways gives the
-    same bits, on one thread and in several tasks."""
+    """Narrow layers read one plane per row phase and kernel column, OW wide (no positions
+    between output rows), where wider ones read the padded planes' stride phases: the same layer
+    both ways gives the same bits, on one thread and in several tasks."""
     kernel = kernel_for(tmp_path, shape, conv_line(shape[0], out, k, params))
     assert kernel.pairs and kernel.columns
     u = to_bf16(np.random.default_rng(24).uniform(-2, 2, shape).astype(np.float32))

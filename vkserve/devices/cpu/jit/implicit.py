@@ -93,15 +93,14 @@ def phase_geometry(geo):  # noqa: ANN001, ANN201
 
 @njit(cache=True)
 def column_geometry(geo):  # noqa: ANN001, ANN201
-    """(rows Hc, length Lc) of a stride-1 layer's column planes (``fill_planes`` with
-    ``columns``): plane kx holds padded position (y, x + kx dw) at y OW + x, so that output
-    position q = y OW + x reads tap (ky, kx) at q + ky dh OW in plane kx, no position between
-    output rows; zeros past its Hc rows up to Lc, as far as the last block of positions' taps
-    read."""
-    ow, dh = geo[G_OW], geo[G_DH]
-    hc = geo[G_OH] + (geo[G_KH] - 1) * dh
+    """(rows Hc, length Lc) of a layer's column planes (``fill_planes`` with ``columns``): plane
+    (ry, kx), one per row phase and kernel column, holds padded position (y sh + ry, x sw + kx
+    dw) at y OW + x, so that output position q = y OW + x reads tap (ky, kx) at q + (ky dh // sh)
+    OW in plane (ky dh % sh, kx), no position between output rows; zeros past its Hc rows up to
+    Lc, as far as the last block of positions' taps read."""
+    ow, reach = geo[G_OW], (geo[G_KH] - 1) * geo[G_DH] // geo[G_SH]
     blocks = (geo[G_OH] * ow + BLOCK - 1) // BLOCK
-    return hc, blocks * BLOCK + (geo[G_KH] - 1) * dh * ow
+    return geo[G_OH] + reach, blocks * BLOCK + reach * ow
 
 
 def planes_shape(geo: np.ndarray, cg: int, channels: int = CHANNELS) -> tuple[int, int, int]:
@@ -190,10 +189,10 @@ def _pair_source(x, scale, p, padv):  # noqa: ANN001, ANN202
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def _fill_columns(x, scale, act, p, geo, padv, words):  # noqa: ANN001
-    """Channel pair p of a stride-1 layer's column planes (``column_geometry``), a word a
-    position as ``_fill_pair`` writes them."""
+    """Channel pair p of a layer's column planes (``column_geometry``), a word a position as
+    ``_fill_pair`` writes them."""
     c_in, h, w = x.shape
-    kw, dw, pt, pl, ow = geo[G_KW], geo[G_DW], geo[G_PT], geo[G_PL], geo[G_OW]
+    kw, sh, sw, dw, pt, pl, ow = geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DW], geo[G_PT], geo[G_PL], geo[G_OW]
     hc, lc = column_geometry(geo)
     zero = np.uint32(0)
     if 2 * p >= c_in:
@@ -202,12 +201,13 @@ def _fill_columns(x, scale, act, p, geo, padv, words):  # noqa: ANN001
         return
     high, pad, c0u, c1u, scaled, s0, s1 = _pair_source(x, scale, p, padv)
     pu = _U(p)
-    for kx in range(kw):
-        start = kx * lc
+    for plane in range(sh * kw):
+        ry, kx = plane // kw, plane % kw
+        start = plane * lc
         shift = kx * dw - pl  # input column of output column 0
-        lo, hi = _valid(ow, shift, 1, w)
+        lo, hi = _valid(ow, shift, sw, w)
         for y in range(hc):
-            iy = y - pt
+            iy = y * sh + ry - pt
             base = start + y * ow
             if iy < 0 or iy >= h:
                 for q in range(ow):
@@ -215,9 +215,10 @@ def _fill_columns(x, scale, act, p, geo, padv, words):  # noqa: ANN001
                 continue
             for q in range(lo):
                 words[p, base + q] = pad
-            yu, bu, src = _U(iy), _U(base + lo), _U(lo + shift)
+            yu, bu, src, st = _U(iy), _U(base + lo), _U(lo * sw + shift), _U(sw)
             for q in range(_U(hi - lo)):
-                words[pu, bu + q] = _pair(x[c0u, yu, src + q], x[c1u, yu, src + q], high, scaled, s0, s1, act)
+                words[pu, bu + q] = _pair(x[c0u, yu, src + st * q], x[c1u, yu, src + st * q], high, scaled, s0, s1,
+                                          act)
             for q in range(hi, ow):
                 words[p, base + q] = pad
         for q in range(start + hc * ow, start + lc):
@@ -255,7 +256,7 @@ def fill_planes(x, xrows, scale, act, geo, padv, columns, planes, max_parts):  #
 def step_offsets(geo, steps, pairs, length, columns):  # noqa: ANN001, ANN201
     """Where each K step's B operand starts in the planes (uint16 offsets): steps (channel step
     s of ``pairs`` pairs, tap t), taps inner; tap (ky, kx) reads its phase's plane, shifted,
-    or with ``columns`` its column's plane (``column_geometry``), ky dh rows on."""
+    or with ``columns`` its row phase's and column's plane (``column_geometry``), rows on."""
     kh, kw, sh, sw, dh, dw = geo[G_KH], geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DH], geo[G_DW]
     wp, _, lq = phase_geometry(geo)
     lc = column_geometry(geo)[1]
@@ -265,7 +266,7 @@ def step_offsets(geo, steps, pairs, length, columns):  # noqa: ANN001, ANN201
         for t in range(taps):
             ky, kx = t // kw * dh, t % kw * dw
             if columns:
-                at = t % kw * lc + ky * geo[G_OW]
+                at = ((ky % sh) * kw + t % kw) * lc + ky // sh * geo[G_OW]
             else:
                 at = ((ky % sh) * sw + kx % sw) * lq + ky // sh * wp + kx // sw
             boffs[s * taps + t] = 2 * (s * pairs * length + at)

@@ -12,12 +12,12 @@ those (channel pair, tap) pairs, pairs outer, taps inner, and the register tile 
 positions) reads each step's B where ``implicit.step_offsets`` says; as there, the positions
 run over the padded width and those between output rows are dropped.
 
-On small maps those dropped columns are a large share (2 of 16 at 14x14, 2 of 9 at 7x7), and a
-map's positions are rarely whole blocks of 32: stride-1 layers of outputs up to
+On small maps those dropped columns are a large share (2 of 16 at 14x14, 2 of 9 at 7x7, 1 of 8
+at stride 2), and a map's positions are rarely whole blocks of 32: layers of outputs up to
 COLUMNS_MAX_WIDTH wide read column planes instead (``implicit.column_geometry``: one plane per
-kernel column, each OW wide, so no position lies between output rows), and a task's last
-positions run in a one-strip tile or, up to ``conv.TAIL_MAX`` of them, with the rows as the lanes
-(``bf16dot.tail_pixels_table``), all with the same arithmetic per output.
+row phase and kernel column, each OW wide, so no position lies between output rows), and a
+task's last positions run in a one-strip tile or, up to ``conv.TAIL_MAX`` of them, with the rows
+as the lanes (``bf16dot.tail_pixels_table``), all with the same arithmetic per output.
 
 The weights are packed at load per row block of MR rows, each step's MR pairs side by side.
 Each output's sum: bias, then the steps in order (each pair's two products as the CPU adds
@@ -33,6 +33,7 @@ from vkserve.devices.cpu.jit.bf16dot import LANES, PairsFrom, compile_dot_micro,
 from vkserve.devices.cpu.jit.conv import (
     AMX,
     DOT,
+    G_DW,
     G_KW,
     G_OG,
     G_OH,
@@ -74,6 +75,11 @@ _strip = compile_dot_micro(MR, 1, PairsFrom.TABLE)
 #: 256 at 14x14 0.93, 512 -> 512 at 7x7 0.95, 64 -> 128 at 28x28 0.97-0.98, 96 -> 96 at 28x28
 #: 0.995-1.00; from 52 wide slower (64 -> 64 at 52x52 1.08, at 56x56 1.07, 32 -> 32 1.13)
 COLUMNS_MAX_WIDTH = 28
+#: the same for strided layers, whose stride phases drop fewer positions (one a row at 3x3
+#: stride 2) and whose column planes outnumber the phases by less (6 against 4): measured the
+#: same way, 3x3 stride 2, 256 -> 512 to 7x7 0.97, 128 -> 256 to 14x14 0.97, 256 -> 256 to
+#: 13x13 1.00, 64 -> 128 to 28x28 1.04, 128 -> 128 to 26x26 1.05
+COLUMNS_MAX_WIDTH_STRIDED = 14
 
 
 def worthwhile(groups: int, taps: int, pairs: bool = DOT, tiles: bool = AMX) -> bool:
@@ -101,14 +107,18 @@ def pack_weights(w16: np.ndarray, og: int, cg: int, taps: int) -> np.ndarray:
 
 def column_planes(geo: np.ndarray) -> bool:
     """Does ``conv_pairs`` read this layer from column planes (``implicit.column_geometry``):
-    stride 1, a kernel of several columns, outputs at most COLUMNS_MAX_WIDTH wide."""
-    return bool(geo[G_SH] == 1 and geo[G_SW] == 1 and geo[G_KW] > 1 and geo[G_OW] <= COLUMNS_MAX_WIDTH)
+    where the stride phases would hold positions between output rows (a kernel reaching past
+    a stride's columns), outputs at most COLUMNS_MAX_WIDTH wide (COLUMNS_MAX_WIDTH_STRIDED
+    at a stride)."""
+    strided = geo[G_SH] > 1 or geo[G_SW] > 1
+    return bool((geo[G_KW] - 1) * geo[G_DW] // geo[G_SW] > 0
+                and geo[G_OW] <= (COLUMNS_MAX_WIDTH_STRIDED if strided else COLUMNS_MAX_WIDTH))
 
 
 def pairs_planes_shape(geo: np.ndarray, cg: int, columns: bool) -> tuple[int, int, int]:
     """``conv_pairs``'s ``planes``: (channel pairs, length, 2), column planes or stride phases."""
     if columns:
-        return -(-cg // 2), int(geo[G_KW]) * int(column_geometry(geo)[1]), 2
+        return -(-cg // 2), int(geo[G_SH] * geo[G_KW]) * int(column_geometry(geo)[1]), 2
     return planes_shape(geo, cg, 2)
 
 
