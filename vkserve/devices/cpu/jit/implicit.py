@@ -120,8 +120,8 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
     """Channel pair p of the planes, ``words`` (pairs, length) uint32, each word one position's
     pair (channel 2p in the low half, 2p + 1 in the high half, as a B tile row reads them):
     channels 2p, 2p + 1 of ``x`` (C, H, W; ``xrows`` the same as (C, H W)) padded (``padv``
-    outside the input), split into the stride phases (``phase_geometry``); zero for channels
-    past the input's and past each phase's rows. With a ``scale`` (one value per channel; none:
+    outside the input), split into the stride phases (``phase_geometry``); zero past each
+    phase's rows (``fill_planes`` zeros the pairs past the input's channels). With a ``scale`` (one value per channel; none:
     empty) each input value is first multiplied by its channel's (then the activation ``act``)
     and rounded to bf16, as a per-channel BinaryOp Mul storing its product would have.
 
@@ -134,13 +134,10 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
     sh, sw, pt, pl = geo[G_SH], geo[G_SW], geo[G_PT], geo[G_PL]
     wq, hq, lq = phase_geometry(geo)
     zero = np.uint32(0)
-    if 2 * p >= c_in:
-        for q in range(words.shape[1]):
-            words[p, q] = zero
-        return
-    high, pad, c0u, c1u, scaled, s0, s1 = _pair_source(x, scale, p, padv)
-    pu = _U(p)
+    source = _pair_source(x, scale, p, padv)
+    high, _, c0u, c1u, scaled, s0, s1 = source
     if sh == 1 and sw == 1 and pt == 0 and pl == 0 and wq == w and hq == h:
+        pu = _U(p)
         for q in range(_U(h * w)):
             words[pu, q] = _pair(xrows[c0u, q], xrows[c1u, q], high, scaled, s0, s1, act)
         for q in range(h * w, lq):
@@ -148,26 +145,7 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
         return
     for ry in range(sh):
         for rx in range(sw):
-            start = (ry * sw + rx) * lq
-            lo, hi = _valid(wq, rx - pl, sw, w)
-            for y in range(hq):
-                iy = y * sh + ry - pt
-                base = start + y * wq
-                if iy < 0 or iy >= h:
-                    for q in range(wq):
-                        words[p, base + q] = pad
-                    continue
-                for q in range(lo):
-                    words[p, base + q] = pad
-                yu, bu = _U(iy), _U(base + lo)
-                src, st = _U(rx - pl + lo * sw), _U(sw)
-                for q in range(_U(hi - lo)):
-                    words[pu, bu + q] = _pair(x[c0u, yu, src + st * q], x[c1u, yu, src + st * q], high, scaled, s0,
-                                              s1, act)
-                for q in range(hi, wq):
-                    words[p, base + q] = pad
-            for q in range(start + hq * wq, start + lq):
-                words[p, q] = zero
+            _fill_plane_words(x, source, act, words, p, (ry * sw + rx) * lq, wq, hq, lq, ry, rx - pl, geo)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -191,38 +169,39 @@ def _pair_source(x, scale, p, padv):  # noqa: ANN001, ANN202
 def _fill_columns(x, scale, act, p, geo, padv, words):  # noqa: ANN001
     """Channel pair p of a layer's column planes (``column_geometry``), a word a position as
     ``_fill_pair`` writes them."""
-    c_in, h, w = x.shape
-    kw, sh, sw, dw, pt, pl, ow = geo[G_KW], geo[G_SH], geo[G_SW], geo[G_DW], geo[G_PT], geo[G_PL], geo[G_OW]
+    kw, sh, dw, pl, ow = geo[G_KW], geo[G_SH], geo[G_DW], geo[G_PL], geo[G_OW]
     hc, lc = column_geometry(geo)
-    zero = np.uint32(0)
-    if 2 * p >= c_in:
-        for q in range(words.shape[1]):
-            words[p, q] = zero
-        return
-    high, pad, c0u, c1u, scaled, s0, s1 = _pair_source(x, scale, p, padv)
+    source = _pair_source(x, scale, p, padv)
+    for plane in range(sh * kw):  # (row phase, kernel column); output column 0 reads input column kx dw - pl
+        _fill_plane_words(x, source, act, words, p, plane * lc, ow, hc, lc, plane // kw, plane % kw * dw - pl, geo)
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _fill_plane_words(x, source, act, words, p, start, width, rows, length, ry, shift, geo):  # noqa: ANN001
+    """One plane of channel pair p's ``words``: ``rows`` x ``width`` words from ``start``, zeros
+    after them up to start + ``length``; row y, column q holds the input pair at row y sh + ry -
+    pt, column shift + q sw, the padding's word outside the input (``source``: ``_pair_source``)."""
+    h, w = x.shape[1], x.shape[2]
+    sh, sw, pt = geo[G_SH], geo[G_SW], geo[G_PT]
+    high, pad, c0u, c1u, scaled, s0, s1 = source
     pu = _U(p)
-    for plane in range(sh * kw):
-        ry, kx = plane // kw, plane % kw
-        start = plane * lc
-        shift = kx * dw - pl  # input column of output column 0
-        lo, hi = _valid(ow, shift, sw, w)
-        for y in range(hc):
-            iy = y * sh + ry - pt
-            base = start + y * ow
-            if iy < 0 or iy >= h:
-                for q in range(ow):
-                    words[p, base + q] = pad
-                continue
-            for q in range(lo):
+    lo, hi = _valid(width, shift, sw, w)
+    for y in range(rows):
+        iy = y * sh + ry - pt
+        base = start + y * width
+        if iy < 0 or iy >= h:
+            for q in range(width):
                 words[p, base + q] = pad
-            yu, bu, src, st = _U(iy), _U(base + lo), _U(lo * sw + shift), _U(sw)
-            for q in range(_U(hi - lo)):
-                words[pu, bu + q] = _pair(x[c0u, yu, src + st * q], x[c1u, yu, src + st * q], high, scaled, s0, s1,
-                                          act)
-            for q in range(hi, ow):
-                words[p, base + q] = pad
-        for q in range(start + hc * ow, start + lc):
-            words[p, q] = zero
+            continue
+        for q in range(lo):
+            words[p, base + q] = pad
+        yu, bu, src, st = _U(iy), _U(base + lo), _U(lo * sw + shift), _U(sw)
+        for q in range(_U(hi - lo)):
+            words[pu, bu + q] = _pair(x[c0u, yu, src + st * q], x[c1u, yu, src + st * q], high, scaled, s0, s1, act)
+        for q in range(hi, width):
+            words[p, base + q] = pad
+    for q in range(start + rows * width, start + length):
+        words[p, q] = np.uint32(0)
 
 
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
@@ -246,7 +225,10 @@ def fill_planes(x, xrows, scale, act, geo, padv, columns, planes, max_parts):  #
     fills = min(pairs, max_parts)
     for part in prange(fills):
         for p in range(part * pairs // fills, (part + 1) * pairs // fills):
-            if columns:
+            if 2 * p >= x.shape[0]:  # channels past the input's: zeros
+                for q in range(length):
+                    words[p, q] = np.uint32(0)
+            elif columns:
                 _fill_columns(x, scale, act, p, geo, padv, words)
             else:
                 _fill_pair(x, xrows, scale, act, p, geo, padv, words)
