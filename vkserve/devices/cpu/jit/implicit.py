@@ -121,16 +121,17 @@ def _fill_pair(x, xrows, scale, act, p, geo, padv, words):  # noqa: ANN001
     pair (channel 2p in the low half, 2p + 1 in the high half, as a B tile row reads them):
     channels 2p, 2p + 1 of ``x`` (C, H, W; ``xrows`` the same as (C, H W)) padded (``padv``
     outside the input), split into the stride phases (``phase_geometry``); zero past each
-    phase's rows (``fill_planes`` zeros the pairs past the input's channels). With a ``scale`` (one value per channel; none:
-    empty) each input value is first multiplied by its channel's (then the activation ``act``)
-    and rounded to bf16, as a per-channel BinaryOp Mul storing its product would have.
+    phase's rows (``fill_planes`` zeros the pairs past the input's channels). With a ``scale``
+    (one value per channel; none: empty) each input value is first multiplied by its channel's
+    (then the activation ``act``) and rounded to bf16, as a per-channel BinaryOp Mul storing
+    its product would have.
 
     A whole word a store: written a channel at a time (two 16-bit stores 4 bytes apart), the
     fill of a 16-channel 1x1 layer at 112x112 took 0.21 ms, about as long as its products, bias
     and stores together (measured on the 2-core Intel VM, one thread). Where the padded plane is
     the input itself (1x1, stride 1, no pads) a pair is one run: row by row, a 1152-channel 7x7
     input took 0.053 ms, half its layer."""
-    c_in, h, w = x.shape
+    h, w = x.shape[1], x.shape[2]
     sh, sw, pt, pl = geo[G_SH], geo[G_SW], geo[G_PT], geo[G_PL]
     wq, hq, lq = phase_geometry(geo)
     zero = np.uint32(0)
