@@ -56,7 +56,9 @@ class Convolution(JitKernel):
     input's planes (fp32 weights: twice the bf16 bytes, a few KiB there); dense 3x3 stride 1
     where ``jit.winograd.worthwhile`` by Winograd F(4, 3) (fp32 transformed weights: 8x the
     layer's bf16 weight bytes); on AMX hosts the other dense layers of 16 input channels or
-    more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load);
+    more by ``jit.implicit`` from the input's padded planes (AMX tiles packed at load); on
+    ``DOT`` hosts the other dense layers of kernels larger than 1x1 by ``jit.implicit_pairs``
+    (bf16 pair products from the input's padded planes, or on narrow maps its column planes);
     the rest (dense and grouped) by ``jit.conv_gemm`` over weight panels packed at load (a
     strided unpadded 1x1 layer on ``DOT`` hosts on its input's decimation,
     ``jit.conv.conv_gemm_decimated``)."""
