@@ -27,7 +27,7 @@ import enum
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
@@ -35,7 +35,7 @@ from vkserve.devices.cpu.jit.epilogue import OP_CLIP, OP_RELU
 from vkserve.devices.cpu.jit.generated import compile_source
 
 __all__ = ["LANES", "PairsFrom", "Finish", "block_pairs", "compile_dot_micro", "dot_pairs", "dot_regs", "element_address",
-           "f32x16", "pair_splat", "tail_pixels", "tail_pixels_table", "vload", "vstore", "TAIL_COL",
+           "f32x16", "pair_splat", "tail_pixels", "tail_pixels_table", "tail_width", "vload", "vstore",
            "TAIL_PIXELS"]
 
 #: fp32 lanes of a register (and pixels of a strip: ``conv.NR``)
@@ -331,6 +331,12 @@ BLOCK_ROWS = LANES // 2
 TAIL_BLOCKS = 8
 TAIL_PIXELS = 4
 TAIL_COL = TAIL_BLOCKS * BLOCK_ROWS
+
+
+@njit(cache=True, inline="always")
+def tail_width(nb):  # noqa: ANN001, ANN201
+    """Values of ``col`` per pixel (``tail_pixels``' ``ldcol``) for nb row blocks."""
+    return -(-nb // TAIL_BLOCKS) * TAIL_COL
 
 
 def _tail_source(b_read: PairsFrom) -> str:

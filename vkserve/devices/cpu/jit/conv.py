@@ -41,13 +41,12 @@ from numba.extending import overload
 
 import vkserve.devices.cpu.jit.amx as amx
 from vkserve.devices.cpu.jit.bf16dot import (
-    TAIL_BLOCKS,
-    TAIL_COL,
     TAIL_PIXELS,
     Finish,
     PairsFrom,
     compile_dot_micro,
     tail_pixels,
+    tail_width,
 )
 from vkserve.devices.cpu.jit.epilogue import (
     FASTMATH,
@@ -531,7 +530,7 @@ def _stored_product_impl(  # noqa: ANN202
                     _dot1_store(w, a0, pf, t * sb, sb, n - q, bias, r, nv, out, r, p0 + q, code, lo, hi, kc2)
         if strips < ns:  # the last pixels, rows as the lanes (``tail_pixels``), stored from their sums
             m = n - strips * NR
-            ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
+            ldcol = tail_width(nb)
             col = np.empty(m * ldcol, dtype=np.float32)
             valid = min(rows, nb * MR)
             for j in range(m):
@@ -547,7 +546,7 @@ def tail_start(tile, c0, m, nb):  # noqa: ANN001, ANN202
     """What ``tail_pixels`` adds the products of pixels c0 .. c0 + m - 1 of an fp32 ``tile``'s
     first nb row blocks to: their sums so far, a pixel's rows in a run (its ``col``), zeros
     past the blocks."""
-    ldcol = -(-nb // TAIL_BLOCKS) * TAIL_COL
+    ldcol = tail_width(nb)
     col = np.zeros(m * ldcol, dtype=np.float32)
     for j in range(m):
         for k in range(nb * MR):
@@ -558,7 +557,7 @@ def tail_start(tile, c0, m, nb):  # noqa: ANN001, ANN202
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
 def tail_end(col, tile, c0, m, nb):  # noqa: ANN001
     """The sums of ``tail_start``'s pixels back into their tile columns."""
-    ldcol = col.size // m
+    ldcol = tail_width(nb)
     for j in range(m):
         for k in range(nb * MR):
             tile[k, c0 + j] = col[j * ldcol + k]
@@ -799,7 +798,7 @@ def _rows_product_impl(w, w0, kstride, wide, panel, tile, kcb, nb, n):  # noqa: 
             if strips * NR < n:  # the last pixels, rows as the lanes (``tail_pixels``)
                 m = n - strips * NR
                 col = tail_start(tile, strips * NR, m, nb)
-                tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, col.size // m)
+                tail_pixels(w, w0, kstride, nb, pf, strips * sb, 2 * NR, kc2, m, col, tail_width(nb))
                 tail_end(col, tile, strips * NR, m, nb)
         return pairs
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.bf16dot import LANES, PairsFrom, compile_dot_micro, tail_pixels_table
+from vkserve.devices.cpu.jit.bf16dot import LANES, PairsFrom, compile_dot_micro, tail_pixels_table, tail_width
 from vkserve.devices.cpu.jit.conv import (
     AMX,
     DOT,
@@ -171,6 +171,6 @@ def conv_pairs(x, xrows, scale, act, wt, bias, ops, padv, geo, columns, rb_per_t
                 m = n - strips * LANES
                 col = tail_start(tiles, strips * LANES, m, nb)
                 tail_pixels_table(wflat, rb0 * wstride, wstride, nb, bflat, 2 * (q0 + strips * LANES), boffs, steps,
-                                  m, col, col.size // m)
+                                  m, col, tail_width(nb))
                 tail_end(col, tiles, strips * LANES, m, nb)
             store_positions(tiles, min(nb * MR, og - rb0 * MR), ops, q0, n, wp, ow, out, rb0 * MR)
