@@ -78,6 +78,41 @@ def test_same_bits_as_the_numpy_path(tmp_path: Path, line: str) -> None:
     np.testing.assert_array_equal(plan.run(inputs)["out"], numpy_plan.run(inputs)["out"])
 
 
+#: (layer, b's shape): BinaryOp add and mul over each form of b (full, one per row, one row, a
+#: scalar), Eltwise sum and product (same-shaped inputs)
+ONE_LOOP = [*((f"BinaryOp m 2 1 a b t 0={op}", b) for op in (0, 2)
+              for b in ((6, 7, 9), (6, 1, 1), (1, 1, 9), (1, 1, 1))),
+            *((f"Eltwise m 2 1 a b t 0={op}", (6, 7, 9)) for op in (1, 0))]
+
+
+@pytest.mark.parametrize("act", ["", "ReLU r 1 1 t out", "Clip r 1 1 t out 0=-0.5 1=0.75"],
+                         ids=["none", "relu", "clip"])
+@pytest.mark.parametrize(("layer", "b_shape"), ONE_LOOP, ids=lambda v: str(v).split(" m ")[0].replace(" ", ""))
+def test_one_loop_adds_and_multiplies_have_the_numpy_paths_bits(tmp_path: Path, layer: str, act: str,
+                                                                b_shape: tuple[int, ...]) -> None:
+    """Adds and multiplies with at most a ReLU or Clip after run in one loop a row (``_add_or_mul``),
+    over every form of ``b`` (full, one per row, one row, a scalar): the bits of the numpy path
+    (widened inputs, the op and the activation in fp32, rounded to nearest even), on 7 x 9 rows
+    (a vector and a tail each)."""
+    rng = np.random.default_rng(5)
+    inputs = {"a": rng.standard_normal((6, 7, 9)).astype(np.float32),
+              "b": rng.standard_normal(b_shape).astype(np.float32)}
+    lines = [layer.replace(" t ", " out ") if not act else layer, *([act] if act else [])]
+    plan = plan_for(tmp_path, lines, inputs)
+    numpy_plan = plan_for(tmp_path, lines, inputs)
+    for step in numpy_plan._program:
+        if step.name == "m":
+            step.kernel.form = None
+    numpy_plan._prepare()
+    assert kinds(plan)["m"] is StepKind.STORE and kinds(numpy_plan)["m"] is StepKind.WIDENED
+    if act:
+        assert plan.fused == [("m", "r")]
+    got = plan.run(inputs)["out"]
+    np.testing.assert_array_equal(got, numpy_plan.run(inputs)["out"])
+    if act.startswith("ReLU"):
+        assert (got >= 0).all() and (got == 0).any()
+
+
 def test_eltwise_weighted_sum_and_fused_relu_match_ncnn(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     inputs = {"a": rng.standard_normal((4, 6, 6)).astype(np.float32),

@@ -5,10 +5,12 @@ one axis.
 
 The operands are seen as (rows, cols) matrices: ``a`` full, ``b`` full too, or broadcast as
 one value per row (a per-channel scale), one row for all rows (along w), or one scalar.
-Per row, ``a`` is widened into an fp32 row buffer (scaled by ``ca`` where not 1), ``b``
-applied to it with the op, the epilogue run and the row narrowed into ``out``; each loop runs
-one op over a contiguous row, so LLVM vectorizes it. An output value depends only on its
-operands: the same bits whatever the thread count.
+The usual layers (an add or a multiply, no coefficients, at most a ReLU or Clip after) take one
+loop a row: widen, op, activation, narrow (``_add_or_mul``). The others, per row: ``a`` widened
+into an fp32 row buffer (scaled by ``ca`` where not 1), ``b`` applied to it with the op, the
+epilogue run and the row narrowed into ``out``; each loop runs one op over a contiguous row, so
+LLVM vectorizes it. Both give the same bits. An output value depends only on its operands: the
+same bits whatever the thread count.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, store_row, widen
+from vkserve.devices.cpu.jit.epilogue import (
+    FASTMATH, OP_CLIP, OP_RELU, apply_ops, as_stored, store_row, stored_op, widen,
+)
 
 #: ops (ncnn's BinaryOp op_type codes; Eltwise maps onto the first three)
 ADD, SUB, MUL, DIV, MAX, MIN = 0, 1, 2, 3, 4, 5
@@ -83,16 +87,59 @@ def _with_row(op, t, b, r, n, cb):  # noqa: ANN001
             t[j] = min(t[j], widen(b[ru, j])) + _ZERO
 
 
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _stored(v, code, lo, hi):  # noqa: ANN001, ANN202
+    """``v`` after a lone ReLU or Clip (``code``; OP_NONE: as it is), as ``apply_ops`` gives it."""
+    if code == OP_RELU:
+        return max(v, _ZERO) + _ZERO
+    if code == OP_CLIP:
+        return min(max(v, lo), hi)
+    return v
+
+
+@njit(fastmath=FASTMATH, error_model="numpy", cache=True, inline="always")
+def _add_or_mul(op, a, r, b, br, s, cols, code, lo, hi, out):  # noqa: ANN001, ANN202
+    """out[r, :] = a[r, :] + or * (b[br, :] where ``br`` >= 0, else ``s``), then a lone ReLU
+    or Clip, in one loop (no row buffer, no call a row): 2.5-3.7x faster than the buffered
+    passes on 7 x 7 maps' rows, 1.0-1.4x on 56 x 56 (measured on the 2-core VM, one thread,
+    (2048, 49) and (256, 3136) adds, (960, 49) per-channel multiplies; same bits)."""
+    ru, cu = _U(r), _U(cols)
+    if br >= 0:
+        bu = _U(br)
+        if op == ADD:
+            for j in range(cu):
+                out[ru, j] = as_stored(_stored(widen(a[ru, j]) + widen(b[bu, j]), code, lo, hi), out)
+        else:
+            for j in range(cu):
+                out[ru, j] = as_stored(_stored(widen(a[ru, j]) * widen(b[bu, j]), code, lo, hi), out)
+    elif op == ADD:
+        for j in range(cu):
+            out[ru, j] = as_stored(_stored(widen(a[ru, j]) + s, code, lo, hi), out)
+    else:
+        for j in range(cu):
+            out[ru, j] = as_stored(_stored(widen(a[ru, j]) * s, code, lo, hi), out)
+
+
 @njit(fastmath=FASTMATH, error_model="numpy", cache=True, parallel=True)
 def binary(a, b, op, bform, bs, ca, cb, ops, parts, out):  # noqa: ANN001
     """out[r, j] = (ca a[r, j]) op b' then the epilogue ``ops``, with b' = cb b[r, j], b[r, 0],
     b[0, j] or ``bs`` by ``bform``; rows split into ``parts`` tasks. ``ca``/``cb`` are 1 except
     for Eltwise's weighted sum."""
     rows, cols = out.shape
+    one = np.float32(1.0)
+    stores, code, lo, hi = stored_op(ops)
+    one_loop = stores and (op == ADD or op == MUL) and ca == one and cb == one
     for part in prange(parts):
-        t = np.empty(cols, dtype=np.float32)
+        t = np.empty(0 if one_loop else cols, dtype=np.float32)
         for r in range(part * rows // parts, (part + 1) * rows // parts):
             ru = _U(r)
+            if one_loop:
+                if bform == B_FULL or bform == B_ROW:
+                    _add_or_mul(op, a, r, b, r if bform == B_FULL else 0, bs, cols, code, lo, hi, out)
+                else:
+                    _add_or_mul(op, a, r, b, -1, widen(b[ru, 0]) if bform == B_PER_ROW else bs, cols,
+                                code, lo, hi, out)
+                continue
             if ca == np.float32(1.0):
                 for j in range(_U(cols)):
                     t[j] = widen(a[ru, j])
