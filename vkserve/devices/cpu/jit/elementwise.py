@@ -21,7 +21,14 @@ import numpy as np
 from numba import njit, prange
 
 from vkserve.devices.cpu.jit.epilogue import (
-    FASTMATH, OP_CLIP, OP_RELU, apply_ops, as_stored, store_row, stored_op, widen,
+    FASTMATH,
+    OP_CLIP,
+    OP_RELU,
+    apply_ops,
+    as_stored,
+    store_row,
+    stored_op,
+    widen,
 )
 
 #: ops (ncnn's BinaryOp op_type codes; Eltwise maps onto the first three)
