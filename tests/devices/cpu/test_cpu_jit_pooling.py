@@ -91,6 +91,42 @@ def test_global_pooling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: 
     assert runs[0].tobytes() == runs[1].tobytes() == from_bf16(to_bf16(got)).tobytes()
 
 
+@pytest.mark.parametrize(("shape", "params", "whole"), [
+    ((64, 7, 7), "0=1 1=7", True),  # resnet's pool5
+    ((5, 3, 6), "0=1 1=6 11=3 2=4", True),  # rectangular, any stride
+    ((5, 3, 6), "0=1 1=6 11=3 6=1", True),  # padding counted, but none there
+    ((5, 7, 7), "0=1 1=7 5=1", True),  # valid
+    ((5, 2, 2), "0=1 1=2 2=4 3=1 5=1", False),  # the plane's size, but padded: 1 x 1 out
+    ((5, 2, 2), "0=1 1=3 2=2 3=1 5=1", False),  # a window past the plane, padded: 1 x 1 out
+    ((5, 7, 7), "0=0 1=7", False),  # a maximum
+], ids=["pool5", "rect", "count-pad", "valid", "padded", "past", "max"])
+def test_an_average_over_the_whole_plane_is_a_global_average(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             shape: tuple[int, int, int], params: str,
+                                                             whole: bool) -> None:
+    """One unpadded average window covering the whole plane runs as global average pooling
+    (``jit.pooling.global_avg``; ``pool2d`` took a pass a tap for one output a channel), against
+    ncnn and within 1e-6 of the exact mean, the same bits with 1 and N threads and as
+    ``forward``; windows with padding, and maxima, stay windowed."""
+    line = f"Pooling op 1 1 data out {params}"
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(25))
+    param = tmp_path / "pool.param"
+    param.write_text(param_text({"data": shape}, [line]))
+    plan = Plan(load_model(param, None, {"data": shape}))
+    kernel = plan._program[-1].kernel
+    assert kernel.global_avg is whole and kernel.windowed
+    x = from_bf16(to_bf16(np.random.default_rng(26).uniform(0.5, 2, shape).astype(np.float32)))
+    got = kernel.forward([x])[0]
+    assert got.shape == plan.blob_shapes["out"]
+    if whole:
+        exact = x.reshape(shape[0], -1).astype(np.float64).mean(axis=1).reshape(got.shape)
+        assert np.abs(got - exact).max() <= 1e-6 * np.abs(exact).max()
+    runs = []
+    for n in (1, max(2, threads.available_cores())):
+        monkeypatch.setattr(threads, "THREADS", n)
+        runs.append(plan.run({"data": x})["out"])
+    assert runs[0].tobytes() == runs[1].tobytes() == from_bf16(to_bf16(got)).tobytes()
+
+
 @pytest.mark.parametrize("params", ["0=0 1=3 2=2 5=0", "0=1 1=3 2=2 3=1 6=0", "0=1 4=1"],
                          ids=["max", "avg", "global"])
 def test_fp32_blobs_take_the_same_path(tmp_path: Path, params: str) -> None:

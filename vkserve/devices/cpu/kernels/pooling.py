@@ -7,9 +7,10 @@ kernel_w * kernel_h. Adaptive windows are ``PoolingParams.adaptive_windows``.
 
 The windowed form runs as the numba kernel ``jit.pooling.pool2d`` (in a Plan straight from the
 bf16 arena into it; the same bits as ``forward``'s numpy passes), on AVX-512 hosts max pooling
-of 2x2 and 3x3 windows at stride 1 and 2 as ``jit.poolrows.max_pool_rows`` (the same bits), global average pooling as
-``jit.pooling.global_avg`` (in ``forward`` too); global max and adaptive pooling widen into a
-scratch buffer and run numpy.
+of 2x2 and 3x3 windows at stride 1 and 2 as ``jit.poolrows.max_pool_rows`` (the same bits), global
+average pooling as ``jit.pooling.global_avg`` (in ``forward`` too), and so an average over one
+window that is the whole unpadded plane; global max and adaptive pooling widen into a scratch
+buffer and run numpy.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Pooling(Kernel):
         self.work = math.prod(self.view) if p.global_pooling else (
             math.prod(out[0]) * p.kernel_h * p.kernel_w)
         self.adaptive = bool(p.adaptive_pooling) and not p.global_pooling
+        self.whole_plane = False
         if p.global_pooling or self.adaptive:
             self.exact_store = p.pooling_type == 0
             if self.adaptive:
@@ -83,6 +85,11 @@ class Pooling(Kernel):
         c = self.view[0]
         self.geo = jit.geometry(c, 1, 1, kh, kw, sh, sw, 1, 1, pads[0], pads[2], oh, ow)
         self.row_runs = jit.poolrows.worthwhile(kh, kw, sh, sw, p.pooling_type == 0)
+        #: an average over one window that is the whole unpadded plane (resnet's 7x7 ``pool5``)
+        #: is a global average: ``pool2d`` took a pass per tap for its one output a channel
+        #: (resnet50's 2048 x 7 x 7: 0.47 ms on one thread of the 2-core VM)
+        self.whole_plane = (p.pooling_type == 1 and (kh, kw, oh, ow) == (h, w, 1, 1)
+                            and tuple(pads) == (0, 0, 0, 0))
         return out
 
     def _global_avg(self, x: np.ndarray, out: np.ndarray) -> jit.KernelCall:
@@ -93,7 +100,7 @@ class Pooling(Kernel):
 
     @property
     def global_avg(self) -> bool:
-        return bool(self.p.global_pooling) and self.p.pooling_type == 1
+        return (bool(self.p.global_pooling) and self.p.pooling_type == 1) or self.windowed and self.whole_plane
 
     @property
     def windowed(self) -> bool:
@@ -115,10 +122,10 @@ class Pooling(Kernel):
             np.float32(1.0 / (p.kernel_h * p.kernel_w)), out.reshape(c, oh * ow), jit.task_count(c)), self.work)
 
     def store_call(self, us: list[np.ndarray], outs: list[np.ndarray], post: Sequence[Kernel]) -> StepCall | None:
-        if self.windowed:
-            return self._pool(us[0], outs[0])
         if self.global_avg:
             return self._global_avg(us[0], outs[0])
+        if self.windowed:
+            return self._pool(us[0], outs[0])
         return None
 
     def forward_store(self, us: list[np.ndarray], outs: list[np.ndarray], post: list[Kernel]) -> None:
@@ -134,13 +141,13 @@ class Pooling(Kernel):
             to_bf16(y, out=outs[0], scratch=self.buf("narrow", y.size, np.uint32))
 
     def forward_bf16(self, us: list[np.ndarray]) -> list[np.ndarray]:
+        if self.global_avg:
+            out = self.buf("out", self.out_shapes[0])
+            self._global_avg(np.ascontiguousarray(us[0]), out)()
+            return [out]
         if self.windowed:
             out = self.buf("out", self.out_shapes[0])
             self._pool(np.ascontiguousarray(us[0]), out)()
-            return [out]
-        if self.global_avg:
-            out = self.buf("out", self.view[0])
-            self._global_avg(np.ascontiguousarray(us[0]), out)()
             return [out]
         x = us[0]  # bf16 from the arena, or fp32 (a data-dependent blob)
         return self.forward([widen_into(x, self.buf("in", x.shape)) if x.dtype == np.uint16 else x])
@@ -151,8 +158,8 @@ class Pooling(Kernel):
         is_max = p.pooling_type == 0
         if self.adaptive:
             return [self.adaptive_pool(x, is_max).reshape(self.out_shapes[0])]
-        if p.global_pooling and not is_max:
-            out = self.buf("out", self.view[0])
+        if self.global_avg:
+            out = self.buf("out", self.out_shapes[0])
             self._global_avg(np.ascontiguousarray(x), out)()
             return [out]
         if p.global_pooling:
