@@ -46,22 +46,31 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape,params", CASES, ids=[f"{s}-{p}" for s, p in CASES])
-def test_jit_pooling_matches_ncnn_and_the_numpy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      shape: tuple[int, int, int], params: str) -> None:
-    line = f"Pooling op 1 1 data out {params}"
-    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(20))
+def checked_plan(tmp_path: Path, line: str, shape: tuple[int, ...], seed: int) -> Plan:
+    """A Plan of the one layer ``line`` on input ``shape``, after checking it against ncnn."""
+    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(seed))
     param = tmp_path / "pool.param"
     param.write_text(param_text({"data": shape}, [line]))
-    plan = Plan(load_model(param, None, {"data": shape}))
-    kind, kernel = plan._program[-1].kind, plan._program[-1].kernel
-    assert kind is StepKind.STORE and kernel.windowed
-    x = from_bf16(to_bf16(np.random.default_rng(21).uniform(-2, 2, shape).astype(np.float32)))
-    want = from_bf16(to_bf16(kernel.forward([x])[0]))
+    return Plan(load_model(param, None, {"data": shape}))
+
+
+def runs_on_1_and_n_threads(monkeypatch: pytest.MonkeyPatch, plan: Plan, x: np.ndarray) -> list[np.ndarray]:
     runs = []
     for n in (1, max(2, threads.available_cores())):
         monkeypatch.setattr(threads, "THREADS", n)
         runs.append(plan.run({"data": x})["out"])
+    return runs
+
+
+@pytest.mark.parametrize("shape,params", CASES, ids=[f"{s}-{p}" for s, p in CASES])
+def test_jit_pooling_matches_ncnn_and_the_numpy_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      shape: tuple[int, int, int], params: str) -> None:
+    plan = checked_plan(tmp_path, f"Pooling op 1 1 data out {params}", shape, 20)
+    kind, kernel = plan._program[-1].kind, plan._program[-1].kernel
+    assert kind is StepKind.STORE and kernel.windowed
+    x = from_bf16(to_bf16(np.random.default_rng(21).uniform(-2, 2, shape).astype(np.float32)))
+    want = from_bf16(to_bf16(kernel.forward([x])[0]))
+    runs = runs_on_1_and_n_threads(monkeypatch, plan, x)
     assert runs[0].tobytes() == runs[1].tobytes() == want.tobytes()
     assert np.isfinite(runs[0]).all()
 
@@ -73,21 +82,14 @@ def test_global_pooling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: 
     """Global pooling (average: ``jit.pooling.global_avg``, row lengths below, at and above its
     8 partial sums, with a tail; max: numpy): against ncnn, within 1e-6 of the exact mean / the
     exact maximum, and the same bits with 1 and N threads and as ``forward``."""
-    line = f"Pooling op 1 1 data out {kind}"
-    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(22))
-    param = tmp_path / "pool.param"
-    param.write_text(param_text({"data": shape}, [line]))
-    plan = Plan(load_model(param, None, {"data": shape}))
+    plan = checked_plan(tmp_path, f"Pooling op 1 1 data out {kind}", shape, 22)
     kernel = plan._program[-1].kernel
     x = from_bf16(to_bf16(np.random.default_rng(23).uniform(0.5, 2, shape).astype(np.float32)))
     rows = x.reshape(-1, shape[-1] * shape[-2]) if len(shape) == 3 else x.reshape(1, -1)
     exact = rows.astype(np.float64).max(axis=1) if kind == "0=0 4=1" else rows.astype(np.float64).mean(axis=1)
     got = kernel.forward([x])[0]
     assert np.abs(got - exact).max() <= 1e-6 * np.abs(exact).max()
-    runs = []
-    for n in (1, max(2, threads.available_cores())):
-        monkeypatch.setattr(threads, "THREADS", n)
-        runs.append(plan.run({"data": x})["out"])
+    runs = runs_on_1_and_n_threads(monkeypatch, plan, x)
     assert runs[0].tobytes() == runs[1].tobytes() == from_bf16(to_bf16(got)).tobytes()
 
 
@@ -107,11 +109,7 @@ def test_an_average_over_the_whole_plane_is_a_global_average(tmp_path: Path, mon
     (``jit.pooling.global_avg``; ``pool2d`` took a pass a tap for one output a channel), against
     ncnn and within 1e-6 of the exact mean, the same bits with 1 and N threads and as
     ``forward``; windows with padding, and maxima, stay windowed."""
-    line = f"Pooling op 1 1 data out {params}"
-    check_against_ncnn(tmp_path, line, {"data": shape}, np.random.default_rng(25))
-    param = tmp_path / "pool.param"
-    param.write_text(param_text({"data": shape}, [line]))
-    plan = Plan(load_model(param, None, {"data": shape}))
+    plan = checked_plan(tmp_path, f"Pooling op 1 1 data out {params}", shape, 25)
     kernel = plan._program[-1].kernel
     assert kernel.global_avg is whole and kernel.windowed
     x = from_bf16(to_bf16(np.random.default_rng(26).uniform(0.5, 2, shape).astype(np.float32)))
@@ -120,10 +118,7 @@ def test_an_average_over_the_whole_plane_is_a_global_average(tmp_path: Path, mon
     if whole:
         exact = x.reshape(shape[0], -1).astype(np.float64).mean(axis=1).reshape(got.shape)
         assert np.abs(got - exact).max() <= 1e-6 * np.abs(exact).max()
-    runs = []
-    for n in (1, max(2, threads.available_cores())):
-        monkeypatch.setattr(threads, "THREADS", n)
-        runs.append(plan.run({"data": x})["out"])
+    runs = runs_on_1_and_n_threads(monkeypatch, plan, x)
     assert runs[0].tobytes() == runs[1].tobytes() == from_bf16(to_bf16(got)).tobytes()
 
 
