@@ -85,10 +85,9 @@ class Pooling(Kernel):
         c = self.view[0]
         self.geo = jit.geometry(c, 1, 1, kh, kw, sh, sw, 1, 1, pads[0], pads[2], oh, ow)
         self.row_runs = jit.poolrows.worthwhile(kh, kw, sh, sw, p.pooling_type == 0)
-        #: an average over one window that is the whole unpadded plane (resnet's 7x7 ``pool5``;
-        #: windowed layers only: False above for global and adaptive ones)
-        #: is a global average: ``pool2d`` took a pass per tap for its one output a channel
-        #: (resnet50's 2048 x 7 x 7: 0.47 ms on one thread of the 2-core VM)
+        #: a windowed average over one window that is the whole unpadded plane (resnet's 7x7
+        #: ``pool5``) is a global average: ``pool2d`` took a pass per tap for its one output a
+        #: channel (resnet50's 2048 x 7 x 7: 0.47 ms on one thread of the 2-core VM)
         self.whole_plane = (p.pooling_type == 1 and (kh, kw, oh, ow) == (h, w, 1, 1)
                             and tuple(pads) == (0, 0, 0, 0))
         return out
