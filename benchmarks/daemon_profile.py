@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--devices", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--py-spy", type=Path, help="py-spy executable: sample the daemon")
-    ap.add_argument("--raw", type=Path, default=Path("daemon_profile_raw.txt"))
+    ap.add_argument("--raw", type=Path, help="keep py-spy's raw stacks in this file (default: a temporary one)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     x = np.load(ROOT / "vkserve/examples/digits/samples/3.npy").astype(np.float32)
@@ -115,6 +115,7 @@ def main() -> int:
                                  "devices": args.devices, "requests": n}
     with tempfile.TemporaryDirectory() as d:
         repo = digits_repository(Path(d), args.devices)
+        raw = args.raw or Path(d) / "py_spy_raw.txt"
         proc, sock = start_daemon(Path(d), repo)
         try:
             with Client.connect(f"unix:{sock}") as c:
@@ -125,7 +126,7 @@ def main() -> int:
                 spy = None
                 if args.py_spy is not None:
                     spy = subprocess.Popen([str(args.py_spy), "record", "-r", "1000", "--nonblocking",
-                                            "--threads", "--idle", "-f", "raw", "-o", str(args.raw),
+                                            "--threads", "--idle", "-f", "raw", "-o", str(raw),
                                             "-p", str(proc.pid)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
@@ -146,8 +147,8 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         result.update(in_process(repo, x, n))
-    if args.py_spy is not None and args.raw.exists():
-        result["py_spy"] = summarize(args.raw)
+        if args.py_spy is not None and raw.exists():
+            result["py_spy"] = summarize(raw)
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:
