@@ -459,7 +459,7 @@ def _rows_product_direct(w, w0, kstride, x, c0, p0, n, tile, kcb, nb):  # noqa: 
 
 @overload(_rows_product_direct, inline="always")
 def _rows_product_direct_impl(w, w0, kstride, x, c0, p0, n, tile, kcb, nb):  # noqa: ANN001, ANN202
-    if x.dtype != types.uint16:
+    if not (ROWS_DIRECT and x.dtype == types.uint16):  # (elsewhere the pair kernel would not compile)
         return lambda w, w0, kstride, x, c0, p0, n, tile, kcb, nb: None
 
     def rows(w, w0, kstride, x, c0, p0, n, tile, kcb, nb):  # noqa: ANN001, ANN202
