@@ -168,6 +168,11 @@ def compile_micro(nr: int, b_read: BRead = BRead.STRIPS, strips: int = 1):  # no
 _micro = compile_micro(NR)
 #: two strips at once (``_micro_source``)
 _micro2 = compile_micro(NR, BRead.STRIPS, 2)
+#: two strips a call where the registers hold their accumulators: 16 of AVX-512's 32 registers;
+#: with 256-bit vectors (16 registers) the 16 accumulators spill: measured on a Zen 3 core,
+#: 256-deep panels in L2, 4 x 32 at 45.5 GFLOP/s against 92.3 for 4 x 16 (NEON: 32 registers
+#: of 128 bits, 32 accumulators)
+TWO_STRIPS = SETTINGS.vector_bits == 512
 #: the same over one (k, pixels) matrix (``jit.winograd``'s products)
 _micro_rows = compile_micro(NR, BRead.ROWS)
 _micro2_rows = compile_micro(NR, BRead.ROWS, 2)
@@ -859,9 +864,9 @@ def strips_dot(a, a0, b, b0, sb, tile, r0, ns, kc2):  # noqa: ANN001, ANN202
 
 def strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN201  (numba overload below)
     """tile[r0:r0 + MR, :n] += a (kc, MR) times ``b``'s first n pixels: NR-pixel strips
-    (``BRead.STRIPS``, b 3-D) or one (k, pixels) matrix (``BRead.ROWS``, b 2-D); two strips at a
-    time while the second holds more than NR / 2 pixels, then one (a last strip of at most
-    NR / 2 by the half-width kernel). Measured on the GPU machine's Xeon (one core, 256-deep
+    (``BRead.STRIPS``, b 3-D) or one (k, pixels) matrix (``BRead.ROWS``, b 2-D); with
+    ``TWO_STRIPS`` two strips at a time while the second holds more than NR / 2 pixels, then
+    one (a last strip of at most NR / 2 by the half-width kernel). Measured on the GPU machine's Xeon (one core, 256-deep
     sums): one strip at a time 97-99 GFLOP/s, two 130-142; on the Zen 4 VM both ~115."""
     raise NotImplementedError
 
@@ -869,13 +874,15 @@ def strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN201  (numba overload
 @overload(strips_fp32, inline="always")
 def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
     two, one, half = (_micro2, _micro, _micro_half) if b.ndim == 3 else (_micro2_rows, _micro_rows, _micro_half_rows)
+    twos = TWO_STRIPS
 
     def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
         ns = (n + NR - 1) // NR
         full = ns if n - (ns - 1) * NR > NR // 2 else ns - 1  # strips of more than NR / 2 pixels
-        for q in range(full // 2):
+        pairs = full // 2 if twos else 0
+        for q in range(pairs):
             two(a, b, tile, kc, r0, 2 * q)
-        for s in range(full // 2 * 2, ns):
+        for s in range(pairs * 2, ns):
             if n - s * NR <= NR // 2:
                 half(a, b, tile, kc, r0, s)
             else:
