@@ -3,10 +3,10 @@
     python benchmarks/depthwise_layers.py [--repeat N] [--threads T]
 
 For each of the mobile models' depthwise shapes (3x3 and 5x5, stride 1 and 2, ReLU6 fused)
-the planes kernel (``jit.depthwise``), the row runs (``jit.dwrows``) and, where it takes the
-shape, the channel blocks (``jit.dwblocks``) run alternating in this process on the same bf16
+the planes kernel (``jit.depthwise``), the row runs (``jit.dwrows``) and the channel blocks
+(``jit.dwblocks``) run alternating in this process on the same bf16
 input, the channels split into T tasks; printed: the median of N calls each, ms, and whether
-the outputs are the same bits. Which kernel a layer gets is ``kernels.conv.Convolution``'s
+the outputs are the same bits, and which of them the rule gives the layer. Which kernel a layer gets is ``kernels.conv.Convolution``'s
 rule; this measures what the rule is built on.
 """
 
@@ -25,8 +25,8 @@ from benchmarks.timing import interleaved_ms  # noqa: E402
 
 #: (channels, map, kernel, stride)
 SHAPES = [(384, 14, 3, 1), (576, 14, 3, 1), (960, 7, 3, 1), (192, 28, 3, 1), (144, 56, 3, 1), (32, 112, 3, 1),
-          (96, 112, 3, 1), (672, 14, 5, 1), (240, 28, 5, 1), (1152, 7, 5, 1), (32, 112, 3, 2), (96, 112, 3, 2),
-          (144, 56, 3, 2), (256, 28, 3, 2), (512, 14, 3, 2), (240, 28, 5, 2), (672, 14, 5, 2)]
+          (96, 112, 3, 1), (64, 20, 3, 1), (672, 14, 5, 1), (120, 20, 5, 1), (240, 28, 5, 1), (1152, 7, 5, 1), (32, 112, 3, 2), (96, 112, 3, 2),
+          (144, 56, 3, 2), (240, 56, 5, 2), (256, 28, 3, 2), (512, 14, 3, 2), (240, 28, 5, 2), (672, 14, 5, 2)]
 
 
 def main() -> None:
@@ -55,10 +55,11 @@ def main() -> None:
         runs: dict[str, Callable[[np.ndarray], object]] = {
             "planes": lambda out: jit.depthwise(x, x.reshape(c, -1), w16, bias, clip, padv, geo, args.threads, out),
             "rows": lambda out: jit.dwrows.depthwise_rows(x, w16, bias, clip, padv, geo, args.threads, out)}
-        if jit.dwblocks.worthwhile(k, k, st, st, 1, 1, 1, (p, p, p, p), o):
-            pw, pb = jit.dwblocks.pack_weights(w16, c, k * k), jit.dwblocks.pack_bias(bias)
-            runs["blocks"] = lambda out: jit.dwblocks.depthwise_blocks(x, x.reshape(c, -1), pw, pb, clip, padv, geo,
-                                                                      args.threads, out)
+        pw, pb = jit.dwblocks.pack_weights(w16, c, k * k), jit.dwblocks.pack_bias(bias)
+        runs["blocks"] = lambda out: jit.dwblocks.depthwise_blocks(x, x.reshape(c, -1), pw, pb, clip, padv, geo,
+                                                                  args.threads, out)
+        rows = jit.dwrows.worthwhile(k, k, st, st, 1, 1, o)
+        chosen = "rows" if rows else "blocks" if jit.dwblocks.worthwhile(k, k, st, st, 1, 1, 1, (p, p, p, p), o) else "planes"
         with jit.launch():
             for name, run in runs.items():
                 outs[name] = np.empty((c, o * o), np.uint16)
@@ -67,7 +68,7 @@ def main() -> None:
                                 args.repeat, warmup=0)
         same = all(np.array_equal(outs["planes"], out) for out in outs.values())
         cells = "  ".join(f"{name} {t:.4f}" for name, t in ms.items())
-        print(f"{c} x {hw} x {hw} {k}x{k} stride {st}: {cells}  same bits: {same}", flush=True)
+        print(f"{c} x {hw} x {hw} {k}x{k} stride {st}: {cells}  same bits: {same}  (the rule: {chosen})", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ others on ``conv_gemm``: the cases below have both. (Winograd: test_cpu_winograd
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -144,6 +145,10 @@ BLOCKS = [
     (40, 14, 13, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(1, ()), np.uint16),  # an odd width: a row's last input unread
     (19, 9, 10, 5, 2, (2, 1, 0, 3), 0.5, jit.epilogue_ops(4, ()), np.uint16),
     (17, 8, 8, 3, 3, (0, 0, 0, 0), 0.0, jit.epilogue_ops(0, ()), np.float32),
+    # the wider maps 256-bit hosts give the blocks
+    (21, 16, 16, 3, 1, (1, 1, 1, 1), 0.0, jit.epilogue_ops(3, (0.0, 6.0)), np.uint16),
+    (18, 20, 19, 5, 1, (2, 2, 2, 2), 0.0, jit.epilogue_ops(1, ()), np.uint16),
+    (20, 56, 55, 3, 2, (1, 1, 1, 1), 0.0, jit.epilogue_ops(3, (0.0, 6.0)), np.uint16),
 ]
 
 
@@ -218,17 +223,19 @@ def test_row_runs_give_the_planes_bits(c: int, og: int, h: int, w: int, k: int, 
 
 @pytest.mark.parametrize(("shape", "k", "params", "wide", "other"), [
     ((8, 14, 14), 5, "4=2", "rows", "blocks"), ((8, 28, 28), 5, "4=2", "rows", "planes"),
-    ((8, 14, 14), 5, "3=2 4=2", "rows", "blocks"), ((8, 32, 32), 5, "3=2 4=2", "rows", "planes"),
+    ((8, 14, 14), 5, "3=2 4=2", "rows", "blocks"), ((8, 32, 32), 5, "3=2 4=2", "rows", "blocks"),
+    ((8, 14, 14), 3, "4=1", "rows", "blocks"), ((8, 28, 28), 3, "4=1", "rows", "planes"),
+    ((8, 56, 56), 3, "3=2 4=1", "rows", "blocks"), ((8, 64, 64), 3, "3=2 4=1", "rows", "planes"),
     ((8, 7, 7), 5, "4=2", "blocks", "blocks"), ((8, 7, 7), 3, "4=1", "rows", "blocks"),
     ((8, 14, 14), 5, "4=2 15=-1 14=2 16=-1", "rows", "planes"), ((8, 9, 9), 5, "2=2 4=4", "planes", "planes"),
-    ((8, 20, 20), 7, "4=3", "planes", "planes"), ((8, 12, 12), 3, "3=3 4=1", "blocks", "blocks")])
+    ((8, 24, 24), 7, "4=3", "planes", "planes"), ((8, 12, 12), 3, "3=3 4=1", "blocks", "blocks")])
 def test_depthwise_layers_take_the_path_the_rules_say(tmp_path: Path, shape: tuple[int, int, int], k: int,
                                                       params: str, wide: str, other: str) -> None:
     """On AVX-512 hosts (``wide``) undilated 3x3 and 5x5 depthwise layers at stride 1 and 2 run
     as row runs (``jit.dwrows``), pads of any sign, but 5x5 ones at stride 1 with outputs up to
-    8 wide on channel blocks; elsewhere (``other``) 5x5 layers on 14 x 14 (stride 1 or 2) and small
-    3x3 maps on channel blocks, wider maps and cropping pads on the planes; dilated and wide
-    7x7 layers on the planes everywhere, stride 3 on a small map on blocks. Its fp32 and bf16
+    8 wide on channel blocks; elsewhere (``other``) outputs up to 16 wide at stride 1 and up to
+    28 at stride 2 on channel blocks, wider maps and cropping pads on the planes; dilated and
+    wide 7x7 layers on the planes everywhere, stride 3 on a small map on blocks. Its fp32 and bf16
     forms agree with its stored bits either way."""
     path = wide if jit.VECTORS.vector_bits == 512 else other
     param = tmp_path / "one.param"
@@ -244,6 +251,20 @@ def test_depthwise_layers_take_the_path_the_rules_say(tmp_path: Path, shape: tup
     kernel.forward_store([u], [stored], [])
     assert kernel.forward_bf16([u])[0].tobytes() == wide.tobytes()
     assert stored.tobytes() == to_bf16(wide).tobytes()
+
+
+def test_channel_blocks_take_wider_maps_where_vectors_are_narrower() -> None:
+    """``dwblocks.worthwhile`` on either vector width, whatever this host's: with 256-bit vectors
+    the planes' rows vectorize less, and the blocks take 3x3 layers to 16 outputs wide at stride
+    1 and to 28 at stride 2, where 512-bit hosts keep them to 10 and 14."""
+    same = (1, 1, 1, 1)
+    for ow, stride, narrow, wide in [(10, 1, True, True), (14, 1, True, False), (16, 1, True, False),
+                                     (20, 1, False, False), (14, 2, True, True), (28, 2, True, False),
+                                     (56, 2, False, False)]:
+        rule = functools.partial(jit.dwblocks.worthwhile, 3, 3, stride, stride, 1, 1, 1, same, ow)
+        assert (rule(wide=False), rule(wide=True)) == (narrow, wide), (ow, stride)
+    assert jit.dwblocks.worthwhile(5, 5, 1, 1, 1, 1, 1, (2, 2, 2, 2), 20, wide=False)
+    assert not jit.dwblocks.worthwhile(5, 5, 1, 1, 1, 1, 1, (2, 2, 2, 2), 20, wide=True)
 
 
 # (input shape, out channels, strides and activation): 1x1 unpadded strided layers

@@ -20,6 +20,7 @@ from numba import njit, prange
 
 from vkserve.devices.cpu.jit.conv import G_KH, G_KW, G_OH, G_OW, G_PL, G_PT, G_SH, G_SW
 from vkserve.devices.cpu.jit.epilogue import FASTMATH, apply_ops, as_stored, widen
+from vkserve.devices.cpu.jit.vectors import SETTINGS
 
 #: channels a block: the sums of one output position are one 512-bit (or two 256-bit) vector
 LANES = 16
@@ -30,18 +31,24 @@ _U = np.uint64
 
 
 def worthwhile(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, og: int, pads: tuple[int, int, int, int],
-               ow: int) -> bool:
+               ow: int, wide: bool = SETTINGS.vector_bits == 512) -> bool:
     """Undilated, one output per channel, no cropping pads, and a map small enough for the
     per-channel costs to dominate. Measured against ``conv.depthwise`` on one Zen 4 core
-    (ReLU epilogue, same bits), by output width: stride 1, 3x3 on 7x7 1.9-2.1x, 8x8 1.6x,
-    10x10 1.4x faster, but 14x14 0.95x and 16x16 0.83x; 5x5 on 7x7 2.8x, 14x14 1.4-1.8x,
-    16x16 1.3x, 28x28 about even. Stride 2, 3x3 to 7x7 2.2x, 14x14 1.2x, 16x16 0.93x; 5x5 to
-    7x7 2.6x, 14x14 1.3x, 28x28 0.94x."""
+    (512-bit vectors: ``wide``; ReLU epilogue, same bits), by output width: stride 1, 3x3 on
+    7x7 1.9-2.1x, 8x8 1.6x, 10x10 1.4x faster, but 14x14 0.95x and 16x16 0.83x; 5x5 on 7x7
+    2.8x, 14x14 1.4-1.8x, 16x16 1.3x, 28x28 about even. Stride 2, 3x3 to 7x7 2.2x, 14x14 1.2x,
+    16x16 0.93x; 5x5 to 7x7 2.6x, 14x14 1.3x, 28x28 0.94x. With 256-bit vectors the planes'
+    rows vectorize less and the blocks win on wider maps: one Zen 3 core
+    (``benchmarks/depthwise_layers.py``, ReLU6), stride 1, 3x3 on 14x14 1.38-1.41x, 20x20
+    even, 28x28 0.68x; 5x5 on 14x14 1.6x, 20x20 1.25x, 28x28 even; stride 2, to 28x28 1.31x
+    (3x3) and 1.39x (5x5), to 56x56 0.56x."""
     if (dh, dw, og) != (1, 1, 1) or min(pads) < 0:
         return False
     if (sh, sw) == (1, 1):
+        if not wide:
+            return ow <= 16 or (ow <= 20 and kh * kw >= 25)
         return ow <= 10 or (ow <= 16 and kh * kw >= 25)
-    return ow <= 14
+    return ow <= (14 if wide else 28)
 
 
 def pack_weights(w16: np.ndarray, channels: int, taps: int) -> np.ndarray:
