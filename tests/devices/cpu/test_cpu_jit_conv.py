@@ -504,3 +504,23 @@ def test_shared_input_panels_give_the_same_bits(c: int, og: int, hw: int, k: int
 def test_unsplit_rows_pack_their_own_panels() -> None:
     pixels, rows = jit.gemm_split(1, 64, 3136, 1)
     assert jit.conv.shared_panels_shape(1, 64, 3136, 576, pixels, rows)[0] == 0
+
+
+@pytest.mark.parametrize("kc", [0, 1, 2, 7, 256])
+def test_half_strip_kernel_sums_odd_and_even_depths_apart(kc: int) -> None:
+    """The half-strip register tile (a block's last 1-8 pixels) keeps the odd depths' products in
+    sums of their own and adds them to the even depths' after the loop: the running sums it was
+    given, plus every product once (an odd depth count's last product with the even ones), in
+    that fixed order; a whole strip's kernel gives the same values within fp32 rounding."""
+    rng = np.random.default_rng(kc)
+    mr, nr = jit.conv.MR, jit.conv.NR
+    a = rng.uniform(-1, 1, (max(kc, 1), mr)).astype(np.float32)
+    b = rng.uniform(-1, 1, (2, max(kc, 1), nr)).astype(np.float32)
+    start = rng.uniform(-1, 1, (mr, 2 * nr)).astype(np.float32)
+    half, whole = start.copy(), start.copy()
+    jit.conv._micro_half(a, b, half, kc, 0, 1)
+    jit.conv._micro(a, b, whole, kc, 0, 1)
+    expect = start[:, nr:].astype(np.float64) + a[:kc].astype(np.float64).T @ b[1, :kc].astype(np.float64)
+    assert np.allclose(half[:, nr : nr + nr // 2], expect[:, : nr // 2], rtol=1e-5, atol=1e-5)
+    assert np.array_equal(half[:, : nr], start[:, : nr]) and np.array_equal(half[:, nr + nr // 2 :], start[:, nr + nr // 2 :])
+    assert np.allclose(half[:, nr : nr + nr // 2], whole[:, nr : nr + nr // 2], rtol=1e-5, atol=1e-5)
