@@ -203,7 +203,10 @@ def test_a_maps_last_pixels_have_the_bits_of_a_whole_strip(channels: int, out: i
     outputs of the same layer over those pixels and more (computed as a whole strip), whether
     its sums go through the epilogue from the registers (K = 45, one block) or into the fp32
     tile (K = 300, two blocks), for more row blocks than one group of ``TAIL_BLOCKS``, in one or
-    several row chunks."""
+    several row chunks. With fp32 panels the last 1-8 pixels run in a half strip that sums odd
+    and even depths apart (``conv._micro_source``'s split): there the whole strip's values
+    within a bf16 rounding, the strips before them bitwise, and the same bits in any row
+    chunks."""
     rng = np.random.default_rng(out)
     x = to_bf16(rng.standard_normal((channels, 1, 48)).astype(np.float32))
     w16 = to_bf16(rng.standard_normal((out, channels)).astype(np.float32))
@@ -222,5 +225,10 @@ def test_a_maps_last_pixels_have_the_bits_of_a_whole_strip(channels: int, out: i
     n = 32 + tail
     assert jit.conv.TAIL_MAX >= tail and jit.conv.strips_before_tail(n) * 16 < n
     whole = conv(48, -(-out // jit.conv.MR), 1)
-    for rows, parts in ((-(-out // jit.conv.MR), 1), (4, 3)):
-        assert np.array_equal(conv(n, rows, parts), whole[:, :n])
+    one, chunks = (conv(n, rows, parts) for rows, parts in ((-(-out // jit.conv.MR), 1), (4, 3)))
+    assert np.array_equal(one, chunks)
+    if jit.conv.PANEL is np.float32:
+        assert np.array_equal(one[:, :32], whole[:, :32])
+        assert np.allclose(from_bf16(one), from_bf16(whole[:, :n]), rtol=2**-7, atol=1e-3)
+    else:
+        assert np.array_equal(one, whole[:, :n])
