@@ -882,14 +882,17 @@ def strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN201  (numba overload
     """tile[r0:r0 + MR, :n] += a (kc, MR) times ``b``'s first n pixels: NR-pixel strips
     (``BRead.STRIPS``, b 3-D) or one (k, pixels) matrix (``BRead.ROWS``, b 2-D); with
     ``TWO_STRIPS`` two strips at a time while the second holds more than NR / 2 pixels, then
-    one (a last strip of at most NR / 2 by the half-width kernel). Measured on the GPU machine's Xeon (one core, 256-deep
-    sums): one strip at a time 97-99 GFLOP/s, two 130-142; on the Zen 4 VM both ~115."""
+    one (a last strip of at most NR / 2 by the half-width kernel). Measured on the GPU
+    machine's Xeon (one core, 256-deep sums): one strip at a time 97-99 GFLOP/s, two 130-142;
+    on the Zen 4 VM both ~115."""
     raise NotImplementedError
 
 
 @overload(strips_fp32, inline="always")
 def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
-    two, one, half = (_micro2, _micro, _micro_half) if b.ndim == 3 else (_micro2_rows, _micro_rows, _micro_half_rows)
+    one, half = (_micro, _micro_half) if b.ndim == 3 else (_micro_rows, _micro_half_rows)
+    # (without TWO_STRIPS no pair of strips runs, and the two-strip kernel is not compiled)
+    two = (_micro2 if b.ndim == 3 else _micro2_rows) if TWO_STRIPS else one
     twos = TWO_STRIPS
 
     def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
