@@ -893,12 +893,11 @@ def _strips_fp32(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
     one, half = (_micro, _micro_half) if b.ndim == 3 else (_micro_rows, _micro_half_rows)
     # (without TWO_STRIPS no pair of strips runs, and the two-strip kernel is not compiled)
     two = (_micro2 if b.ndim == 3 else _micro2_rows) if TWO_STRIPS else one
-    twos = TWO_STRIPS
 
     def impl(a, b, tile, kc, r0, n):  # noqa: ANN001, ANN202
         ns = (n + NR - 1) // NR
         full = ns if n - (ns - 1) * NR > NR // 2 else ns - 1  # strips of more than NR / 2 pixels
-        pairs = full // 2 if twos else 0
+        pairs = full // 2 if TWO_STRIPS else 0
         for q in range(pairs):
             two(a, b, tile, kc, r0, 2 * q)
         for s in range(pairs * 2, ns):
